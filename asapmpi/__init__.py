@@ -1,0 +1,18 @@
+"""asapmpi: decentralized data-parallel training on one-sided MPI RMA.
+
+Each rank keeps a full replica and mixes it with a few neighbours through per-sender
+receive slots in MPI windows, with version checks that prove every reduce read whole
+updates.  Start with :class:`Exchange`.
+"""
+from . import errors
+from .errors import (AsapError, ConfigError, FreedError, MPIError, MPIMismatchError,
+                     NeighbourTimeoutError, ProtocolError)
+from .exchange import Exchange
+from .rc import rc
+from .reduce import Graph, graph
+
+__version__ = "0.1.0"
+
+__all__ = ["Exchange", "Graph", "graph", "rc", "errors", "AsapError", "ConfigError",
+           "FreedError", "MPIError", "MPIMismatchError", "NeighbourTimeoutError",
+           "ProtocolError", "__version__"]

@@ -1,0 +1,16 @@
+"""asapmpi._core: MPI and memory.  Slot windows on MPI RMA and the fused reduce kernels.
+
+Importing this package first loads mpi4py.MPI (which maps libmpi into the process), then
+checks that the extension was built against the MPI ABI mpi4py loaded, and only then
+loads the extension modules, so that a mismatch is a clear error instead of a crash.
+"""
+from .mpiabi import check_mpi_abi
+
+check_mpi_abi()
+
+from .slotwin import AHEAD, CONSISTENT, STALE, STATUS_NAMES, TORN, SlotWindow  # noqa: E402
+from . import kernels  # noqa: E402
+from .layout import Layout  # noqa: E402
+
+__all__ = ["SlotWindow", "Layout", "kernels", "CONSISTENT", "TORN", "STALE", "AHEAD",
+           "STATUS_NAMES", "check_mpi_abi"]

@@ -1,0 +1,37 @@
+# Error checking shared by the core modules: every MPI call is wrapped as
+#     with nogil: CHKERR(MPI_Xxx(...), "MPI_Xxx")
+# CHKERR takes the GIL only to raise, so hot loops stay nogil.
+
+from asapmpi.errors import MPIError as _MPIError
+
+
+cdef object _mpi_error(int ierr, const char *call):
+    cdef char text[MPI_MAX_ERROR_STRING + 1]
+    cdef int n = 0
+    if MPI_Error_string(ierr, text, &n) != MPI_SUCCESS:
+        n = 0
+    return _MPIError(ierr, call.decode(), text[:n].decode(errors="replace"))
+
+
+cdef inline int CHKERR(int ierr, const char *call) except -1 nogil:
+    if ierr == MPI_SUCCESS:
+        return 0
+    with gil:
+        raise _mpi_error(ierr, call)
+
+
+cdef extern from "kernels.h" nogil:
+    ctypedef struct asap_cksum_t:
+        pass
+    int64_t asap_load_i64(const void *p)
+    void asap_store_i64(void *p, int64_t v)
+    void asap_fence()
+    double asap_now()
+    void asap_backoff(long polls, long yield_polls, long max_sleep_us)
+    void asap_cksum_init(asap_cksum_t *c)
+    uint64_t asap_cksum_final(const asap_cksum_t *c, size_t n)
+    uint64_t asap_checksum(const void *p, size_t n)
+    void asap_wsum_f32(float *out, const float *own, float w0, const float *const *ins,
+                       const float *ws, int n_in, size_t n, asap_cksum_t *cks)
+    void asap_wsum_f64(double *out, const double *own, double w0, const double *const *ins,
+                       const double *ws, int n_in, size_t n, asap_cksum_t *cks)

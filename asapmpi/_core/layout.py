@@ -1,0 +1,86 @@
+"""Byte layout of a slot window, shared by the window's owner and every sender.
+
+A rank's window (one per exchanged buffer)::
+
+    line 0         window header: magic, layout version, n_in, n_out, depth, nbytes
+    notify words   n_in * depth int64: notify[i][s] = last version in-neighbour i
+                   fully wrote into its slot s (written remotely, MPI_REPLACE)
+    ack words      n_out int64: ack[j] = last version out-neighbour j consumed
+                   (written remotely by j, MPI_REPLACE)
+    user words     n_user int64 for policies (published iteration, tokens, ...)
+    slots          n_in * depth slots of stride `slot_stride`:
+                     header  64 B: version, iteration, sender, nbytes (int64)
+                     payload nbytes rounded up to 64 B
+                     footer  64 B: version, checksum (0 = none)
+
+Every region starts on a 64-byte boundary.  Version 0 means "never written".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CACHE_LINE = 64
+HEADER_BYTES = 64
+FOOTER_BYTES = 64
+MAGIC = 0x4153415030303031  # "ASAP0001"
+LAYOUT_VERSION = 1
+
+
+def align(n: int, to: int = CACHE_LINE) -> int:
+    """Round n up to a multiple of `to`."""
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Offsets (bytes from the window base) of every region of one rank's window."""
+
+    n_in: int
+    n_out: int
+    depth: int
+    nbytes: int
+    n_user: int = 0
+
+    @property
+    def off_notify(self) -> int:
+        return CACHE_LINE
+
+    @property
+    def off_ack(self) -> int:
+        return self.off_notify + align(8 * self.n_in * self.depth)
+
+    @property
+    def off_user(self) -> int:
+        return self.off_ack + align(8 * self.n_out)
+
+    @property
+    def off_slots(self) -> int:
+        return self.off_user + align(8 * self.n_user)
+
+    @property
+    def payload_stride(self) -> int:
+        return align(max(self.nbytes, 1))
+
+    @property
+    def slot_stride(self) -> int:
+        return HEADER_BYTES + self.payload_stride + FOOTER_BYTES
+
+    @property
+    def total(self) -> int:
+        return self.off_slots + self.n_in * self.depth * self.slot_stride
+
+    def notify_disp(self, in_index: int, slot: int = 0) -> int:
+        """Offset of the notify word in-neighbour `in_index` writes for `slot`."""
+        return self.off_notify + 8 * (in_index * self.depth + slot)
+
+    def ack_disp(self, out_index: int) -> int:
+        """Offset of the ack word out-neighbour `out_index` writes."""
+        return self.off_ack + 8 * out_index
+
+    def user_disp(self, word: int) -> int:
+        """Offset of user word `word`."""
+        return self.off_user + 8 * word
+
+    def slot_disp(self, in_index: int, slot: int = 0) -> int:
+        """Offset of the header of in-neighbour `in_index`'s slot `slot`."""
+        return self.off_slots + (in_index * self.depth + slot) * self.slot_stride

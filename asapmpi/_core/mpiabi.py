@@ -1,0 +1,45 @@
+"""Check, before the extension loads, that it and mpi4py agree on the MPI library."""
+from __future__ import annotations
+
+import importlib
+
+from asapmpi.errors import MPIMismatchError
+
+
+def build_config():
+    """Return the build record module (MPI_ABI, MPICC, VERSION, ...), or None."""
+    try:
+        return importlib.import_module("asapmpi._core._build_config")
+    except ImportError:
+        return None
+
+
+def runtime_abi() -> tuple[str, str]:
+    """Return (ABI family, library version line) of the MPI that mpi4py loaded."""
+    from mpi4py import MPI
+
+    version = MPI.Get_library_version().strip().splitlines()[0]
+    try:
+        from mpi4py import _mpiabi
+
+        abi = _mpiabi._get_mpiabi()  # mpi4py >= 4.1 wheels: "mpich", "openmpi", "mpiabi"
+    except (ImportError, AttributeError, RuntimeError):
+        abi = "openmpi" if "Open MPI" in version else "mpich"
+    return abi, version
+
+
+def check_mpi_abi() -> None:
+    """Raise MPIMismatchError if the core was built for another MPI ABI than mpi4py's."""
+    config = build_config()
+    if config is None:
+        raise MPIMismatchError(
+            "asapmpi._core has no build record (_build_config.py): the extension was not "
+            "built; reinstall with 'pip install .' or build with CMake"
+        )
+    abi, version = runtime_abi()
+    if abi != config.MPI_ABI:
+        raise MPIMismatchError(
+            f"asapmpi._core was built against the {config.MPI_ABI} ABI ({config.MPICC}) but "
+            f"mpi4py loaded the {abi} ABI ({version}); rebuild asapmpi with "
+            f"MPICC=<the mpicc of the MPI mpi4py uses>, or set MPI4PY_MPIABI={config.MPI_ABI}"
+        )

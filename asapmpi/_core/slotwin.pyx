@@ -1,0 +1,668 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The slot window: per-sender receive slots in one MPI_Win_allocate window.
+
+See asapmpi/_core/layout.py for the byte layout and docs/PROTOCOL.md for the call
+sequence and why it is correct.  This module knows MPI and memory only: which ranks are
+neighbours and at which displacements their slots live is computed by the caller.
+"""
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport malloc, free, calloc
+from libc.string cimport memset, memcpy
+from mpi4py.libmpi cimport *
+from mpi4py cimport MPI
+
+import warnings
+
+import numpy as np
+
+from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, ProtocolError
+from asapmpi._core import layout as _layout
+
+include "chkerr.pxi"
+
+# Status of one input of a reduce, as counted in `stats`.
+cpdef enum:
+    CONSISTENT = 0   # header == footer == expected version
+    TORN = 1         # header != footer, or the slot changed (or failed its checksum) while read
+    STALE = 2        # complete, but older than expected (0 = never written)
+    AHEAD = 3        # complete, but newer than expected
+STATUS_NAMES = ("consistent", "torn", "stale", "ahead")
+
+cdef enum:
+    N_STATUS = 4
+    MAX_PUT_CHUNK = 1 << 30
+    HEADER_BYTES = 64
+
+cdef int64_t MAGIC = _layout.MAGIC
+cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
+assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree on the header size"
+
+
+cdef class SlotWindow:
+    """One rank's slot window and its one-sided access to its neighbours' windows.
+
+    Collective over `comm` on creation and on free().  Methods that send (put, ack,
+    accumulate_word) complete their operations at the target before returning.
+    """
+
+    cdef MPI_Win win
+    cdef MPI_Comm comm
+    cdef readonly int rank, size, n_in, n_out, depth, itemsize
+    cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
+    cdef Py_ssize_t off_notify, off_ack, off_user, off_slots
+    cdef char *base
+    cdef bint _freed
+    cdef int *_in
+    cdef int *_out
+    cdef MPI_Aint *out_slot_disp
+    cdef MPI_Aint *out_notify_disp
+    cdef MPI_Aint *in_ack_disp
+    cdef MPI_Aint *wait_offs
+    cdef int64_t *wait_expected
+    cdef int64_t hdr[8]
+    cdef int64_t ftr[8]
+    cdef int64_t word_out
+    cdef int64_t word_in
+    cdef long poll_yields, poll_max_sleep_us
+    # reduce scratch
+    cdef char *own_copy
+    cdef const void **ins
+    cdef double *ws_f64
+    cdef float *ws_f32
+    cdef asap_cksum_t *cks
+    cdef int64_t *seen_footer
+    cdef uint64_t *seen_cksum
+    cdef int *used
+    cdef int *status
+    cdef int64_t[:, ::1] _stats
+    cdef int64_t[::1] _last_version
+    cdef object _stats_array, _last_array
+
+    def __cinit__(self):
+        self.win = MPI_WIN_NULL
+        self.comm = MPI_COMM_NULL
+        self._freed = True
+
+    def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
+                 out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
+                 int poll_max_sleep_us=100):
+        cdef MPI_Info info = MPI_INFO_NULL
+        cdef int flag = 0
+        cdef int *model = NULL
+        cdef int i
+        self.n_in = layout.n_in
+        self.n_out = layout.n_out
+        self.depth = layout.depth
+        self.nbytes = layout.nbytes
+        self.itemsize = itemsize
+        self.payload_stride = layout.payload_stride
+        self.slot_stride = layout.slot_stride
+        self.total_bytes = layout.total
+        self.off_notify = layout.off_notify
+        self.off_ack = layout.off_ack
+        self.off_user = layout.off_user
+        self.off_slots = layout.off_slots
+        self.poll_yields = poll_yields
+        self.poll_max_sleep_us = poll_max_sleep_us
+        if len(in_ranks) != self.n_in or len(in_ack_disp) != self.n_in:
+            raise ConfigError("in-neighbour arrays do not match the layout's n_in")
+        if (len(out_ranks) != self.n_out or len(out_slot_disp) != self.n_out
+                or len(out_notify_disp) != self.n_out):
+            raise ConfigError("out-neighbour arrays do not match the layout's n_out")
+        if itemsize not in (4, 8) or self.nbytes % itemsize:
+            raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
+        self._alloc_arrays()
+        for i in range(self.n_in):
+            self._in[i] = in_ranks[i]
+            self.in_ack_disp[i] = in_ack_disp[i]
+        for i in range(self.n_out):
+            self._out[i] = out_ranks[i]
+            self.out_slot_disp[i] = out_slot_disp[i]
+            self.out_notify_disp[i] = out_notify_disp[i]
+        self._stats_array = np.zeros((max(self.n_in, 1), N_STATUS), dtype=np.int64)
+        self._last_array = np.zeros(max(self.n_in, 1), dtype=np.int64)
+        self._stats = self._stats_array
+        self._last_version = self._last_array
+
+        with nogil:
+            CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.comm), "MPI_Comm_dup")
+            CHKERR(MPI_Comm_set_errhandler(self.comm, MPI_ERRORS_RETURN),
+                   "MPI_Comm_set_errhandler")
+            CHKERR(MPI_Comm_rank(self.comm, &self.rank), "MPI_Comm_rank")
+            CHKERR(MPI_Comm_size(self.comm, &self.size), "MPI_Comm_size")
+            CHKERR(MPI_Info_create(&info), "MPI_Info_create")
+            CHKERR(MPI_Info_set(info, b"same_disp_unit", b"true"), "MPI_Info_set")
+            CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
+                                    &self.win), "MPI_Win_allocate")
+            CHKERR(MPI_Info_free(&info), "MPI_Info_free")
+        self._freed = False
+        with nogil:
+            CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler")
+            CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag), "MPI_Win_get_attr")
+        if not flag or model == NULL or model[0] != MPI_WIN_UNIFIED:
+            self.free()
+            raise ConfigError("this MPI gives a separate (not unified) memory model for "
+                              "RMA windows; asapmpi needs MPI_WIN_UNIFIED")
+        # Version 0 everywhere means "never written"; no remote access can happen before
+        # the barrier below, so plain stores are safe here.
+        memset(self.base, 0, self.total_bytes)
+        (<int64_t *>self.base)[0] = MAGIC
+        (<int64_t *>self.base)[1] = LAYOUT_VERSION
+        (<int64_t *>self.base)[2] = self.n_in
+        (<int64_t *>self.base)[3] = self.n_out
+        (<int64_t *>self.base)[4] = self.depth
+        (<int64_t *>self.base)[5] = self.nbytes
+        with nogil:
+            CHKERR(MPI_Win_lock_all(MPI_MODE_NOCHECK, self.win), "MPI_Win_lock_all")
+            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            CHKERR(MPI_Barrier(self.comm), "MPI_Barrier")
+
+    cdef _alloc_arrays(self):
+        cdef int n = max(self.n_in, 1)
+        cdef int m = max(self.n_out, 1)
+        cdef int w = max(n, m)
+        self._in = <int *>calloc(n, sizeof(int))
+        self._out = <int *>calloc(m, sizeof(int))
+        self.out_slot_disp = <MPI_Aint *>calloc(m, sizeof(MPI_Aint))
+        self.out_notify_disp = <MPI_Aint *>calloc(m, sizeof(MPI_Aint))
+        self.in_ack_disp = <MPI_Aint *>calloc(n, sizeof(MPI_Aint))
+        self.wait_offs = <MPI_Aint *>calloc(w, sizeof(MPI_Aint))
+        self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
+        self.ins = <const void **>calloc(n, sizeof(void *))
+        self.ws_f64 = <double *>calloc(n, sizeof(double))
+        self.ws_f32 = <float *>calloc(n, sizeof(float))
+        self.cks = <asap_cksum_t *>calloc(n, sizeof(asap_cksum_t))
+        self.seen_footer = <int64_t *>calloc(n, sizeof(int64_t))
+        self.seen_cksum = <uint64_t *>calloc(n, sizeof(uint64_t))
+        self.used = <int *>calloc(n, sizeof(int))
+        self.status = <int *>calloc(n, sizeof(int))
+        if (self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
+                or self.out_notify_disp == NULL or self.in_ack_disp == NULL
+                or self.wait_offs == NULL or self.wait_expected == NULL or self.ins == NULL
+                or self.ws_f64 == NULL or self.ws_f32 == NULL or self.cks == NULL
+                or self.seen_footer == NULL or self.seen_cksum == NULL or self.used == NULL
+                or self.status == NULL):
+            raise MemoryError()
+
+    cdef void _free_arrays(self) noexcept:
+        free(self._in); self._in = NULL
+        free(self._out); self._out = NULL
+        free(self.out_slot_disp); self.out_slot_disp = NULL
+        free(self.out_notify_disp); self.out_notify_disp = NULL
+        free(self.in_ack_disp); self.in_ack_disp = NULL
+        free(self.wait_offs); self.wait_offs = NULL
+        free(self.wait_expected); self.wait_expected = NULL
+        free(self.ins); self.ins = NULL
+        free(self.ws_f64); self.ws_f64 = NULL
+        free(self.ws_f32); self.ws_f32 = NULL
+        free(self.cks); self.cks = NULL
+        free(self.seen_footer); self.seen_footer = NULL
+        free(self.seen_cksum); self.seen_cksum = NULL
+        free(self.used); self.used = NULL
+        free(self.status); self.status = NULL
+        free(self.own_copy); self.own_copy = NULL
+
+    def __dealloc__(self):
+        cdef int finalized = 1
+        if not self._freed:
+            MPI_Finalized(&finalized)
+            if not finalized:
+                # Freeing a window is collective: a destructor must not do it.
+                warnings.warn("asapmpi SlotWindow was never freed; call free() or use "
+                              "the owning object as a context manager", ResourceWarning)
+        self._free_arrays()
+
+    # ------------------------------------------------------------------ lifetime
+
+    def free(self):
+        """Free the window and its communicator (collective). Safe to call twice."""
+        cdef int finalized = 0
+        if self._freed:
+            return
+        self._freed = True
+        MPI_Finalized(&finalized)
+        if finalized:
+            return
+        with nogil:
+            CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
+            CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
+            CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
+
+    @property
+    def freed(self):
+        """True once free() ran."""
+        return self._freed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    cdef inline int _check_alive(self) except -1:
+        if self._freed:
+            raise FreedError("this slot window was freed; create a new Exchange")
+        return 0
+
+    # ------------------------------------------------------------------ writing
+
+    def put(self, buf, int64_t version, int64_t iteration=0, bint seqlock=False,
+            bint checksum=False, bint notify=True, double tear=0.0):
+        """Write `buf` as `version` into slot `version % depth` of every out-neighbour.
+
+        Ordered mode: header, payload and footer, one flush, then the notify word.
+        seqlock: header, flush, payload, flush, footer, flush, so a concurrent reader can
+        tell a read that overlapped this write.  `tear` in (0, 1) is for tests: write the
+        header and that fraction of the payload, flush, and stop (no footer, no notify).
+        """
+        cdef Py_buffer view
+        self._check_alive()
+        if version <= 0:
+            raise ConfigError(f"versions start at 1, got {version}")
+        if not 0.0 <= tear < 1.0:
+            raise ConfigError(f"tear must be in [0, 1), got {tear}")
+        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
+                                  f"{self.nbytes}; pass a buffer of the size the Exchange "
+                                  f"was created with")
+            with nogil:
+                self._put(<const char *>view.buf, version, iteration, seqlock, checksum,
+                          notify, tear)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef int _put(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
+                  bint checksum, bint notify, double tear) except -1 nogil:
+        cdef int j
+        cdef Py_ssize_t slot = version % self.depth
+        cdef Py_ssize_t payload = self.nbytes
+        cdef MPI_Aint d
+        if tear > 0.0:
+            payload = <Py_ssize_t>(self.nbytes * tear)
+        self.hdr[0] = version
+        self.hdr[1] = iteration
+        self.hdr[2] = self.rank
+        self.hdr[3] = self.nbytes
+        self.ftr[0] = version
+        self.ftr[1] = <int64_t>asap_checksum(src, self.nbytes) if checksum else 0
+        for j in range(self.n_out):
+            d = self.out_slot_disp[j] + slot * self.slot_stride
+            CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
+                           self.win), "MPI_Put")
+        if seqlock or tear > 0.0:
+            CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+        for j in range(self.n_out):
+            d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
+            self._put_bytes(src, payload, self._out[j], d)
+        if seqlock or tear > 0.0:
+            CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+        if tear > 0.0:
+            return 0
+        for j in range(self.n_out):
+            d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES + self.payload_stride
+            CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self._out[j], d, 2, MPI_INT64_T,
+                           self.win), "MPI_Put")
+        CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+        if notify:
+            self._notify(version, slot)
+        return 0
+
+    cdef int _put_bytes(self, const char *src, Py_ssize_t n, int target, MPI_Aint disp) except -1 nogil:
+        # MPI counts are int: large payloads go in pieces of at most 1 GiB.
+        cdef Py_ssize_t done = 0
+        cdef int chunk
+        while done < n:
+            chunk = <int>(n - done if n - done < MAX_PUT_CHUNK else MAX_PUT_CHUNK)
+            CHKERR(MPI_Put(src + done, chunk, MPI_BYTE, target, disp + done, chunk, MPI_BYTE,
+                           self.win), "MPI_Put")
+            done += chunk
+        return 0
+
+    cdef int _notify(self, int64_t version, Py_ssize_t slot) except -1 nogil:
+        cdef int j
+        self.word_out = version
+        for j in range(self.n_out):
+            CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._out[j],
+                                  self.out_notify_disp[j] + 8 * slot, 1, MPI_INT64_T,
+                                  MPI_REPLACE, self.win), "MPI_Accumulate")
+        CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+        return 0
+
+    def notify(self, int64_t version):
+        """Publish `version` in every out-neighbour's notify word for slot version % depth."""
+        self._check_alive()
+        with nogil:
+            self._notify(version, version % self.depth)
+
+    def ack(self, int64_t version):
+        """Tell every in-neighbour that its `version` was consumed (its slot is free)."""
+        cdef int i
+        self._check_alive()
+        with nogil:
+            self.word_out = version
+            for i in range(self.n_in):
+                CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._in[i],
+                                      self.in_ack_disp[i], 1, MPI_INT64_T, MPI_REPLACE,
+                                      self.win), "MPI_Accumulate")
+            CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+
+    def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
+        """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
+        cdef MPI_Op mop
+        self._check_alive()
+        self._check_target(target)
+        if op == "replace":
+            mop = MPI_REPLACE
+        elif op == "sum":
+            mop = MPI_SUM
+        else:
+            raise ConfigError(f"op must be 'replace' or 'sum', got {op!r}")
+        with nogil:
+            self.word_out = value
+            CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, target, disp, 1,
+                                  MPI_INT64_T, mop, self.win), "MPI_Accumulate")
+            CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+
+    def fetch_word(self, int target, Py_ssize_t disp):
+        """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP)."""
+        self._check_alive()
+        self._check_target(target)
+        with nogil:
+            self._fetch(target, disp)
+        return self.word_in
+
+    cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
+        CHKERR(MPI_Fetch_and_op(NULL, &self.word_in, MPI_INT64_T, target, disp, MPI_NO_OP,
+                                self.win), "MPI_Fetch_and_op")
+        CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+        return 0
+
+    cdef int _check_target(self, int target) except -1:
+        if not 0 <= target < self.size:
+            raise ConfigError(f"rank {target} is outside the communicator (size {self.size})")
+        return 0
+
+    # ------------------------------------------------------------------ waiting
+
+    cdef int _progress(self) except -1 nogil:
+        # On network paths a put into this window may only complete when this rank calls
+        # into MPI; MPI_Win_sync is just a memory barrier on MPICH, so poke the engine.
+        cdef int flag = 0
+        CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
+        CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag, MPI_STATUS_IGNORE),
+               "MPI_Iprobe")
+        return 0
+
+    cdef int _wait_local(self, int n, bint at_least, double timeout) except -1 nogil:
+        """Wait until each local word wait_offs[i] equals (or, atomically read, is at
+        least) wait_expected[i].  Returns 0, or 1 on timeout."""
+        cdef long polls = 0
+        cdef double t0 = asap_now()
+        cdef int i
+        cdef bint done
+        while True:
+            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            done = True
+            for i in range(n):
+                if at_least:
+                    self._fetch(self.rank, self.wait_offs[i])
+                    if self.word_in < self.wait_expected[i]:
+                        done = False
+                        break
+                elif asap_load_i64(self.base + self.wait_offs[i]) != self.wait_expected[i]:
+                    done = False
+                    break
+            if done:
+                CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+                return 0
+            self._progress()
+            if asap_now() - t0 > timeout:
+                return 1
+            asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+            polls += 1
+
+    cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout):
+        waiting, expected, observed = [], [], []
+        for i in range(n):
+            value = asap_load_i64(self.base + self.wait_offs[i])
+            if value != self.wait_expected[i]:
+                waiting.append(ranks[i])
+                expected.append(self.wait_expected[i])
+                observed.append(value)
+        raise NeighbourTimeoutError(self.rank, what, waiting, expected, observed, timeout)
+
+    def wait_notifies(self, int64_t version, double timeout):
+        """Wait until every in-neighbour published `version` in its notify word."""
+        cdef int i
+        cdef int r
+        cdef Py_ssize_t slot = version % self.depth
+        self._check_alive()
+        for i in range(self.n_in):
+            self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
+            self.wait_expected[i] = version
+        with nogil:
+            r = self._wait_local(self.n_in, False, timeout)
+        if r:
+            self._raise_timeout(f"the notify of version {version}", self.n_in,
+                                self._in, timeout)
+
+    def wait_acks(self, int64_t version, double timeout):
+        """Wait until every out-neighbour acknowledged `version` (0: nothing to wait for)."""
+        cdef int j
+        cdef int r
+        self._check_alive()
+        if version <= 0:
+            return
+        for j in range(self.n_out):
+            self.wait_offs[j] = self.off_ack + 8 * j
+            self.wait_expected[j] = version
+        with nogil:
+            r = self._wait_local(self.n_out, False, timeout)
+        if r:
+            self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
+                                timeout)
+
+    def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
+        """Wait until the local word at `disp`, read atomically, is >= `at_least`."""
+        cdef int r
+        cdef int who = from_rank
+        self._check_alive()
+        self.wait_offs[0] = disp
+        self.wait_expected[0] = at_least
+        with nogil:
+            r = self._wait_local(1, True, timeout)
+        if r:
+            raise NeighbourTimeoutError(self.rank, f"word at offset {disp} to reach {at_least}",
+                                        [who], [at_least], [self.local_word(disp)], timeout)
+
+    def local_word(self, Py_ssize_t disp):
+        """Atomic load of the int64 word at `disp` in this rank's own window."""
+        self._check_alive()
+        if not 0 <= disp <= self.total_bytes - 8 or disp % 8:
+            raise ConfigError(f"offset {disp} is not an int64 word of this window")
+        return asap_load_i64(self.base + disp)
+
+    # ------------------------------------------------------------------ reducing
+
+    def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
+               int64_t min_version, int64_t max_version, bint seqlock=False,
+               bint checksum=False, bint renormalize=False):
+        """buf = w_self*buf + sum_i weights[i]*slot_i, over the usable inputs, in one pass.
+
+        Reads slot `expected % depth` of every in-neighbour.  An input is usable when its
+        header and footer agree (and the checksum, if asked), with a version in
+        [min_version, max_version]; status CONSISTENT/TORN/STALE/AHEAD is counted per
+        sender against `expected`.  With `renormalize` the weights of usable inputs are
+        scaled to keep their sum.  seqlock: the slots may be written during the read; an
+        input that changed is dropped and the reduce recomputed from a copy of buf.
+        Otherwise a slot that changes during the read raises ProtocolError.
+        Returns the number of inputs reduced.
+        """
+        cdef Py_buffer view
+        cdef int r
+        self._check_alive()
+        if weights.shape[0] != self.n_in:
+            raise ConfigError(f"{weights.shape[0]} weights for {self.n_in} in-neighbours")
+        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
+                                  f"{self.nbytes}")
+            if seqlock and self.own_copy == NULL:
+                self.own_copy = <char *>malloc(max(self.nbytes, 1))
+                if self.own_copy == NULL:
+                    raise MemoryError()
+            with nogil:
+                r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
+                                 expected, min_version, max_version, seqlock, checksum,
+                                 renormalize)
+        finally:
+            PyBuffer_Release(&view)
+        if r < 0:
+            torn = [self._in[i] for i in range(self.n_in) if self.status[i] == TORN]
+            raise ProtocolError(f"rank {self.rank}: the slot(s) of rank(s) {torn} changed while "
+                                f"version {expected} was read; a writer did not wait for its "
+                                f"ack (the reduced buffer is not valid)")
+        return r
+
+    cdef inline char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
+        return self.base + self.off_slots + (i * self.depth + slot) * self.slot_stride
+
+    cdef int _reduce(self, char *out, double w_self, const double *weights, int64_t expected,
+                     int64_t min_version, int64_t max_version, bint seqlock, bint checksum,
+                     bint renormalize) except -2 nogil:
+        cdef Py_ssize_t slot = expected % self.depth
+        cdef int i, n_used, passes
+        cdef int64_t h, f
+        cdef char *hdr
+        cdef char *ftr
+        cdef bint changed
+        cdef const char *own = out
+        for i in range(self.n_in):
+            hdr = self._slot(i, slot)
+            ftr = hdr + HEADER_BYTES + self.payload_stride
+            # seqlock reader: footer first, payload, header last (fences between).
+            f = asap_load_i64(ftr)
+            h = asap_load_i64(hdr)
+            self.seen_footer[i] = f
+            self.seen_cksum[i] = <uint64_t>asap_load_i64(ftr + 8)
+            if h != f:
+                self.status[i] = TORN
+            elif f == expected:
+                self.status[i] = CONSISTENT
+            elif f < expected:
+                self.status[i] = STALE
+            else:
+                self.status[i] = AHEAD
+            self.used[i] = h == f and min_version <= f <= max_version
+        if seqlock:
+            memcpy(self.own_copy, out, self.nbytes)
+            own = self.own_copy
+        passes = 0
+        while True:
+            asap_fence()
+            n_used = self._fused_pass(out, own, w_self, weights, slot, checksum, renormalize)
+            asap_fence()
+            changed = False
+            for i in range(self.n_in):
+                if not self.used[i]:
+                    continue
+                hdr = self._slot(i, slot)
+                if (asap_load_i64(hdr) != self.seen_footer[i]
+                        or (checksum and self.seen_cksum[i] != 0
+                            and asap_cksum_final(&self.cks[i], self.nbytes) != self.seen_cksum[i])):
+                    self.status[i] = TORN
+                    self.used[i] = 0
+                    changed = True
+            passes += 1
+            if not changed:
+                break
+            if not seqlock:
+                self._count()
+                return -1
+        self._count()
+        return n_used
+
+    cdef int _fused_pass(self, char *out, const char *own, double w_self, const double *weights,
+                         Py_ssize_t slot, bint checksum, bint renormalize) noexcept nogil:
+        cdef int i, k = 0
+        cdef double total_all = w_self, total_used = w_self, scale = 1.0
+        for i in range(self.n_in):
+            total_all += weights[i]
+            if self.used[i]:
+                total_used += weights[i]
+        if renormalize and total_used > 0.0:
+            scale = total_all / total_used
+        for i in range(self.n_in):
+            if self.used[i]:
+                self.ins[k] = self._slot(i, slot) + HEADER_BYTES
+                self.ws_f64[k] = weights[i] * scale
+                self.ws_f32[k] = <float>(weights[i] * scale)
+                k += 1
+        # checksums are fed per used input in order; map them back below
+        if self.itemsize == 4:
+            asap_wsum_f32(<float *>out, <const float *>own, <float>(w_self * scale),
+                          <const float *const *>self.ins, self.ws_f32, k,
+                          self.nbytes // 4, self._cks_compact(checksum, k))
+        else:
+            asap_wsum_f64(<double *>out, <const double *>own, w_self * scale,
+                          <const double *const *>self.ins, self.ws_f64, k,
+                          self.nbytes // 8, self._cks_compact(checksum, k))
+        if checksum:
+            self._cks_expand()
+        return k
+
+    cdef asap_cksum_t *_cks_compact(self, bint checksum, int k) noexcept nogil:
+        # The kernel feeds cks[0..k-1] for the k used inputs; they are spread back to the
+        # in-neighbour index by _cks_expand (walking backwards, so nothing is overwritten).
+        if not checksum:
+            return NULL
+        cdef int i
+        for i in range(k):
+            asap_cksum_init(&self.cks[i])
+        return self.cks
+
+    cdef void _cks_expand(self) noexcept nogil:
+        cdef int i, k = 0
+        for i in range(self.n_in):
+            if self.used[i]:
+                k += 1
+        for i in range(self.n_in - 1, -1, -1):
+            if self.used[i]:
+                k -= 1
+                if k != i:
+                    self.cks[i] = self.cks[k]
+
+    cdef void _count(self) noexcept nogil:
+        cdef int i
+        for i in range(self.n_in):
+            self._stats[i, self.status[i]] += 1
+            if self.status[i] != TORN:
+                self._last_version[i] = self.seen_footer[i]
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def stats(self):
+        """int64 array (n_in, 4): per in-neighbour counts of consistent, torn, stale, ahead."""
+        return self._stats_array[:self.n_in].copy()
+
+    @property
+    def last_versions(self):
+        """int64 array (n_in,): last untorn version read from each in-neighbour."""
+        return self._last_array[:self.n_in].copy()
+
+    @property
+    def in_ranks(self):
+        return [self._in[i] for i in range(self.n_in)]
+
+    @property
+    def out_ranks(self):
+        return [self._out[i] for i in range(self.n_out)]
+
+    def last_status(self):
+        """Status of each input in the last reduce (CONSISTENT, TORN, STALE or AHEAD)."""
+        return [self.status[i] for i in range(self.n_in)]

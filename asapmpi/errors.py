@@ -1,0 +1,69 @@
+"""The one exception hierarchy of asapmpi.
+
+Every error asapmpi raises derives from :class:`AsapError`.  Each also derives from the
+built-in class a caller would naturally catch (ValueError for bad input, TimeoutError for
+a silent neighbour, ImportError for a broken installation), so generic handlers keep
+working.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class AsapError(Exception):
+    """Base class of every asapmpi error."""
+
+
+class ConfigError(AsapError, ValueError):
+    """Bad input from the user: raised before any communication starts."""
+
+
+class MPIError(AsapError, RuntimeError):
+    """An MPI call returned an error code.
+
+    Attributes: ``code`` (the MPI error code), ``call`` (the MPI function),
+    ``mpi_message`` (MPI's error string).
+    """
+
+    def __init__(self, code: int, call: str, mpi_message: str):
+        self.code = code
+        self.call = call
+        self.mpi_message = mpi_message
+        super().__init__(f"{call} failed with MPI error {code}: {mpi_message}")
+
+
+class NeighbourTimeoutError(AsapError, TimeoutError):
+    """A wait on other ranks ran out of time.
+
+    Attributes: ``ranks`` (the ranks that had not answered), ``what`` (what was awaited),
+    ``expected`` and ``observed`` (per rank, the awaited and last seen values).
+    """
+
+    def __init__(self, rank: int, what: str, ranks: Sequence[int], expected: Sequence[int],
+                 observed: Sequence[int], timeout: float):
+        self.rank = rank
+        self.what = what
+        self.ranks = list(ranks)
+        self.expected = list(expected)
+        self.observed = list(observed)
+        self.timeout = timeout
+        detail = ", ".join(
+            f"rank {r} (expected {e}, last seen {o})" for r, e, o in zip(ranks, expected, observed)
+        )
+        super().__init__(
+            f"rank {rank}: timed out after {timeout:g} s waiting for {what} from {detail}; "
+            f"the neighbour is dead or stalled (raise the timeout with ASAPMPI_TIMEOUT if "
+            f"it is only slow)"
+        )
+
+
+class ProtocolError(AsapError, RuntimeError):
+    """A slot changed while it was read although the protocol promised it would not."""
+
+
+class FreedError(AsapError, RuntimeError):
+    """An object was used after ``free()``."""
+
+
+class MPIMismatchError(AsapError, ImportError):
+    """The compiled core and mpi4py use different MPI libraries or ABIs."""

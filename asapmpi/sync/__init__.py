@@ -1,0 +1,19 @@
+"""asapmpi.sync: synchronization policies, selected by name."""
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .base import Policy, StepContext
+from .notify_ack import NotifyAck
+
+POLICIES = {NotifyAck.name: NotifyAck}
+
+
+def policy(name: str) -> Policy:
+    """Return a new policy object for `name`."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ConfigError(f"unknown sync policy {name!r}; choose one of {sorted(POLICIES)}") from None
+
+
+__all__ = ["Policy", "StepContext", "NotifyAck", "POLICIES", "policy"]

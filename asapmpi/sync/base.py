@@ -1,0 +1,31 @@
+"""The policy interface: when to send, what to reduce, when to advance.
+
+A policy drives a SlotWindow through one step; it never touches bytes itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StepContext:
+    """What a policy needs for one step, fixed at Exchange creation."""
+
+    w_self: float
+    weights: np.ndarray      # float64, one per in-neighbour, in in-neighbour order
+    timeout: float
+    checksum: bool
+
+
+class Policy:
+    """Base class of synchronization policies."""
+
+    name = "policy"
+    #: receive slots per sender the policy needs
+    depth = 1
+
+    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Run step `version` (1, 2, ...): send `buf`, reduce into it, advance."""
+        raise NotImplementedError

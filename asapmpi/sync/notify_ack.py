@@ -1,0 +1,36 @@
+"""NOTIFY-ACK (ASAP section 4): send only into a slot the receiver has released.
+
+Step k on every rank:
+  1. wait until every out-neighbour acknowledged version k-1 (its slot is free);
+  2. put version k into every out-neighbour's slot, complete it, then notify;
+  3. wait for the notify of version k from every in-neighbour;
+  4. reduce all in-neighbours' version k (verified) into the buffer;
+  5. acknowledge version k to every in-neighbour.
+Every rank sends (2) before it waits (3), so cyclic graphs cannot deadlock: the acks of
+step k-1 only need the notifies of step k-1, which were all sent before anyone waited.
+"""
+from __future__ import annotations
+
+from ..errors import ProtocolError
+from .base import Policy, StepContext
+
+
+class NotifyAck(Policy):
+    """ASAP's NOTIFY-ACK: every reduce uses every in-neighbour's current version."""
+
+    name = "notify_ack"
+    depth = 1
+
+    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        win.wait_acks(version - 1, ctx.timeout)
+        win.put(buf, version, version, checksum=ctx.checksum)
+        win.wait_notifies(version, ctx.timeout)
+        used = win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
+                          checksum=ctx.checksum)
+        if used != win.n_in:
+            bad = [r for r, s in zip(win.in_ranks, win.last_status()) if s != 0]
+            raise ProtocolError(
+                f"rank {win.rank}: version {version} from rank(s) {bad} was torn or not the "
+                f"notified version; it was not reduced (a peer broke the protocol)"
+            )
+        win.ack(version)
