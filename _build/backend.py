@@ -6,7 +6,6 @@ site MPI instead, and the wheel is not pulled in.
 """
 import os
 
-from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403  (re-export the hooks)
 
 _EMBEDDED_MPI = "mpich>=4.1,<6"
@@ -16,11 +15,17 @@ def _mpi_requires():
     return [] if os.environ.get("MPICC") else [_EMBEDDED_MPI]
 
 
+# Setuptools' own get_requires_* hooks would run setup.py, which needs an mpicc: in an
+# isolated build that is the very wheel these hooks are asked for, not installed yet, so
+# setup.py would exit with "no mpicc found".  setup.py declares no setup_requires, so
+# setuptools would add nothing beyond pyproject's [build-system] requires anyway.
+
+
 def get_requires_for_build_wheel(config_settings=None):
-    """Setuptools' wheel requirements plus the embedded MPI when needed."""
-    return _setuptools.get_requires_for_build_wheel(config_settings) + _mpi_requires()
+    """The embedded MPI when needed (pyproject's requires cover the rest)."""
+    return _mpi_requires()
 
 
 def get_requires_for_build_editable(config_settings=None):
-    """Setuptools' editable requirements plus the embedded MPI when needed."""
-    return _setuptools.get_requires_for_build_editable(config_settings) + _mpi_requires()
+    """The embedded MPI when needed (pyproject's requires cover the rest)."""
+    return _mpi_requires()

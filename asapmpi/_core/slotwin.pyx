@@ -485,6 +485,20 @@ cdef class SlotWindow:
             raise ConfigError(f"offset {disp} is not an int64 word of this window")
         return asap_load_i64(self.base + disp)
 
+    def debug_store_word(self, Py_ssize_t disp, int64_t value):
+        """Store into this rank's own window, bypassing the protocol: fault injection for
+        tests (corrupt a payload, fake a version).  Never needed in normal use."""
+        self._check_alive()
+        if not 0 <= disp <= self.total_bytes - 8 or disp % 8:
+            raise ConfigError(f"offset {disp} is not an int64 word of this window")
+        asap_store_i64(self.base + disp, value)
+
+    def slot_offset(self, int in_index, int64_t version):
+        """Offset of the header of in-neighbour `in_index`'s slot for `version`."""
+        if not 0 <= in_index < self.n_in:
+            raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
+        return self.off_slots + (in_index * self.depth + version % self.depth) * self.slot_stride
+
     # ------------------------------------------------------------------ reducing
 
     def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
@@ -496,9 +510,10 @@ cdef class SlotWindow:
         header and footer agree (and the checksum, if asked), with a version in
         [min_version, max_version]; status CONSISTENT/TORN/STALE/AHEAD is counted per
         sender against `expected`.  With `renormalize` the weights of usable inputs are
-        scaled to keep their sum.  seqlock: the slots may be written during the read; an
-        input that changed is dropped and the reduce recomputed from a copy of buf.
-        Otherwise a slot that changes during the read raises ProtocolError.
+        scaled to keep their sum.  seqlock: the slots may be written during the read.
+        With seqlock or checksum, an input that changed during the read or fails its
+        checksum is dropped and the reduce recomputed from a copy of buf; otherwise a slot
+        that changes during the read raises ProtocolError.
         Returns the number of inputs reduced.
         """
         cdef Py_buffer view
@@ -511,7 +526,7 @@ cdef class SlotWindow:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
                                   f"{self.nbytes}")
-            if seqlock and self.own_copy == NULL:
+            if (seqlock or checksum) and self.own_copy == NULL:
                 self.own_copy = <char *>malloc(max(self.nbytes, 1))
                 if self.own_copy == NULL:
                     raise MemoryError()
@@ -558,7 +573,10 @@ cdef class SlotWindow:
             else:
                 self.status[i] = AHEAD
             self.used[i] = h == f and min_version <= f <= max_version
-        if seqlock:
+        # A failure found after the fused pass (a slot that changed, a bad checksum) can
+        # only be undone from a copy of the reader's own buffer; keep one when the mode
+        # can find such failures.
+        if seqlock or checksum:
             memcpy(self.own_copy, out, self.nbytes)
             own = self.own_copy
         passes = 0
@@ -580,7 +598,7 @@ cdef class SlotWindow:
             passes += 1
             if not changed:
                 break
-            if not seqlock:
+            if not (seqlock or checksum):
                 self._count()
                 return -1
         self._count()

@@ -22,8 +22,16 @@ class NotifyAck(Policy):
     depth = 1
 
     def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        self.send(win, buf, version, ctx)
+        self.receive(win, buf, version, ctx)
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Steps 1-2: wait for the acks of version-1, then put and notify `version`."""
         win.wait_acks(version - 1, ctx.timeout)
         win.put(buf, version, version, checksum=ctx.checksum)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
         win.wait_notifies(version, ctx.timeout)
         used = win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
                           checksum=ctx.checksum)

@@ -1,0 +1,1 @@
+"""Benchmarks of asapmpi; `python -m asapmpi.bench.core` measures the core runtime."""

@@ -1,0 +1,32 @@
+"""Run one scenario of scenarios.py on every rank: `run.py NAME '{"kwarg": ...}'`.
+
+A rank whose scenario raises prints its traceback and aborts the whole job, so the
+launcher sees a non-zero exit instead of the other ranks waiting forever.
+"""
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from mpi4py import MPI  # noqa: E402
+
+import scenarios  # noqa: E402
+
+
+def main() -> None:
+    name, kwargs = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    comm = MPI.COMM_WORLD
+    try:
+        result = getattr(scenarios, name)(comm, **kwargs)
+    except BaseException:
+        sys.stderr.write(f"[rank {comm.rank}] scenario {name} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        comm.Abort(1)
+    sys.stdout.write(f"ASAPMPI-RESULT {comm.rank} {json.dumps(result)}\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

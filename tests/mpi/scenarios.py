@@ -1,0 +1,251 @@
+"""Multi-rank scenarios, run on every rank by run.py under mpiexec.
+
+Each takes the communicator and keyword arguments, asserts what must hold on its rank,
+and returns a JSON-able dict that the pytest side checks across ranks.
+"""
+import random
+import time
+
+import numpy as np
+
+import asapmpi
+from asapmpi import _core
+from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, ProtocolError
+
+HEADER = 64  # bytes before the payload in a slot
+
+
+def pattern(rank, k, n, dtype):
+    """The buffer rank `rank` sends at iteration k: distinct per rank, iteration, element."""
+    return (rank * 1000.0 + k + np.arange(n) * 0.25).astype(dtype)
+
+
+def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False):
+    """Every step reduces exactly w_self*own + sum w_i*pattern(i, k), from version k."""
+    rank = comm.rank
+    buf = np.zeros(n, dtype=dtype)
+    g = asapmpi.graph(graph, comm.size)
+    with asapmpi.Exchange(buf, graph=g, comm=comm, checksum=checksum, timeout=60) as ex:
+        w = ex.weights
+        for k in range(1, iters + 1):
+            buf[:] = pattern(rank, k, n, dtype)
+            ex.step()
+            # the NumPy reference, in the kernel's order: self first, then in-neighbours
+            expected = dtype_cast(w[rank], dtype) * pattern(rank, k, n, dtype)
+            for i in ex.in_neighbours:
+                expected = expected + dtype_cast(w[i], dtype) * pattern(i, k, n, dtype)
+            if not np.array_equal(buf, expected):
+                bad = int(np.argmax(buf != expected))
+                raise AssertionError(f"iteration {k}: element {bad} is {buf[bad]!r}, "
+                                     f"expected {expected[bad]!r}")
+        stats = ex.stats
+        last = ex.window.last_versions.tolist()
+        assert ex.version == iters
+    for sender, counts in stats.items():
+        assert counts == {"consistent": iters, "torn": 0, "stale": 0, "ahead": 0}, (sender, counts)
+    assert last == [iters] * len(ex.in_neighbours), last
+    return {"in": ex.in_neighbours, "stats": {str(k): v for k, v in stats.items()}}
+
+
+def dtype_cast(w, dtype):
+    return np.dtype(dtype).type(w)
+
+
+def tear_detected(comm, n=4096):
+    """A writer that stops half way is caught, counted and never reduced.
+
+    On a directed ring: version 1 is written properly; version 2 is written torn (header
+    and half the payload, no footer) and notified anyway (a lying writer); version 3
+    properly; then version 4 starts (header and half the payload) while the reader reads
+    version 3 with the seqlock check: an overwrite during a read.
+    """
+    rank, size = comm.rank, comm.size
+    buf = np.full(n, float(rank), dtype=np.float32)
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=30) as ex:
+        win = ex.window
+        w = np.asarray([ex.weights[ex.in_neighbours[0]]])
+        w_self = ex.weights[rank]
+        ex.step()                                    # version 1, consistent
+        assert ex.stats[ex.in_neighbours[0]]["consistent"] == 1
+
+        src = np.full(n, 100.0 + rank, dtype=np.float32)
+        win.wait_acks(1, 30)                         # the reader is done with version 1
+        win.put(src, 2, tear=0.5)                    # stops half way ...
+        win.notify(2)                                # ... and lies that it finished
+        win.wait_notifies(2, 30)
+        before = buf.copy()
+        used = win.reduce(buf, w_self, w, 2, 2, 2)
+        status_2 = win.last_status()[0]
+        assert used == 0 and status_2 == _core.TORN, (used, status_2)
+        assert np.array_equal(buf, (np.float32(w_self) * before)), "a torn input was reduced"
+
+        comm.Barrier()
+        src[:] = 200.0 + rank
+        win.put(src, 3, seqlock=True, notify=False)  # version 3, complete
+        comm.Barrier()
+        src[:] = 300.0 + rank
+        win.put(src, 4, seqlock=True, tear=0.5)      # version 4 begins and stalls
+        comm.Barrier()
+        used = win.reduce(buf, w_self, w, 3, 3, 3, seqlock=True)
+        status_3 = win.last_status()[0]
+        assert used == 0 and status_3 == _core.TORN, (used, status_3)
+        stats = ex.stats[ex.in_neighbours[0]]
+        comm.Barrier()
+    assert stats == {"consistent": 1, "torn": 2, "stale": 0, "ahead": 0}, stats
+    return {"stats": stats, "size": size}
+
+
+def notify_ack_refuses_torn(comm, n=1024):
+    """Under notify_ack, a torn input makes step() raise ProtocolError naming the sender."""
+    rank = comm.rank
+    buf = np.full(n, float(rank))
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=30) as ex:
+        ex.step()
+        sender = ex.in_neighbours[0]
+        # a writer that breaks the protocol: the slot of version 2 is half written
+        # (header says 2, footer still 1) and notified; the reader then runs the
+        # policy's receive half as usual
+        win = ex.window
+        win.wait_acks(1, 30)
+        win.put(np.full(n, -1.0), 2, tear=0.5)
+        win.notify(2)
+        comm.Barrier()
+        try:
+            ex._policy.receive(win, buf, 2, ex._ctx)
+        except ProtocolError as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("a torn input under notify_ack did not raise")
+        comm.Barrier()
+    assert f"rank(s) [{sender}]" in message, message
+    return {"message": message}
+
+
+def concurrent_seqlock(comm, iters=2000, n=65536, seed=0):
+    """Writers rewrite while readers read: every read reported untorn is exactly one
+    version (all elements equal that version); torn reads are counted, never reduced."""
+    rank = comm.rank
+    rng = random.Random(seed + rank)
+    src = np.zeros(n, dtype=np.float64)
+    out = np.zeros(n, dtype=np.float64)
+    with asapmpi.Exchange(src, graph="ring", comm=comm, timeout=60) as ex:
+        win = ex.window
+        ones = np.ones(1)
+        big = 1 << 62
+        untorn = torn = 0
+        for k in range(1, iters + 1):
+            src[:] = k
+            win.put(src, k, seqlock=True, notify=False)
+            for _ in range(rng.randrange(3)):
+                used = win.reduce(out, 0.0, ones, k, 1, big, seqlock=True)
+                status = win.last_status()[0]
+                if status == _core.TORN:
+                    torn += 1
+                    assert used == 0 and not out.any(), "a torn input was reduced"
+                else:
+                    version = int(win.last_versions[0])
+                    if version == 0:
+                        assert used == 0
+                        continue
+                    untorn += 1
+                    assert used == 1
+                    assert out[0] == version and out[-1] == version and np.all(out == version), (
+                        f"read reported version {version} but holds {np.unique(out)[:5]}")
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 1e-4)
+        counts = ex.stats[ex.in_neighbours[0]]
+        comm.Barrier()
+    assert counts["torn"] == torn, (counts, torn)
+    return {"untorn": untorn, "torn": torn, "stats": counts}
+
+
+def checksum_catches_corruption(comm, n=1000):
+    """A payload changed behind the versions' back passes the version check but not the
+    checksum."""
+    rank = comm.rank
+    buf = np.full(n, float(rank))
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, checksum=True, timeout=30) as ex:
+        ex.step()
+        win = ex.window
+        w = np.asarray([ex.weights[ex.in_neighbours[0]]])
+        w_self = ex.weights[rank]
+        win.wait_acks(1, 30)
+        win.put(buf, 2, checksum=True)
+        win.wait_notifies(2, 30)
+        payload = win.slot_offset(0, 2) + HEADER
+        win.debug_store_word(payload + 8 * (n // 2), 12345)   # corrupt one element
+        keep = buf.copy()
+        assert win.reduce(buf, w_self, w, 2, 2, 2, checksum=False) == 1, "versions agree"
+        buf[:] = keep
+        assert win.reduce(buf, w_self, w, 2, 2, 2, checksum=True) == 0, "checksum missed it"
+        assert win.last_status()[0] == _core.TORN
+        comm.Barrier()
+    return {}
+
+
+def silent_neighbour(comm, wait_timeout=1.0):
+    """Rank 1 never steps: its out-neighbour times out on the notify naming rank 1, and
+    rank 1's in-neighbour (which did step once) times out on the ack of version 1."""
+    rank, size = comm.rank, comm.size
+    buf = np.zeros(16)
+    result = {"error": None}
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=wait_timeout) as ex:
+        if rank != 1:
+            t0 = time.monotonic()
+            try:
+                ex.step()
+                ex.step()
+            except NeighbourTimeoutError as exc:
+                result = {"error": str(exc), "ranks": exc.ranks, "what": exc.what,
+                          "elapsed": time.monotonic() - t0, "version": ex.version}
+        comm.Barrier()
+    return result
+
+
+def bad_input(comm, case):
+    """Every rank raises the same kind of ConfigError before any RMA starts."""
+    rank, size = comm.rank, comm.size
+    buf = np.zeros(8)
+    kwargs = {"graph": "ring", "comm": comm}
+    if case == "size":
+        buf = np.zeros(8 if rank else 9)
+    elif case == "dtype":
+        buf = np.zeros(8, dtype=np.float32 if rank else np.float64)
+    elif case == "out_of_range":
+        kwargs["graph"] = {"in": [(rank - 1) % size], "out": [size + 5 if rank == 1 else (rank + 1) % size]}
+    elif case == "asymmetric":
+        ring_in, ring_out = [(rank - 1) % size], [(rank + 1) % size]
+        kwargs["graph"] = {"in": [] if rank == 1 else ring_in, "out": ring_out}
+    elif case == "graph_size":
+        kwargs["graph"] = asapmpi.graph("ring", size + 1)
+    elif case == "weights":
+        kwargs["weights"] = {rank: 0.9, (rank - 1) % size: 0.9} if rank == 0 else None
+    else:
+        raise ValueError(case)
+    try:
+        asapmpi.Exchange(buf, **kwargs)
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    raise AssertionError(f"case {case}: no ConfigError on rank {rank}")
+
+
+def use_after_free(comm):
+    """A freed Exchange refuses to step; free() twice is fine; wrong sizes are refused."""
+    buf = np.zeros(32)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
+    try:
+        ex.window.put(np.zeros(31), 1)
+    except ConfigError as exc:
+        wrong_size = str(exc)
+    else:
+        raise AssertionError("a wrong-size put was accepted")
+    ex.step()
+    ex.free()
+    ex.free()
+    try:
+        ex.step()
+    except FreedError as exc:
+        freed = str(exc)
+    else:
+        raise AssertionError("step() after free() did not raise")
+    return {"wrong_size": wrong_size, "freed": freed}

@@ -1,0 +1,69 @@
+"""Launch a multi-rank scenario under mpiexec from a pytest test.
+
+Each scenario is a function in tests/mpi/scenarios.py run on every rank by
+tests/mpi/run.py.  A deadlock fails the test instead of hanging it: hydra's
+MPIEXEC_TIMEOUT kills the job, and the subprocess itself has a slightly longer timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+RUNNER = Path(__file__).parent / "mpi" / "run.py"
+RESULT_TAG = "ASAPMPI-RESULT"
+
+#: MPICH settings that force RMA through the network module (TCP over loopback only)
+NETWORK_PATH_ENV = {
+    "MPIR_CVAR_NOLOCAL": "1",
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+    "FI_PROVIDER": "tcp",
+    "FI_TCP_IFACE": "lo",
+}
+PATHS = ("shm", "net")
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this interpreter (the embedded MPICH), else MPIEXEC or PATH's."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = os.environ.get("MPIEXEC") or shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("no mpiexec found; run dev/setup.sh")
+    return found
+
+
+def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kwargs) -> list:
+    """Run `scenario` on `ranks` ranks; return the per-rank result dicts, rank order.
+
+    Fails (AssertionError) when the job exits non-zero, times out, or a rank reports
+    nothing.
+    """
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env["MPIEXEC_TIMEOUT"] = str(int(timeout))
+    if path == "net":
+        env.update(NETWORK_PATH_ENV)
+    elif path != "shm":
+        raise ValueError(f"path must be one of {PATHS}")
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(RUNNER), scenario, json.dumps(kwargs)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=timeout + 30)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{scenario} on {ranks} ranks ({path}) hung past {timeout + 30} s:\n"
+                             f"{exc.stdout}\n{exc.stderr}") from None
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            _, rank, payload = line.split(" ", 2)
+            results[int(rank)] = json.loads(payload)
+    assert proc.returncode == 0 and len(results) == ranks, (
+        f"{scenario} on {ranks} ranks ({path}) exited {proc.returncode} with results from "
+        f"{sorted(results)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+    )
+    return [results[r] for r in range(ranks)]

@@ -1,0 +1,90 @@
+"""Multi-rank tests: each launches ranks under mpiexec (2, 4, 8 on a 2-core machine, so
+oversubscribed), on the shared-memory path and on the forced network path."""
+import pytest
+
+from mpilaunch import PATHS, run
+
+pytestmark = pytest.mark.mpi
+SIZES = (2, 4, 8)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("graph", ["ring", "complete"])
+def test_roundtrip_exact_values_and_versions(graph, n, path):
+    results = run("roundtrip", n, path, timeout=300, graph=graph, iters=1000, n=257)
+    for rank, res in enumerate(results):
+        expected_in = [(rank - 1) % n] if graph == "ring" else [r for r in range(n) if r != rank]
+        assert res["in"] == expected_in
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_roundtrip_large_float32_with_checksum(path):
+    # 4M + 3 float32: several puts' worth, not a multiple of the vector width
+    run("roundtrip", 4, path, timeout=300, graph="bidirectional-ring", iters=10,
+        n=(1 << 22) + 3, dtype="float32", checksum=True)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", SIZES)
+def test_torn_write_is_detected_and_not_reduced(n, path):
+    for res in run("tear_detected", n, path, timeout=120):
+        assert res["stats"]["torn"] == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_notify_ack_raises_on_torn_input(path):
+    run("notify_ack_refuses_torn", 4, path, timeout=120)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", [2, 4])
+def test_concurrent_reads_are_whole_versions_or_counted_torn(n, path):
+    results = run("concurrent_seqlock", n, path, timeout=300, iters=1500)
+    assert sum(r["untorn"] for r in results) > 0
+    print("torn reads caught:", [r["torn"] for r in results])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_checksum_catches_silent_corruption(path):
+    run("checksum_catches_corruption", 2, path, timeout=120)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", [2, 4])
+def test_silent_neighbour_times_out_naming_it(n, path):
+    timeout = 1.0
+    results = run("silent_neighbour", n, path, timeout=120, wait_timeout=timeout)
+    assert results[1]["error"] is None
+    # rank 2 % n receives from rank 1: waits for a notify that never comes
+    victim = results[2 % n]
+    assert victim["ranks"] == [1] and "notify of version 1" in victim["what"], victim
+    assert "rank 1 (expected 1, last seen 0)" in victim["error"]
+    assert timeout <= victim["elapsed"] < timeout + 10
+    if n > 2:
+        # rank 0 sends to rank 1: its step 1 completes, step 2 waits for rank 1's ack
+        assert results[0]["ranks"] == [1] and "ack of version 1" in results[0]["what"]
+
+
+BAD_INPUT = {
+    "size": "same size in bytes",
+    "dtype": "same dtype",
+    "out_of_range": "outside the communicator",
+    "asymmetric": "does not list",
+    "graph_size": "but the communicator has",
+    "weights": "must sum to 1",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_raises_on_every_rank(case):
+    results = run("bad_input", 3, "shm", timeout=60, case=case)
+    for res in results:
+        assert BAD_INPUT[case] in res["error"] or "was given bad input" in res["error"], res
+        assert "\n" not in res["error"]
+
+
+def test_use_after_free_and_wrong_size():
+    for res in run("use_after_free", 2, "shm", timeout=60):
+        assert "was freed" in res["freed"]
+        assert "has 248 bytes" in res["wrong_size"] and "hold 256" in res["wrong_size"]
