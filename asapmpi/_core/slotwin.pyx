@@ -353,7 +353,7 @@ cdef class SlotWindow:
         """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
         cdef MPI_Op mop
         self._check_alive()
-        self._check_target(target)
+        self._check_target(target, disp)
         if op == "replace":
             mop = MPI_REPLACE
         elif op == "sum":
@@ -369,7 +369,7 @@ cdef class SlotWindow:
     def fetch_word(self, int target, Py_ssize_t disp):
         """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP)."""
         self._check_alive()
-        self._check_target(target)
+        self._check_target(target, disp)
         with nogil:
             self._fetch(target, disp)
         return self.word_in
@@ -380,9 +380,11 @@ cdef class SlotWindow:
         CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
         return 0
 
-    cdef int _check_target(self, int target) except -1:
+    cdef int _check_target(self, int target, Py_ssize_t disp) except -1:
         if not 0 <= target < self.size:
             raise ConfigError(f"rank {target} is outside the communicator (size {self.size})")
+        if disp < 0 or disp % 8 or (target == self.rank and disp > self.total_bytes - 8):
+            raise ConfigError(f"offset {disp} is not an int64 word of rank {target}'s window")
         return 0
 
     # ------------------------------------------------------------------ waiting

@@ -1,0 +1,80 @@
+"""The asapmpi command line: `asapmpi demo`, `asapmpi bench core`.
+
+Commands that need several ranks launch them with mpiexec (`-n`), or, started inside an
+MPI job (mpiexec, srun), run on its ranks.  User mistakes give one line, no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .errors import AsapError, ConfigError
+
+MULTI_RANK = {"demo", "bench"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    from . import demo
+    from .bench import core as bench_core
+
+    parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def ranks_options(p):
+        p.add_argument("-n", "--ranks", type=int, default=4,
+                       help="ranks to launch when not already inside an MPI job (default 4)")
+        p.add_argument("--network", action="store_true",
+                       help="force MPICH's network path (TCP on loopback) instead of shared memory")
+        p.add_argument("--job-timeout", type=float, default=600,
+                       help="kill the launched job after this many seconds (default 600)")
+
+    p_demo = sub.add_parser("demo", help="mix vectors across ranks with NOTIFY-ACK and report")
+    ranks_options(p_demo)
+    demo.add_arguments(p_demo)
+
+    p_bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p_bench.add_subparsers(dest="bench", required=True)
+    p_core = bench_sub.add_parser("core", help="put, notify, verified reduce vs memcpy and "
+                                               "MPI_Allreduce")
+    ranks_options(p_core)
+    p_core.set_defaults(ranks=2)
+    bench_core.add_arguments(p_core)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the `asapmpi` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command in MULTI_RANK:
+            return _run_multi_rank(args, argv)
+    except ConfigError as exc:
+        print(f"asapmpi: error: {exc}", file=sys.stderr)
+        return 2
+    except AsapError as exc:
+        print(f"asapmpi: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
+    from .launch import inside_mpi_job, relaunch
+
+    if args.ranks < 1:
+        raise ConfigError(f"-n must be at least 1, got {args.ranks}")
+    if not inside_mpi_job():
+        return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
+    if args.command == "demo":
+        from . import demo
+
+        demo.run(args)
+    else:
+        from .bench import core as bench_core
+
+        bench_core.run(args)
+    return 0

@@ -1,0 +1,48 @@
+"""Start the ranks of a CLI command: run inside an MPI job, or launch one with mpiexec."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import List, Optional
+
+#: variables a process manager sets in every rank it starts (MPICH hydra, Open MPI,
+#: PMIx, Slurm's srun)
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+#: MPICH settings that force RMA through the network module, TCP on loopback only
+NETWORK_PATH_ENV = {
+    "MPIR_CVAR_NOLOCAL": "1",
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+    "FI_PROVIDER": "tcp",
+    "FI_TCP_IFACE": "lo",
+}
+
+
+def inside_mpi_job() -> bool:
+    """True when this process was started by mpiexec, mpirun or srun."""
+    return any(v in os.environ for v in RANK_VARIABLES)
+
+
+def find_mpiexec() -> str:
+    """The mpiexec of the MPI mpi4py uses: beside this interpreter first (the embedded
+    MPICH wheel), then $MPIEXEC, then PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    for candidate in (beside, os.environ.get("MPIEXEC"), shutil.which("mpiexec")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise FileNotFoundError("no mpiexec found: install the embedded MPI (pip install mpich) "
+                            "or set MPIEXEC=/path/to/mpiexec")
+
+
+def relaunch(ranks: int, argv: List[str], network: bool = False,
+             timeout: Optional[float] = None) -> int:
+    """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code."""
+    env = dict(os.environ)
+    if network:
+        env.update(NETWORK_PATH_ENV)
+    if timeout:
+        env["MPIEXEC_TIMEOUT"] = str(int(timeout))
+    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "asapmpi", *argv]
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,87 @@
+"""The fused weighted reduce against a NumPy reference, and the checksum."""
+import numpy as np
+import pytest
+
+from asapmpi._core import kernels
+from asapmpi.errors import ConfigError
+
+# 1 to 2^24 elements, including sizes that are not a multiple of any vector width or of
+# the kernel's block, and one block boundary exactly.
+SIZES = [1, 2, 3, 7, 15, 17, 1023, 4096, 4097, 65537, (1 << 20) + 5, 1 << 24]
+
+
+def reference(own, w_self, inputs, weights):
+    """What NumPy computes for w_self*own + w_1*x_1 + ..., in that order."""
+    dtype = own.dtype.type
+    acc = dtype(w_self) * own
+    for x, w in zip(inputs, weights):
+        acc = acc + dtype(w) * x
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("d", [1, 3])
+def test_fused_reduce_matches_numpy(size, dtype, d):
+    if size == 1 << 24 and d == 3 and dtype == np.float64:
+        pass  # 5 buffers of 128 MB: fine on 24 GB
+    rng = np.random.default_rng(size * 7 + d)
+    own = rng.standard_normal(size).astype(dtype)
+    inputs = [rng.standard_normal(size).astype(dtype) for _ in range(d)]
+    weights = list(rng.random(d) / (d + 1))
+    w_self = 1.0 - sum(weights)
+    out = np.empty_like(own)
+    kernels.weighted_sum(out, own, w_self, inputs, weights)
+    ref = reference(own, w_self, inputs, weights)
+    # same operations in the same order, products rounded before the adds: bitwise equal
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_reduce_in_place(dtype):
+    rng = np.random.default_rng(1)
+    own = rng.standard_normal(10001).astype(dtype)
+    x = rng.standard_normal(10001).astype(dtype)
+    ref = reference(own, 0.5, [x], [0.5])
+    kernels.weighted_sum(own, own, 0.5, [x], [0.5])
+    np.testing.assert_array_equal(own, ref)
+
+
+def test_fused_reduce_with_no_inputs_scales():
+    own = np.arange(5, dtype=np.float64)
+    out = np.empty_like(own)
+    kernels.weighted_sum(out, own, 2.0, [], [])
+    np.testing.assert_array_equal(out, 2 * own)
+
+
+def test_fused_reduce_refuses_mixed_dtypes_and_sizes():
+    a32, a64 = np.zeros(4, np.float32), np.zeros(4, np.float64)
+    with pytest.raises(ConfigError, match="one dtype"):
+        kernels.weighted_sum(a32, a32, 1.0, [a64], [1.0])
+    with pytest.raises(ConfigError, match="input 0 has 12 bytes"):
+        kernels.weighted_sum(a32, a32, 1.0, [np.zeros(3, np.float32)], [1.0])
+    with pytest.raises(ConfigError, match="float32 or float64"):
+        kernels.weighted_sum(np.zeros(4, np.int32), np.zeros(4, np.int32), 1.0, [], [])
+    with pytest.raises(ConfigError, match="2 weights for 1 inputs"):
+        kernels.weighted_sum(a32, a32, 1.0, [a32], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("size", [1, 7, 8, 31, 32, 33, 4096, 4099, 100003])
+def test_fused_checksum_equals_writer_checksum(size):
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal(size).astype(np.float32)
+    out = np.empty_like(x)
+    (ck,) = kernels.weighted_sum(out, x, 0.0, [x], [1.0], checksum=True)
+    assert ck == kernels.checksum(x) != 0
+
+
+def test_checksum_sees_value_and_position_changes():
+    x = np.arange(1000, dtype=np.float64)
+    base = kernels.checksum(x)
+    y = x.copy()
+    y[500] += 1e-9
+    assert kernels.checksum(y) != base
+    z = x.copy()
+    z[[10, 11]] = z[[11, 10]]   # same words, swapped
+    assert kernels.checksum(z) != base
+    assert kernels.checksum(x[:999]) != base

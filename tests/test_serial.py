@@ -1,0 +1,138 @@
+"""Serial tests: layout, graphs, weights, configuration, errors, one-rank Exchange."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import asapmpi
+from asapmpi import _core
+from asapmpi._core.layout import Layout
+from asapmpi.errors import ConfigError, FreedError, MPIError, NeighbourTimeoutError
+from asapmpi.rc import RC
+from asapmpi.reduce.weights import resolve_weights
+
+
+def test_layout_regions_are_aligned_and_disjoint():
+    lay = Layout(n_in=3, n_out=2, depth=4, nbytes=1000, n_user=5)
+    assert lay.off_notify == 64
+    offsets = [lay.off_notify, lay.off_ack, lay.off_user, lay.off_slots]
+    assert offsets == sorted(offsets) and all(o % 64 == 0 for o in offsets)
+    assert lay.off_ack - lay.off_notify >= 8 * 3 * 4
+    assert lay.payload_stride == 1024 and lay.slot_stride == 64 + 1024 + 64
+    assert lay.slot_disp(2, 3) == lay.off_slots + (2 * 4 + 3) * lay.slot_stride
+    assert lay.total == lay.slot_disp(2, 3) + lay.slot_stride
+    assert lay.notify_disp(1, 2) == 64 + 8 * (1 * 4 + 2)
+
+
+def test_graph_neighbours_and_connectivity():
+    g = asapmpi.graph("ring", 5)
+    assert g.out_neighbours(4) == [0] and g.in_neighbours(0) == [4]
+    assert g.is_strongly_connected()
+    c = asapmpi.graph("complete", 4)
+    assert c.in_neighbours(2) == [0, 1, 3] and len(c.edges()) == 12
+    b = asapmpi.graph("bidirectional-ring", 2)
+    assert b.out_neighbours(0) == [1]
+    split = asapmpi.Graph(4, [[1], [0], [3], [2]])
+    assert not split.is_strongly_connected()
+
+
+@pytest.mark.parametrize("outs, message", [
+    ([[1], [5]], "outside 0..1"),
+    ([[0], []], "lists itself"),
+    ([[1, 1], []], "twice"),
+    ([[1]], "1 neighbour lists for 2 ranks"),
+])
+def test_graph_rejects_bad_lists(outs, message):
+    with pytest.raises(ConfigError, match=message):
+        asapmpi.Graph(2, outs)
+
+
+def test_unknown_graph_name():
+    with pytest.raises(ConfigError, match="unknown graph 'rign'"):
+        asapmpi.graph("rign", 4)
+
+
+def test_weights_default_and_user():
+    assert resolve_weights(0, [1, 2], None) == (1 / 3, [1 / 3, 1 / 3])
+    assert resolve_weights(0, [2], {0: 0.25, 2: 0.75}) == (0.25, [0.75])
+    with pytest.raises(ConfigError, match="sum to"):
+        resolve_weights(0, [2], {0: 0.5, 2: 0.6})
+    with pytest.raises(ConfigError, match="exactly this rank"):
+        resolve_weights(0, [2], {0: 0.5, 1: 0.5})
+    with pytest.raises(ConfigError, match="finite"):
+        resolve_weights(0, [2], {0: float("nan"), 2: 0.5})
+
+
+def test_rc_rejects_unknown_and_invalid():
+    rc = RC()
+    rc.timeout = "2.5"
+    assert rc.timeout == 2.5
+    with pytest.raises(ConfigError, match="no option 'timout'"):
+        rc.timout = 3
+    with pytest.raises(ConfigError, match="positive"):
+        rc.timeout = 0
+
+
+def test_errors_share_one_base_and_builtin_classes():
+    assert issubclass(ConfigError, ValueError) and issubclass(ConfigError, asapmpi.AsapError)
+    assert issubclass(NeighbourTimeoutError, TimeoutError)
+    e = NeighbourTimeoutError(0, "the notify of version 3", [2, 5], [3, 3], [2, 0], 1.5)
+    assert "rank 2 (expected 3, last seen 2)" in str(e) and e.ranks == [2, 5]
+    m = MPIError(13, "MPI_Put", "Invalid rank")
+    assert m.code == 13 and "MPI_Put" in str(m)
+
+
+def test_single_rank_exchange_is_identity_and_frees():
+    buf = np.arange(10, dtype=np.float32)
+    with asapmpi.Exchange(buf, graph="ring", comm=MPI.COMM_SELF) as ex:
+        ex.step()
+        assert ex.in_neighbours == [] and ex.weights == {0: 1.0}
+        np.testing.assert_array_equal(buf, np.arange(10, dtype=np.float32))
+    with pytest.raises(FreedError):
+        ex.step()
+    ex.free()  # twice is fine
+
+
+@pytest.mark.parametrize("buf, message", [
+    (np.zeros(4, dtype=np.int64), "float32 or float64"),
+    (np.zeros((4, 4))[:, 0], "C-contiguous"),
+    (np.zeros(0), "empty"),
+    ([1.0, 2.0], "buffer protocol"),
+])
+def test_bad_buffers(buf, message):
+    with pytest.raises(ConfigError, match=message):
+        asapmpi.Exchange(buf, graph="ring", comm=MPI.COMM_SELF)
+
+
+def test_read_only_buffer_and_bad_options():
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    with pytest.raises(ConfigError, match="writable"):
+        asapmpi.Exchange(ro, graph="ring", comm=MPI.COMM_SELF)
+    with pytest.raises(ConfigError, match="unknown sync policy"):
+        asapmpi.Exchange(np.zeros(4), graph="ring", sync="nope", comm=MPI.COMM_SELF)
+    with pytest.raises(ConfigError, match="timeout must be"):
+        asapmpi.Exchange(np.zeros(4), graph="ring", comm=MPI.COMM_SELF, timeout=-1)
+    with pytest.raises(ConfigError, match="pass graph="):
+        asapmpi.Exchange(np.zeros(4), comm=MPI.COMM_SELF)
+
+
+def test_window_word_access_checks_offsets_and_ranks():
+    with asapmpi.Exchange(np.zeros(4), graph="ring", comm=MPI.COMM_SELF) as ex:
+        win = ex.window
+        with pytest.raises(ConfigError, match="not an int64 word"):
+            win.local_word(3)
+        with pytest.raises(ConfigError, match="outside the communicator"):
+            win.fetch_word(1, 64)
+        with pytest.raises(ConfigError, match="not an int64 word of rank 0"):
+            win.fetch_word(0, win.total_bytes)
+        word = 48  # an unused word of the window's header line
+        win.accumulate_word(0, word, 5, op="sum")
+        win.accumulate_word(0, word, 2, op="sum")
+        assert win.fetch_word(0, word) == 7 and win.local_word(word) == 7
+        win.wait_word(word, 7, 1.0)
+        with pytest.raises(NeighbourTimeoutError, match="to reach 8"):
+            win.wait_word(word, 8, 0.05, from_rank=0)
+
+
+def test_status_names():
+    assert _core.STATUS_NAMES[_core.TORN] == "torn"
