@@ -73,8 +73,7 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         from . import demo
 
         demo.run(args)
-    else:
-        from .bench import core as bench_core
+        return 0
+    from .bench import core as bench_core
 
-        bench_core.run(args)
-    return 0
+    return bench_core.run(args)

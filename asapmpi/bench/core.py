@@ -77,7 +77,6 @@ LARGE = 1 << 20  # the transfer targets apply from 1 MB up
 PUT_VS_MEMCPY_MIN = 0.70
 STEP_OVERHEAD_MAX = 0.10
 KERNEL_VS_NUMPY_MIN = 1.0
-TRANSFERS = ("memcpy", "put", "step", "reduce", "allreduce")
 #: bytes each transfer's GB/s counts, in units of SIZE
 BYTES_FACTOR = {"memcpy": 1, "put": 1, "step": 1, "reduce": 2, "allreduce": 1}
 KERNEL_VARIANTS = ("kernel", "numpy", "numpy_inplace")
@@ -415,13 +414,13 @@ def kernel_table(records: Sequence[Dict[str, Any]]) -> List[str]:
 def format_report(report: Dict[str, Any]) -> str:
     """The human-readable report rank 0 prints."""
     env, records, summary = report["environment"], report["sizes"], report["summary"]
+    loops = f"{env['repeats']} loop" + ("s" if env["repeats"] != 1 else "")
     head = [f"asapmpi core benchmark: {env['ranks']} ranks, graph {env['graph']}, sync "
             f"{env['sync']}, {env['dtype']}, path {env['path']}",
             f"{env['mpi_library']}; asapmpi {env['versions']['asapmpi']}, mpi4py "
             f"{env['versions']['mpi4py']}, numpy {env['versions']['numpy']}",
-            f"each figure: median of {env['repeats']} loops (>= {env['min_time_s'] * 1e3:g} ms "
-            f"and >= 3 calls, barrier first) of the slowest rank's time per call; "
-            f"GB = 1e9 B"]
+            f"each figure: median of {loops} (>= {env['min_time_s'] * 1e3:g} ms and >= 3 "
+            f"calls, barrier first) of the slowest rank's time per call; GB = 1e9 B"]
     goals = [(f"put/memcpy >= {PUT_VS_MEMCPY_MIN:.2f} (sizes >= 1 MB)", "put_vs_memcpy"),
              (f"step/put - 1 <= {100 * STEP_OVERHEAD_MAX:.0f}% (sizes >= 1 MB)", "step_overhead"),
              (f"fused kernel >= NumPy (every size, d = {', '.join(map(str, DEGREES))})",

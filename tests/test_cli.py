@@ -1,0 +1,58 @@
+"""The command line: the demo and the core benchmark run end to end under mpiexec, user
+mistakes get one line and no traceback."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mpilaunch import NETWORK_PATH_ENV
+
+CLI = [sys.executable, "-m", "asapmpi"]
+
+
+def asapmpi(*args, env=None, timeout=300):
+    import os
+
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("network", [False, True])
+def test_demo_reaches_consensus_with_only_consistent_reads(network):
+    args = ["demo", "-n", "4", "--steps", "60", "--size", "1000", "--job-timeout", "240"]
+    proc = asapmpi(*args, *(["--network"] if network else []))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "4 ranks, graph ring, sync notify_ack" in out
+    assert "reads by all ranks: 240 consistent, 0 torn, 0 stale, 0 ahead" in out
+    final = float(out.rsplit("final spread", 1)[1].split()[0])
+    assert final < 1e-5
+
+
+@pytest.mark.mpi
+def test_core_benchmark_runs_and_its_json_parses(tmp_path):
+    out = tmp_path / "core.json"
+    proc = asapmpi("bench", "core", "-n", "2", "--sizes", "4K,1M", "--repeats", "1",
+                   "--min-time", "0.001", "--json", str(out), "--job-timeout", "240")
+    assert proc.returncode == 0, proc.stderr
+    assert "put/memcpy" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["environment"]["ranks"] == 2
+    assert data["environment"]["path"] == "shared-memory"
+    assert [s["size_bytes"] for s in data["sizes"]] == [4096, 1 << 20]
+    assert all(s["seconds"]["step"] > 0 and "kernels" in s for s in data["sizes"])
+    assert set(data["summary"]) == {"put_vs_memcpy", "step_overhead", "kernel_vs_numpy"}
+    for verdict in data["summary"].values():
+        assert verdict in ("PASS", "FAIL", None)
+
+
+def test_user_mistakes_are_one_line_without_traceback():
+    proc = asapmpi("demo", "-n", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "asapmpi: error: -n must be at least 1, got 0"
+    proc = asapmpi("bench", "core", "-n", "1", "--sizes", "4K")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
