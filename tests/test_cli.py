@@ -44,8 +44,12 @@ def test_core_benchmark_runs_and_its_json_parses(tmp_path):
     assert data["environment"]["ranks"] == 2
     assert data["environment"]["path"] == "shared-memory"
     assert [s["size_bytes"] for s in data["sizes"]] == [4096, 1 << 20]
-    assert all(s["seconds"]["step"] > 0 and "kernels" in s for s in data["sizes"])
-    assert set(data["summary"]) == {"put_vs_memcpy", "step_overhead", "kernel_vs_numpy"}
+    for s in data["sizes"]:
+        assert s["seconds"]["step"] > 0 and "kernels" in s
+        assert set(s["step_phase_seconds"]) == {"wait_ack", "put", "notify", "wait_notify",
+                                                "reduce", "ack"}
+    assert set(data["summary"]) == {"put_vs_memcpy", "notify_verify_overhead",
+                                    "kernel_vs_numpy"}
     for verdict in data["summary"].values():
         assert verdict in ("PASS", "FAIL", None)
 

@@ -66,6 +66,10 @@ def test_silent_neighbour_times_out_naming_it(n, path):
         assert results[0]["ranks"] == [1] and "ack of version 1" in results[0]["what"]
 
 
+def test_payload_view_is_read_only_and_pins_the_window():
+    assert all(r["refused"] for r in run("payload_view", 2, "shm", timeout=60))
+
+
 BAD_INPUT = {
     "size": "same size in bytes",
     "dtype": "same dtype",

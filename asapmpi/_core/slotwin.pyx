@@ -53,6 +53,7 @@ cdef class SlotWindow:
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots
     cdef char *base
     cdef bint _freed
+    cdef Py_ssize_t _exports
     cdef int *_in
     cdef int *_out
     cdef MPI_Aint *out_slot_disp
@@ -220,6 +221,9 @@ cdef class SlotWindow:
         cdef int finalized = 0
         if self._freed:
             return
+        if self._exports:
+            raise BufferError(f"{self._exports} view(s) of this window's slots are still in "
+                              f"use; release them (del or .release()) before free()")
         self._freed = True
         MPI_Finalized(&finalized)
         if finalized:
@@ -501,6 +505,13 @@ cdef class SlotWindow:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
         return self.off_slots + (in_index * self.depth + version % self.depth) * self.slot_stride
 
+    def payload(self, int in_index, int64_t version):
+        """A read-only zero-copy view of in-neighbour `in_index`'s payload slot for
+        `version` (whatever it holds now: no version check).  The window cannot be freed
+        while such a view is alive."""
+        self._check_alive()
+        return memoryview(_SlotPayload(self, self.slot_offset(in_index, version) + HEADER_BYTES))
+
     # ------------------------------------------------------------------ reducing
 
     def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
@@ -686,3 +697,39 @@ cdef class SlotWindow:
     def last_status(self):
         """Status of each input in the last reduce (CONSISTENT, TORN, STALE or AHEAD)."""
         return [self.status[i] for i in range(self.n_in)]
+
+
+cdef class _SlotPayload:
+    """Buffer exporter for SlotWindow.payload: keeps the window alive and unfreeable."""
+
+    cdef SlotWindow win
+    cdef Py_ssize_t offset
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, SlotWindow win, Py_ssize_t offset):
+        self.win = win
+        self.offset = offset
+        self.shape[0] = win.nbytes // win.itemsize
+        self.strides[0] = win.itemsize
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("slot payloads are read-only")
+        if self.win._freed:
+            raise BufferError("the window was freed")
+        view.buf = self.win.base + self.offset
+        view.obj = self
+        view.len = self.win.nbytes
+        view.readonly = 1
+        view.itemsize = self.win.itemsize
+        view.format = b"f" if self.win.itemsize == 4 else b"d"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+        self.win._exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self.win._exports -= 1

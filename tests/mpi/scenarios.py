@@ -249,3 +249,27 @@ def use_after_free(comm):
     else:
         raise AssertionError("step() after free() did not raise")
     return {"wrong_size": wrong_size, "freed": freed}
+
+
+def payload_view(comm, n=100):
+    """A read-only zero-copy view shows the neighbour's last payload; the window refuses
+    to be freed while a view is alive."""
+    rank = comm.rank
+    buf = np.full(n, float(rank), dtype=np.float32)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
+    ex.step()
+    sender = ex.in_neighbours[0]
+    view = ex.window.payload(0, 1)
+    seen = np.asarray(view)
+    assert seen.dtype == np.float32 and not seen.flags.writeable
+    assert np.all(seen == sender), seen[:4]
+    try:
+        ex.free()
+    except BufferError:
+        refused = True
+    else:
+        refused = False
+    del seen
+    view.release()
+    ex.free()
+    return {"refused": refused}
