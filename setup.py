@@ -37,8 +37,8 @@ def read_extension_list():
     path = os.path.join(HERE, "asapmpi", "_core", "extensions.txt")
     pairs = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.split("#", 1)[0].strip()
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
             if line:
                 module, source = line.split()
                 pairs.append((module, source))
@@ -101,7 +101,7 @@ def split_flags(words):
             i += 1
         elif w.startswith("-Wl,-rpath,"):
             fields["rpaths"].append(w.split(",", 2)[2])
-        elif w.startswith("-Wl,") or w.startswith("-pthread"):
+        elif w.startswith(("-Wl,", "-pthread")):
             fields["other_link"].append(w)
         i += 1
     return fields

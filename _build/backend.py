@@ -6,7 +6,7 @@ site MPI instead, and the wheel is not pulled in.
 """
 import os
 
-from setuptools.build_meta import *  # noqa: F401,F403  (re-export the hooks)
+from setuptools.build_meta import *  # noqa: F403  (re-export the hooks)
 
 _EMBEDDED_MPI = "mpich>=4.1,<6"
 

@@ -5,14 +5,33 @@ receive slots in MPI windows, with version checks that prove every reduce read w
 updates.  Start with :class:`Exchange`.
 """
 from . import errors
-from .errors import (AsapError, ConfigError, FreedError, MPIError, MPIMismatchError,
-                     NeighbourTimeoutError, ProtocolError)
+from .errors import (
+                     AsapError,
+                     ConfigError,
+                     FreedError,
+                     MPIError,
+                     MPIMismatchError,
+                     NeighbourTimeoutError,
+                     ProtocolError,
+)
 from .exchange import Exchange
 from .rc import rc
 from .reduce import Graph, graph
 
 __version__ = "0.1.0"
 
-__all__ = ["Exchange", "Graph", "graph", "rc", "errors", "AsapError", "ConfigError",
-           "FreedError", "MPIError", "MPIMismatchError", "NeighbourTimeoutError",
-           "ProtocolError", "__version__"]
+__all__ = [
+                     "AsapError",
+                     "ConfigError",
+                     "Exchange",
+                     "FreedError",
+                     "Graph",
+                     "MPIError",
+                     "MPIMismatchError",
+                     "NeighbourTimeoutError",
+                     "ProtocolError",
+                     "__version__",
+                     "errors",
+                     "graph",
+                     "rc",
+]

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-n", "--ranks", type=int, default=4,
                        help="ranks to launch when not already inside an MPI job (default 4)")
         p.add_argument("--network", action="store_true",
-                       help="force MPICH's network path (TCP on loopback) instead of shared memory")
+                       help="force MPICH's network path (TCP on loopback), not shared memory")
         p.add_argument("--job-timeout", type=float, default=600,
                        help="kill the launched job after this many seconds (default 600)")
 

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
                 say(f"  step {k:5d}: max |x - global mean| = {spread:.3e}")
         elapsed = time.perf_counter() - t0
         stats = ex.stats
-    totals = comm.gather({s: c for s, c in stats.items()}, root=0)
+    totals = comm.gather(stats, root=0)
     times = comm.gather(elapsed, root=0)
     if rank != 0:
         return {}

@@ -11,6 +11,7 @@ rank raises the same ConfigError when any rank's input is bad.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -19,9 +20,11 @@ from mpi4py import MPI
 from . import _core
 from .errors import ConfigError, FreedError
 from .rc import rc
-from .reduce.graph import Graph, graph as make_graph
+from .reduce.graph import Graph
+from .reduce.graph import graph as make_graph
 from .reduce.weights import resolve_weights
-from .sync import StepContext, policy as make_policy
+from .sync import StepContext
+from .sync import policy as make_policy
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]]]
 
@@ -73,8 +76,8 @@ def _neighbours(spec: GraphSpec, rank: int, size: int) -> Tuple[List[int], List[
             raise ConfigError(f"graph must be a name, a Graph, or (in, out) neighbour lists; "
                               f"got {type(spec).__name__}") from None
     result = []
-    for label, nbrs in (("in", ins), ("out", outs)):
-        nbrs = [int(j) for j in nbrs]
+    for label, given in (("in", ins), ("out", outs)):
+        nbrs = [int(j) for j in given]
         for j in nbrs:
             if not 0 <= j < size:
                 raise ConfigError(f"{label}-neighbour {j} is outside the communicator "
@@ -85,6 +88,17 @@ def _neighbours(spec: GraphSpec, rank: int, size: int) -> Tuple[List[int], List[
             raise ConfigError(f"{label}-neighbours list a rank twice: {nbrs}")
         result.append(sorted(nbrs))
     return result[0], result[1]
+
+
+def _positive_seconds(value) -> float:
+    """A timeout as a positive float, or ConfigError."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"timeout must be a number of seconds, got {value!r}") from None
+    if not seconds > 0 or math.isnan(seconds):
+        raise ConfigError(f"timeout must be a positive number of seconds, got {value!r}")
+    return seconds
 
 
 def _check_across_ranks(meta: List[Dict[str, Any]], rank: int) -> None:
@@ -146,10 +160,10 @@ class Exchange:
             ins, outs = _neighbours(graph, rank, size)
             self._policy = make_policy(sync)
             w_self, w_in = resolve_weights(rank, ins, weights)
-            timeout = rc.timeout if timeout is None else float(timeout)
-            if not timeout > 0:
-                raise ConfigError(f"timeout must be a positive number of seconds, got {timeout}")
-        except ConfigError as exc:
+            timeout = _positive_seconds(rc.timeout if timeout is None else timeout)
+        except (ConfigError, TypeError, ValueError) as exc:
+            # every local problem is reported through the allgather below, so that no
+            # rank leaves while the others wait in it
             problem = str(exc)
         meta = comm.allgather({"problem": problem, "in": ins, "out": outs, "dtype": dtype,
                                "nbytes": nbytes, "sync": sync, "checksum": bool(checksum)})
@@ -225,6 +239,7 @@ class Exchange:
 
     def __repr__(self):
         state = "freed" if self._win is None or self._win.freed else f"version {self.version}"
-        return (f"Exchange(rank {getattr(self, 'rank', '?')}, in={getattr(self, 'in_neighbours', [])}, "
-                f"out={getattr(self, 'out_neighbours', [])}, sync={getattr(self, 'sync', '?')!r}, "
-                f"{state})")
+        return (f"Exchange(rank {getattr(self, 'rank', '?')}, "
+                f"in={getattr(self, 'in_neighbours', [])}, "
+                f"out={getattr(self, 'out_neighbours', [])}, "
+                f"sync={getattr(self, 'sync', '?')!r}, {state})")

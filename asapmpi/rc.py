@@ -36,7 +36,7 @@ class RC:
         if name not in known:
             raise ConfigError(f"asapmpi.rc has no option {name!r}; known: {sorted(known)}")
         value = float(value) if name == "timeout" else int(value)
-        if value <= 0 and name != "poll_yields" or value < 0:
+        if (value <= 0 and name != "poll_yields") or value < 0:
             raise ConfigError(f"asapmpi.rc.{name} must be positive, got {value}")
         object.__setattr__(self, name, value)
 

@@ -52,7 +52,7 @@ def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kw
         raise ValueError(f"path must be one of {PATHS}")
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(RUNNER), scenario, json.dumps(kwargs)]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                               timeout=timeout + 30)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"{scenario} on {ranks} ranks ({path}) hung past {timeout + 30} s:\n"

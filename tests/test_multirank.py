@@ -77,6 +77,8 @@ BAD_INPUT = {
     "asymmetric": "does not list",
     "graph_size": "but the communicator has",
     "weights": "must sum to 1",
+    "weights_type": "must map ranks to numbers",
+    "timeout": "timeout must be a number of seconds, got 'soon'",
 }
 
 

@@ -8,9 +8,18 @@ from .mpiabi import check_mpi_abi
 
 check_mpi_abi()
 
-from .slotwin import AHEAD, CONSISTENT, STALE, STATUS_NAMES, TORN, SlotWindow  # noqa: E402
 from . import kernels  # noqa: E402
 from .layout import Layout  # noqa: E402
+from .slotwin import AHEAD, CONSISTENT, STALE, STATUS_NAMES, TORN, SlotWindow  # noqa: E402
 
-__all__ = ["SlotWindow", "Layout", "kernels", "CONSISTENT", "TORN", "STALE", "AHEAD",
-           "STATUS_NAMES", "check_mpi_abi"]
+__all__ = [
+           "AHEAD",
+           "CONSISTENT",
+           "STALE",
+           "STATUS_NAMES",
+           "TORN",
+           "Layout",
+           "SlotWindow",
+           "check_mpi_abi",
+           "kernels",
+]

@@ -117,7 +117,8 @@ def parse_sizes(text: str) -> List[int]:
         try:
             nbytes = int(digits) * mult
         except ValueError:
-            raise argparse.ArgumentTypeError(f"bad size {item!r}; write e.g. 4K, 1M, 4096")
+            raise argparse.ArgumentTypeError(
+                f"bad size {item!r}; write e.g. 4K, 1M, 4096") from None
         if nbytes <= 0 or nbytes % 4:
             raise argparse.ArgumentTypeError(f"size {item!r} must be a positive multiple "
                                              f"of 4 bytes (float32)")
@@ -495,7 +496,8 @@ def ratio_table(records: Sequence[Dict[str, Any]]) -> List[str]:
                ("notify/put", ""), ("verified/plain", "reduce - 1"),
                ("waits", "of step"), ("step/(put+red)", "- 1"), ("step/", "allreduce")]
     rows = [[r["label"], _ratio(r["ratios"]["put_vs_memcpy"], r["checks"]["put_vs_memcpy"]),
-             _percent(r["ratios"]["notify_verify_overhead"], r["checks"]["notify_verify_overhead"]),
+             _percent(r["ratios"]["notify_verify_overhead"],
+                      r["checks"]["notify_verify_overhead"]),
              _percent(r["ratios"]["notify_overhead"], show=False),
              _percent(r["ratios"]["verify_overhead"], show=False),
              f"{100 * r['ratios']['wait_share']:.0f}%",
@@ -541,7 +543,8 @@ def format_report(report: Dict[str, Any]) -> str:
             f"each figure: median of {loops} (>= {env['min_time_s'] * 1e3:g} ms and >= 3 "
             f"calls, barrier first) of the slowest rank's time per call; GB = 1e9 B"]
     goals = [(f"put/memcpy >= {PUT_VS_MEMCPY_MIN:.2f} (>= 1 MB, shared memory)", "put_vs_memcpy"),
-             (f"(notify + verification)/put <= {100 * NOTIFY_VERIFY_MAX:.0f}% (>= 1 MB, shared memory)",
+             (f"(notify + verification)/put <= {100 * NOTIFY_VERIFY_MAX:.0f}% "
+              f"(>= 1 MB, shared memory)",
               "notify_verify_overhead"),
              (f"fused kernel >= NumPy (every size, d = {', '.join(map(str, DEGREES))})",
               "kernel_vs_numpy")]

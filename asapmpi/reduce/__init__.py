@@ -2,5 +2,12 @@
 from .graph import GRAPHS, Graph, bidirectional_ring, complete, graph, ring
 from .weights import uniform_weights
 
-__all__ = ["Graph", "GRAPHS", "graph", "complete", "ring", "bidirectional_ring",
-           "uniform_weights"]
+__all__ = [
+           "GRAPHS",
+           "Graph",
+           "bidirectional_ring",
+           "complete",
+           "graph",
+           "ring",
+           "uniform_weights",
+]

@@ -21,8 +21,8 @@ class Graph:
         if len(out_neighbours) != n:
             raise ConfigError(f"{len(out_neighbours)} neighbour lists for {n} ranks")
         outs: List[List[int]] = []
-        for r, nbrs in enumerate(out_neighbours):
-            nbrs = [int(j) for j in nbrs]
+        for r, given in enumerate(out_neighbours):
+            nbrs = [int(j) for j in given]
             for j in nbrs:
                 if not 0 <= j < n:
                     raise ConfigError(f"rank {r} sends to rank {j}, outside 0..{n - 1}")
@@ -67,6 +67,9 @@ class Graph:
 
     def __eq__(self, other):
         return isinstance(other, Graph) and self.n == other.n and self._out == other._out
+
+    def __hash__(self):
+        return hash((self.n, tuple(map(tuple, self._out))))
 
     def __repr__(self):
         return f"Graph({self.name!r}, n={self.n}, edges={len(self.edges())})"

@@ -23,11 +23,19 @@ def resolve_weights(rank: int, in_neighbours: Sequence[int],
     if weights is None:
         return uniform_weights(len(in_neighbours))
     wanted = {rank, *in_neighbours}
-    given = set(int(k) for k in weights)
+    try:
+        given = {int(k) for k in weights}
+    except (TypeError, ValueError):
+        raise ConfigError(f"rank {rank}: weights must be keyed by rank numbers, got "
+                          f"{list(weights)!r}") from None
     if given != wanted:
         raise ConfigError(f"rank {rank}: weights must name exactly this rank and its "
                           f"in-neighbours {sorted(wanted)}, got {sorted(given)}")
-    values = {int(k): float(v) for k, v in weights.items()}
+    try:
+        values = {int(k): float(v) for k, v in weights.items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"rank {rank}: weights must map ranks to numbers, got "
+                          f"{dict(weights)!r}") from None
     if any(not math.isfinite(v) or v < 0 for v in values.values()):
         raise ConfigError(f"rank {rank}: weights must be finite and >= 0, got {values}")
     total = sum(values.values())

@@ -13,7 +13,8 @@ def policy(name: str) -> Policy:
     try:
         return POLICIES[name]()
     except KeyError:
-        raise ConfigError(f"unknown sync policy {name!r}; choose one of {sorted(POLICIES)}") from None
+        raise ConfigError(f"unknown sync policy {name!r}; choose one of "
+                          f"{sorted(POLICIES)}") from None
 
 
-__all__ = ["Policy", "StepContext", "NotifyAck", "POLICIES", "policy"]
+__all__ = ["POLICIES", "NotifyAck", "Policy", "StepContext", "policy"]

@@ -10,9 +10,9 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
-import scenarios  # noqa: E402
+import scenarios
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     try:
         result = getattr(scenarios, name)(comm, **kwargs)
-    except BaseException:
+    except BaseException:  # noqa: BLE001  (any failure must abort the whole job)
         sys.stderr.write(f"[rank {comm.rank}] scenario {name} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
         comm.Abort(1)

@@ -186,7 +186,7 @@ def checksum_catches_corruption(comm, n=1000):
 def silent_neighbour(comm, wait_timeout=1.0):
     """Rank 1 never steps: its out-neighbour times out on the notify naming rank 1, and
     rank 1's in-neighbour (which did step once) times out on the ack of version 1."""
-    rank, size = comm.rank, comm.size
+    rank = comm.rank
     buf = np.zeros(16)
     result = {"error": None}
     with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=wait_timeout) as ex:
@@ -212,7 +212,8 @@ def bad_input(comm, case):
     elif case == "dtype":
         buf = np.zeros(8, dtype=np.float32 if rank else np.float64)
     elif case == "out_of_range":
-        kwargs["graph"] = {"in": [(rank - 1) % size], "out": [size + 5 if rank == 1 else (rank + 1) % size]}
+        out = size + 5 if rank == 1 else (rank + 1) % size
+        kwargs["graph"] = {"in": [(rank - 1) % size], "out": [out]}
     elif case == "asymmetric":
         ring_in, ring_out = [(rank - 1) % size], [(rank + 1) % size]
         kwargs["graph"] = {"in": [] if rank == 1 else ring_in, "out": ring_out}
@@ -220,6 +221,10 @@ def bad_input(comm, case):
         kwargs["graph"] = asapmpi.graph("ring", size + 1)
     elif case == "weights":
         kwargs["weights"] = {rank: 0.9, (rank - 1) % size: 0.9} if rank == 0 else None
+    elif case == "weights_type":
+        kwargs["weights"] = {rank: "half", (rank - 1) % size: 0.5} if rank == 2 else None
+    elif case == "timeout":
+        kwargs["timeout"] = "soon" if rank == 1 else 10
     else:
         raise ValueError(case)
     try:
