@@ -21,17 +21,7 @@ from .reduce import Graph, graph
 __version__ = "0.1.0"
 
 __all__ = [
-                     "AsapError",
-                     "ConfigError",
-                     "Exchange",
-                     "FreedError",
-                     "Graph",
-                     "MPIError",
-                     "MPIMismatchError",
-                     "NeighbourTimeoutError",
-                     "ProtocolError",
-                     "__version__",
-                     "errors",
-                     "graph",
-                     "rc",
+    "AsapError", "ConfigError", "Exchange", "FreedError", "Graph", "MPIError",
+    "MPIMismatchError", "NeighbourTimeoutError", "ProtocolError", "__version__", "errors",
+    "graph", "rc",
 ]

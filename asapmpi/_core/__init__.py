@@ -13,13 +13,6 @@ from .layout import Layout  # noqa: E402
 from .slotwin import AHEAD, CONSISTENT, STALE, STATUS_NAMES, TORN, SlotWindow  # noqa: E402
 
 __all__ = [
-           "AHEAD",
-           "CONSISTENT",
-           "STALE",
-           "STATUS_NAMES",
-           "TORN",
-           "Layout",
-           "SlotWindow",
-           "check_mpi_abi",
-           "kernels",
+    "AHEAD", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout", "SlotWindow",
+    "check_mpi_abi", "kernels",
 ]

@@ -3,11 +3,5 @@ from .graph import GRAPHS, Graph, bidirectional_ring, complete, graph, ring
 from .weights import uniform_weights
 
 __all__ = [
-           "GRAPHS",
-           "Graph",
-           "bidirectional_ring",
-           "complete",
-           "graph",
-           "ring",
-           "uniform_weights",
+    "GRAPHS", "Graph", "bidirectional_ring", "complete", "graph", "ring", "uniform_weights",
 ]

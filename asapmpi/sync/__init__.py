@@ -17,4 +17,6 @@ def policy(name: str) -> Policy:
                           f"{sorted(POLICIES)}") from None
 
 
-__all__ = ["POLICIES", "NotifyAck", "Policy", "StepContext", "policy"]
+__all__ = [
+    "POLICIES", "NotifyAck", "Policy", "StepContext", "policy",
+]
