@@ -178,6 +178,7 @@ class Exchange:
             comm, layouts[rank], ins, outs, out_slot, out_notify, in_ack,
             _DTYPES["f" if dtype == "float32" else "d"][1],
             poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
+            flush_timeout=timeout,
         )
         self.buffer = buffer
         self.dtype = dtype

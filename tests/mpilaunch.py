@@ -37,12 +37,10 @@ def mpiexec() -> str:
     return found
 
 
-def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kwargs) -> list:
-    """Run `scenario` on `ranks` ranks; return the per-rank result dicts, rank order.
-
-    Fails (AssertionError) when the job exits non-zero, times out, or a rank reports
-    nothing.
-    """
+def launch(scenario: str, ranks: int, path: str = "shm", timeout: float = 120,
+           **kwargs) -> subprocess.CompletedProcess:
+    """Run `scenario` on `ranks` ranks and return the finished mpiexec process, whatever
+    its exit code (a hang past the timeout fails the test)."""
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)
     env["MPIEXEC_TIMEOUT"] = str(int(timeout))
@@ -52,11 +50,20 @@ def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kw
         raise ValueError(f"path must be one of {PATHS}")
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(RUNNER), scenario, json.dumps(kwargs)]
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                               timeout=timeout + 30)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"{scenario} on {ranks} ranks ({path}) hung past {timeout + 30} s:\n"
                              f"{exc.stdout}\n{exc.stderr}") from None
+
+
+def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kwargs) -> list:
+    """Run `scenario` on `ranks` ranks; return the per-rank result dicts, rank order.
+
+    Fails (AssertionError) when the job exits non-zero, times out, or a rank reports
+    nothing.
+    """
+    proc = launch(scenario, ranks, path, timeout, **kwargs)
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):

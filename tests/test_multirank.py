@@ -2,7 +2,7 @@
 oversubscribed), on the shared-memory path and on the forced network path."""
 import pytest
 
-from mpilaunch import PATHS, run
+from mpilaunch import PATHS, launch, run
 
 pytestmark = pytest.mark.mpi
 SIZES = (2, 4, 8)
@@ -66,8 +66,30 @@ def test_silent_neighbour_times_out_naming_it(n, path):
         assert results[0]["ranks"] == [1] and "ack of version 1" in results[0]["what"]
 
 
-def test_payload_view_is_read_only_and_pins_the_window():
-    assert all(r["refused"] for r in run("payload_view", 2, "shm", timeout=60))
+def test_payload_view_is_read_only_and_pins_the_window_on_every_rank():
+    results = run("payload_view", 3, "shm", timeout=60)
+    assert "rank 0 holds 1 view(s)" in results[0]["refused"]
+    assert all("the most on one rank: 1" in r["refused"] for r in results)
+
+
+def test_versions_and_offsets_out_of_range_are_refused():
+    (res, _) = run("bounds_are_checked", 2, "shm", timeout=60)
+    assert len(res["problems"]) == 8
+    assert sum("versions start at 1" in p for p in res["problems"]) == 4
+    assert sum("not an int64 word" in p for p in res["problems"]) == 4
+
+
+def test_stalled_target_times_out_on_shared_memory():
+    results = run("stalled_target", 2, "shm", timeout=120, wait_timeout=2.0, stall=6.0)
+    assert "rank 1 (expected 2, last seen 1)" in results[0]["error"]
+    assert results[0]["elapsed"] < 2.0 + 4
+
+
+def test_stalled_target_ends_the_job_on_the_network_path():
+    proc = launch("stalled_target", 2, "net", timeout=120, wait_timeout=2.0, stall=30.0)
+    assert proc.returncode != 0, "the job survived a stalled target"
+    assert "rank 0: MPI_Win_flush_all after the put of version 2 to rank(s) 1 did not " \
+           "complete within 2 s" in proc.stderr, proc.stderr[-3000:]
 
 
 BAD_INPUT = {

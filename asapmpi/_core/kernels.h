@@ -70,9 +70,12 @@ typedef struct {
 
 static inline void asap_cksum_init(asap_cksum_t *c) { memset(c, 0, sizeof(*c)); }
 
-/* Feed n bytes (n a multiple of 8*ASAP_CKSUM_LANES, p 8-byte aligned). */
+/* A 64-bit word that may sit at any address (a float32 buffer need not be 8-aligned). */
+typedef uint64_t asap_u64_any __attribute__((aligned(1), may_alias));
+
+/* Feed n bytes (n a multiple of 8*ASAP_CKSUM_LANES; p of any alignment). */
 static inline void asap_cksum_feed(asap_cksum_t *restrict c, const void *restrict p, size_t n) {
-  const uint64_t *w = (const uint64_t *)p;
+  const asap_u64_any *w = (const asap_u64_any *)p;
   size_t words = n / 8;
   uint64_t a[ASAP_CKSUM_LANES], b[ASAP_CKSUM_LANES];
   for (int l = 0; l < ASAP_CKSUM_LANES; l++) { a[l] = c->a[l]; b[l] = c->b[l]; }

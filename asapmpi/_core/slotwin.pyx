@@ -8,7 +8,8 @@ neighbours and at which displacements their slots live is computed by the caller
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport malloc, free, calloc
-from libc.string cimport memset, memcpy
+from libc.stdio cimport snprintf
+from libc.string cimport memset, memcpy, strncpy
 from mpi4py.libmpi cimport *
 from mpi4py cimport MPI
 
@@ -20,6 +21,11 @@ from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, Proto
 from asapmpi._core import layout as _layout
 
 include "chkerr.pxi"
+
+cdef extern from "watchdog.h" nogil:
+    int asap_watchdog_start()
+    void asap_watchdog_arm(double seconds, const char *what)
+    void asap_watchdog_disarm()
 
 # Status of one input of a reduce, as counted in `stats`.
 cpdef enum:
@@ -53,7 +59,13 @@ cdef class SlotWindow:
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots
     cdef char *base
     cdef bint _freed
+    cdef bint _locked
     cdef Py_ssize_t _exports
+    cdef readonly double flush_timeout
+    cdef char out_desc[256]
+    cdef char in_desc[256]
+    cdef char what[512]
+    cdef MPI_Aint *sizes
     cdef int *_in
     cdef int *_out
     cdef MPI_Aint *out_slot_disp
@@ -87,7 +99,7 @@ cdef class SlotWindow:
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
-                 int poll_max_sleep_us=100):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -106,6 +118,9 @@ cdef class SlotWindow:
         self.off_slots = layout.off_slots
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
+        if not flush_timeout > 0:
+            raise ConfigError(f"flush_timeout must be positive, got {flush_timeout}")
+        self.flush_timeout = flush_timeout
         if len(in_ranks) != self.n_in or len(in_ack_disp) != self.n_in:
             raise ConfigError("in-neighbour arrays do not match the layout's n_in")
         if (len(out_ranks) != self.n_out or len(out_slot_disp) != self.n_out
@@ -113,6 +128,7 @@ cdef class SlotWindow:
             raise ConfigError("out-neighbour arrays do not match the layout's n_out")
         if itemsize not in (4, 8) or self.nbytes % itemsize:
             raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
+        self.size = comm.Get_size()
         self._alloc_arrays()
         for i in range(self.n_in):
             self._in[i] = in_ranks[i]
@@ -121,6 +137,10 @@ cdef class SlotWindow:
             self._out[i] = out_ranks[i]
             self.out_slot_disp[i] = out_slot_disp[i]
             self.out_notify_disp[i] = out_notify_disp[i]
+        _describe(self.out_desc, out_ranks)
+        _describe(self.in_desc, in_ranks)
+        if asap_watchdog_start() != 0:
+            raise OSError("asapmpi could not start its watchdog thread")
         self._stats_array = np.zeros((max(self.n_in, 1), N_STATUS), dtype=np.int64)
         self._last_array = np.zeros(max(self.n_in, 1), dtype=np.int64)
         self._stats = self._stats_array
@@ -142,7 +162,7 @@ cdef class SlotWindow:
             CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler")
             CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag), "MPI_Win_get_attr")
         if not flag or model == NULL or model[0] != MPI_WIN_UNIFIED:
-            self.free()
+            self.free()  # not locked yet: free() skips the unlock
             raise ConfigError("this MPI gives a separate (not unified) memory model for "
                               "RMA windows; asapmpi needs MPI_WIN_UNIFIED")
         # Version 0 everywhere means "never written"; no remote access can happen before
@@ -156,8 +176,12 @@ cdef class SlotWindow:
         (<int64_t *>self.base)[5] = self.nbytes
         with nogil:
             CHKERR(MPI_Win_lock_all(MPI_MODE_NOCHECK, self.win), "MPI_Win_lock_all")
+        self._locked = True
+        with nogil:
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
-            CHKERR(MPI_Barrier(self.comm), "MPI_Barrier")
+            # every rank's window size, to bounds-check remote word offsets
+            CHKERR(MPI_Allgather(&self.total_bytes, 1, MPI_AINT, self.sizes, 1, MPI_AINT,
+                                 self.comm), "MPI_Allgather")
 
     cdef _alloc_arrays(self):
         cdef int n = max(self.n_in, 1)
@@ -178,7 +202,8 @@ cdef class SlotWindow:
         self.seen_cksum = <uint64_t *>calloc(n, sizeof(uint64_t))
         self.used = <int *>calloc(n, sizeof(int))
         self.status = <int *>calloc(n, sizeof(int))
-        if (self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
+        self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
+        if (self.sizes == NULL or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
                 or self.out_notify_disp == NULL or self.in_ack_disp == NULL
                 or self.wait_offs == NULL or self.wait_expected == NULL or self.ins == NULL
                 or self.ws_f64 == NULL or self.ws_f32 == NULL or self.cks == NULL
@@ -203,6 +228,7 @@ cdef class SlotWindow:
         free(self.used); self.used = NULL
         free(self.status); self.status = NULL
         free(self.own_copy); self.own_copy = NULL
+        free(self.sizes); self.sizes = NULL
 
     def __dealloc__(self):
         cdef int finalized = 1
@@ -217,21 +243,38 @@ cdef class SlotWindow:
     # ------------------------------------------------------------------ lifetime
 
     def free(self):
-        """Free the window and its communicator (collective). Safe to call twice."""
+        """Free the window and its communicator (collective). Safe to call twice.
+
+        Raises BufferError on every rank, freeing nothing, while any rank still holds a
+        view from payload().
+        """
         cdef int finalized = 0
+        cdef long long exports = self._exports
+        cdef long long most = 0
         if self._freed:
             return
-        if self._exports:
-            raise BufferError(f"{self._exports} view(s) of this window's slots are still in "
-                              f"use; release them (del or .release()) before free()")
-        self._freed = True
         MPI_Finalized(&finalized)
         if finalized:
+            self._freed = True
             return
+        # agree first, so that all ranks raise together instead of some entering
+        # MPI_Win_free while one refuses
         with nogil:
-            CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
-            CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
-            CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
+            CHKERR(MPI_Allreduce(&exports, &most, 1, MPI_LONG_LONG, MPI_MAX, self.comm),
+                   "MPI_Allreduce")
+        if most:
+            raise BufferError(f"rank {self.rank} holds {exports} view(s) of slots (the most "
+                              f"on one rank: {most}); release every payload() view (del or "
+                              f".release()) on every rank before free()")
+        try:
+            with nogil:
+                if self._locked:
+                    CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
+                CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
+                CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
+        finally:
+            self._freed = True
+            self._locked = False
 
     @property
     def freed(self):
@@ -297,22 +340,41 @@ cdef class SlotWindow:
             CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
                            self.win), "MPI_Put")
         if seqlock or tear > 0.0:
-            CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+            self._flush_all(b"header put", version, self.out_desc)
         for j in range(self.n_out):
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
             self._put_bytes(src, payload, self._out[j], d)
         if seqlock or tear > 0.0:
-            CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+            self._flush_all(b"payload put", version, self.out_desc)
         if tear > 0.0:
             return 0
         for j in range(self.n_out):
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES + self.payload_stride
             CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self._out[j], d, 2, MPI_INT64_T,
                            self.win), "MPI_Put")
-        CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+        self._flush_all(b"put", version, self.out_desc)
         if notify:
             self._notify(version, slot)
         return 0
+
+    cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
+        # A flush cannot time out; the watchdog ends the job if it outlives the timeout.
+        cdef int ierr
+        snprintf(self.what, sizeof(self.what), "MPI_Win_flush_all after the %s of version %lld "
+                 "to rank(s) %s", what, <long long>version, ranks)
+        asap_watchdog_arm(self.flush_timeout, self.what)
+        ierr = MPI_Win_flush_all(self.win)
+        asap_watchdog_disarm()
+        return CHKERR(ierr, "MPI_Win_flush_all")
+
+    cdef int _flush(self, int target, const char *what) except -1 nogil:
+        cdef int ierr
+        snprintf(self.what, sizeof(self.what), "MPI_Win_flush after the %s to rank %d",
+                 what, target)
+        asap_watchdog_arm(self.flush_timeout, self.what)
+        ierr = MPI_Win_flush(target, self.win)
+        asap_watchdog_disarm()
+        return CHKERR(ierr, "MPI_Win_flush")
 
     cdef int _put_bytes(self, const char *src, Py_ssize_t n, int target, MPI_Aint disp) except -1 nogil:
         # MPI counts are int: large payloads go in pieces of at most 1 GiB.
@@ -332,12 +394,13 @@ cdef class SlotWindow:
             CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._out[j],
                                   self.out_notify_disp[j] + 8 * slot, 1, MPI_INT64_T,
                                   MPI_REPLACE, self.win), "MPI_Accumulate")
-        CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+        self._flush_all(b"notify", version, self.out_desc)
         return 0
 
     def notify(self, int64_t version):
         """Publish `version` in every out-neighbour's notify word for slot version % depth."""
         self._check_alive()
+        self._check_version(version)
         with nogil:
             self._notify(version, version % self.depth)
 
@@ -351,7 +414,7 @@ cdef class SlotWindow:
                 CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._in[i],
                                       self.in_ack_disp[i], 1, MPI_INT64_T, MPI_REPLACE,
                                       self.win), "MPI_Accumulate")
-            CHKERR(MPI_Win_flush_all(self.win), "MPI_Win_flush_all")
+            self._flush_all(b"ack", version, self.in_desc)
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
@@ -368,7 +431,7 @@ cdef class SlotWindow:
             self.word_out = value
             CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, target, disp, 1,
                                   MPI_INT64_T, mop, self.win), "MPI_Accumulate")
-            CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+            self._flush(target, b"accumulate")
 
     def fetch_word(self, int target, Py_ssize_t disp):
         """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP)."""
@@ -381,13 +444,21 @@ cdef class SlotWindow:
     cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
         CHKERR(MPI_Fetch_and_op(NULL, &self.word_in, MPI_INT64_T, target, disp, MPI_NO_OP,
                                 self.win), "MPI_Fetch_and_op")
-        CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+        if target == self.rank:
+            CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+        else:
+            self._flush(target, b"atomic read")
+        return 0
+
+    cdef int _check_version(self, int64_t version) except -1:
+        if version < 1:
+            raise ConfigError(f"versions start at 1, got {version}")
         return 0
 
     cdef int _check_target(self, int target, Py_ssize_t disp) except -1:
         if not 0 <= target < self.size:
             raise ConfigError(f"rank {target} is outside the communicator (size {self.size})")
-        if disp < 0 or disp % 8 or (target == self.rank and disp > self.total_bytes - 8):
+        if disp < 0 or disp % 8 or disp > self.sizes[target] - 8:
             raise ConfigError(f"offset {disp} is not an int64 word of rank {target}'s window")
         return 0
 
@@ -438,14 +509,18 @@ cdef class SlotWindow:
                 waiting.append(ranks[i])
                 expected.append(self.wait_expected[i])
                 observed.append(value)
+        if not waiting:
+            return  # everything arrived just as the time ran out: not a timeout
         raise NeighbourTimeoutError(self.rank, what, waiting, expected, observed, timeout)
 
     def wait_notifies(self, int64_t version, double timeout):
         """Wait until every in-neighbour published `version` in its notify word."""
         cdef int i
         cdef int r
-        cdef Py_ssize_t slot = version % self.depth
+        cdef Py_ssize_t slot
         self._check_alive()
+        self._check_version(version)
+        slot = version % self.depth
         for i in range(self.n_in):
             self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
             self.wait_expected[i] = version
@@ -476,6 +551,7 @@ cdef class SlotWindow:
         cdef int r
         cdef int who = from_rank
         self._check_alive()
+        self._check_local_word(disp)
         self.wait_offs[0] = disp
         self.wait_expected[0] = at_least
         with nogil:
@@ -487,22 +563,26 @@ cdef class SlotWindow:
     def local_word(self, Py_ssize_t disp):
         """Atomic load of the int64 word at `disp` in this rank's own window."""
         self._check_alive()
+        self._check_local_word(disp)
+        return asap_load_i64(self.base + disp)
+
+    cdef int _check_local_word(self, Py_ssize_t disp) except -1:
         if not 0 <= disp <= self.total_bytes - 8 or disp % 8:
             raise ConfigError(f"offset {disp} is not an int64 word of this window")
-        return asap_load_i64(self.base + disp)
+        return 0
 
     def debug_store_word(self, Py_ssize_t disp, int64_t value):
         """Store into this rank's own window, bypassing the protocol: fault injection for
         tests (corrupt a payload, fake a version).  Never needed in normal use."""
         self._check_alive()
-        if not 0 <= disp <= self.total_bytes - 8 or disp % 8:
-            raise ConfigError(f"offset {disp} is not an int64 word of this window")
+        self._check_local_word(disp)
         asap_store_i64(self.base + disp, value)
 
     def slot_offset(self, int in_index, int64_t version):
         """Offset of the header of in-neighbour `in_index`'s slot for `version`."""
         if not 0 <= in_index < self.n_in:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
+        self._check_version(version)
         return self.off_slots + (in_index * self.depth + version % self.depth) * self.slot_stride
 
     def payload(self, int in_index, int64_t version):
@@ -516,7 +596,7 @@ cdef class SlotWindow:
 
     def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
                int64_t min_version, int64_t max_version, bint seqlock=False,
-               bint checksum=False, bint renormalize=False):
+               bint checksum=False, bint renormalize=False, bint require_all=False):
         """buf = w_self*buf + sum_i weights[i]*slot_i, over the usable inputs, in one pass.
 
         Reads slot `expected % depth` of every in-neighbour.  An input is usable when its
@@ -526,12 +606,15 @@ cdef class SlotWindow:
         scaled to keep their sum.  seqlock: the slots may be written during the read.
         With seqlock or checksum, an input that changed during the read or fails its
         checksum is dropped and the reduce recomputed from a copy of buf; otherwise a slot
-        that changes during the read raises ProtocolError.
-        Returns the number of inputs reduced.
+        whose header moved during the read raises ProtocolError (buf then holds that
+        input's contribution: in ordered mode that check is best effort, a checksum is
+        the full one).  require_all: if any input is not usable, raise ProtocolError
+        before buf is touched.  Returns the number of inputs reduced.
         """
         cdef Py_buffer view
         cdef int r
         self._check_alive()
+        self._check_version(expected)
         if weights.shape[0] != self.n_in:
             raise ConfigError(f"{weights.shape[0]} weights for {self.n_in} in-neighbours")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
@@ -546,14 +629,20 @@ cdef class SlotWindow:
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
                                  expected, min_version, max_version, seqlock, checksum,
-                                 renormalize)
+                                 renormalize, require_all)
         finally:
             PyBuffer_Release(&view)
-        if r < 0:
+        if r == -1:
             torn = [self._in[i] for i in range(self.n_in) if self.status[i] == TORN]
             raise ProtocolError(f"rank {self.rank}: the slot(s) of rank(s) {torn} changed while "
                                 f"version {expected} was read; a writer did not wait for its "
                                 f"ack (the reduced buffer is not valid)")
+        if r == -3:
+            bad = {self._in[i]: STATUS_NAMES[self.status[i]] for i in range(self.n_in)
+                   if not self.used[i]}
+            raise ProtocolError(f"rank {self.rank}: version {expected} from rank(s) "
+                                f"{sorted(bad)} was not usable ({bad}); nothing was reduced, "
+                                f"the buffer is unchanged (a peer broke the protocol)")
         return r
 
     cdef inline char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
@@ -561,7 +650,7 @@ cdef class SlotWindow:
 
     cdef int _reduce(self, char *out, double w_self, const double *weights, int64_t expected,
                      int64_t min_version, int64_t max_version, bint seqlock, bint checksum,
-                     bint renormalize) except -2 nogil:
+                     bint renormalize, bint require_all) except -2 nogil:
         cdef Py_ssize_t slot = expected % self.depth
         cdef int i, n_used, passes
         cdef int64_t h, f
@@ -569,6 +658,9 @@ cdef class SlotWindow:
         cdef char *ftr
         cdef bint changed
         cdef const char *own = out
+        # MPI_Win_sync: the standard's way to make remote updates of this window visible
+        # to local loads (a memory barrier on MPICH)
+        CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
         for i in range(self.n_in):
             hdr = self._slot(i, slot)
             ftr = hdr + HEADER_BYTES + self.payload_stride
@@ -586,6 +678,11 @@ cdef class SlotWindow:
             else:
                 self.status[i] = AHEAD
             self.used[i] = h == f and min_version <= f <= max_version
+        if require_all:
+            for i in range(self.n_in):
+                if not self.used[i]:
+                    self._count()
+                    return -3
         # A failure found after the fused pass (a slot that changed, a bad checksum) can
         # only be undone from a copy of the reader's own buffer; keep one when the mode
         # can find such failures.
@@ -597,6 +694,7 @@ cdef class SlotWindow:
             asap_fence()
             n_used = self._fused_pass(out, own, w_self, weights, slot, checksum, renormalize)
             asap_fence()
+            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             changed = False
             for i in range(self.n_in):
                 if not self.used[i]:
@@ -733,3 +831,13 @@ cdef class _SlotPayload:
 
     def __releasebuffer__(self, Py_buffer *view):
         self.win._exports -= 1
+
+
+cdef void _describe(char *out, ranks) noexcept:
+    """Write "1, 3, 5" (shortened with "..." to fit 256 bytes) for watchdog messages."""
+    text = ", ".join(str(int(r)) for r in ranks) or "none"
+    if len(text) > 200:
+        text = text[:200].rsplit(", ", 1)[0] + ", ..."
+    data = text.encode()
+    strncpy(out, data, 255)
+    out[255] = 0

@@ -11,7 +11,6 @@ step k-1 only need the notifies of step k-1, which were all sent before anyone w
 """
 from __future__ import annotations
 
-from ..errors import ProtocolError
 from .base import Policy, StepContext
 
 
@@ -33,12 +32,7 @@ class NotifyAck(Policy):
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
         win.wait_notifies(version, ctx.timeout)
-        used = win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
-                          checksum=ctx.checksum)
-        if used != win.n_in:
-            bad = [r for r, s in zip(win.in_ranks, win.last_status()) if s != 0]
-            raise ProtocolError(
-                f"rank {win.rank}: version {version} from rank(s) {bad} was torn or not the "
-                f"notified version; it was not reduced (a peer broke the protocol)"
-            )
+        # every in-neighbour's version k, or ProtocolError before the buffer is touched
+        win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
+                   checksum=ctx.checksum, require_all=True)
         win.ack(version)

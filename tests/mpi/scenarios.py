@@ -110,14 +110,16 @@ def notify_ack_refuses_torn(comm, n=1024):
         win.put(np.full(n, -1.0), 2, tear=0.5)
         win.notify(2)
         comm.Barrier()
+        before = buf.copy()
         try:
             ex._policy.receive(win, buf, 2, ex._ctx)
         except ProtocolError as exc:
             message = str(exc)
         else:
             raise AssertionError("a torn input under notify_ack did not raise")
+        assert np.array_equal(buf, before), "the buffer changed although nothing was reduced"
         comm.Barrier()
-    assert f"rank(s) [{sender}]" in message, message
+    assert f"rank(s) [{sender}]" in message and "'torn'" in message, message
     return {"message": message}
 
 
@@ -268,13 +270,60 @@ def payload_view(comm, n=100):
     seen = np.asarray(view)
     assert seen.dtype == np.float32 and not seen.flags.writeable
     assert np.all(seen == sender), seen[:4]
+    if rank != 0:          # only rank 0 keeps a view: every rank must refuse together
+        del seen
+        view.release()
     try:
         ex.free()
-    except BufferError:
-        refused = True
+    except BufferError as exc:
+        refused = str(exc)
     else:
-        refused = False
-    del seen
-    view.release()
+        refused = None
+    if rank == 0:
+        del seen
+        view.release()
     ex.free()
     return {"refused": refused}
+
+
+def bounds_are_checked(comm):
+    """Versions below 1 and offsets outside a window are refused, never dereferenced."""
+    buf = np.zeros(16)
+    problems = []
+    with asapmpi.Exchange(buf, graph="ring", comm=comm) as ex:
+        win = ex.window
+        w = np.ones(1) / 2
+        for call in (lambda: win.payload(0, -2), lambda: win.reduce(buf, 0.5, w, -1, 1, 1),
+                     lambda: win.wait_notifies(0, 1), lambda: win.notify(-3),
+                     lambda: win.wait_word(1 << 40, 1, 0.1), lambda: win.local_word(-8),
+                     lambda: win.fetch_word((comm.rank + 1) % comm.size, 1 << 40),
+                     lambda: win.accumulate_word(comm.rank, win.total_bytes, 1)):
+            try:
+                call()
+            except ConfigError as exc:
+                problems.append(str(exc))
+            else:
+                raise AssertionError("an out-of-range call was accepted")
+        comm.Barrier()
+    return {"problems": problems}
+
+
+def stalled_target(comm, wait_timeout=2.0, stall=8.0):
+    """Rank 1 stops calling MPI after step 1.  Shared memory: rank 0's put completes and
+    its wait for rank 1 times out with NeighbourTimeoutError.  Network path: rank 0's
+    flush cannot complete, and the watchdog ends the job, naming rank 1."""
+    rank = comm.rank
+    buf = np.zeros(1 << 16)
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=wait_timeout) as ex:
+        ex.step()
+        t0 = time.monotonic()
+        error, elapsed = None, None
+        if rank == 1:
+            time.sleep(stall)       # computing without MPI calls
+        else:
+            try:
+                ex.step()
+            except NeighbourTimeoutError as exc:
+                error, elapsed = str(exc), time.monotonic() - t0
+        comm.Barrier()
+    return {"error": error, "elapsed": elapsed}
