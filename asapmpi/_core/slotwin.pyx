@@ -24,7 +24,8 @@ include "chkerr.pxi"
 
 cdef extern from "watchdog.h" nogil:
     int asap_watchdog_start()
-    void asap_watchdog_arm(double seconds, const char *what)
+    void asap_watchdog_arm(double seconds, const char *call, long long version,
+                           const char *ranks)
     void asap_watchdog_disarm()
 
 # Status of one input of a reduce, as counted in `stats`.
@@ -340,19 +341,19 @@ cdef class SlotWindow:
             CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
                            self.win), "MPI_Put")
         if seqlock or tear > 0.0:
-            self._flush_all(b"header put", version, self.out_desc)
+            self._flush_all(b"MPI_Win_flush_all after the header put", version, self.out_desc)
         for j in range(self.n_out):
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
             self._put_bytes(src, payload, self._out[j], d)
         if seqlock or tear > 0.0:
-            self._flush_all(b"payload put", version, self.out_desc)
+            self._flush_all(b"MPI_Win_flush_all after the payload put", version, self.out_desc)
         if tear > 0.0:
             return 0
         for j in range(self.n_out):
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES + self.payload_stride
             CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self._out[j], d, 2, MPI_INT64_T,
                            self.win), "MPI_Put")
-        self._flush_all(b"put", version, self.out_desc)
+        self._flush_all(b"MPI_Win_flush_all after the put", version, self.out_desc)
         if notify:
             self._notify(version, slot)
         return 0
@@ -360,18 +361,16 @@ cdef class SlotWindow:
     cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
         # A flush cannot time out; the watchdog ends the job if it outlives the timeout.
         cdef int ierr
-        snprintf(self.what, sizeof(self.what), "MPI_Win_flush_all after the %s of version %lld "
-                 "to rank(s) %s", what, <long long>version, ranks)
-        asap_watchdog_arm(self.flush_timeout, self.what)
+        asap_watchdog_arm(self.flush_timeout, what, version, ranks)
         ierr = MPI_Win_flush_all(self.win)
         asap_watchdog_disarm()
         return CHKERR(ierr, "MPI_Win_flush_all")
 
     cdef int _flush(self, int target, const char *what) except -1 nogil:
+        # `what` names the operation; the target is described in self.what
         cdef int ierr
-        snprintf(self.what, sizeof(self.what), "MPI_Win_flush after the %s to rank %d",
-                 what, target)
-        asap_watchdog_arm(self.flush_timeout, self.what)
+        snprintf(self.what, sizeof(self.what), "%d", target)
+        asap_watchdog_arm(self.flush_timeout, what, -1, self.what)
         ierr = MPI_Win_flush(target, self.win)
         asap_watchdog_disarm()
         return CHKERR(ierr, "MPI_Win_flush")
@@ -394,7 +393,7 @@ cdef class SlotWindow:
             CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._out[j],
                                   self.out_notify_disp[j] + 8 * slot, 1, MPI_INT64_T,
                                   MPI_REPLACE, self.win), "MPI_Accumulate")
-        self._flush_all(b"notify", version, self.out_desc)
+        self._flush_all(b"MPI_Win_flush_all after the notify", version, self.out_desc)
         return 0
 
     def notify(self, int64_t version):
@@ -414,7 +413,7 @@ cdef class SlotWindow:
                 CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._in[i],
                                       self.in_ack_disp[i], 1, MPI_INT64_T, MPI_REPLACE,
                                       self.win), "MPI_Accumulate")
-            self._flush_all(b"ack", version, self.in_desc)
+            self._flush_all(b"MPI_Win_flush_all after the ack", version, self.in_desc)
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
@@ -431,7 +430,7 @@ cdef class SlotWindow:
             self.word_out = value
             CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, target, disp, 1,
                                   MPI_INT64_T, mop, self.win), "MPI_Accumulate")
-            self._flush(target, b"accumulate")
+            self._flush(target, b"MPI_Win_flush after an accumulate")
 
     def fetch_word(self, int target, Py_ssize_t disp):
         """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP)."""
@@ -447,7 +446,7 @@ cdef class SlotWindow:
         if target == self.rank:
             CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
         else:
-            self._flush(target, b"atomic read")
+            self._flush(target, b"MPI_Win_flush after an atomic read")
         return 0
 
     cdef int _check_version(self, int64_t version) except -1:

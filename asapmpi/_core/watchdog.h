@@ -2,65 +2,72 @@
  *
  * On a network path MPI_Win_flush returns only when the *target* has entered MPI since
  * the operation was issued.  A target that died, or that computes without calling MPI,
- * therefore blocks the flush forever, and MPI offers no way to interrupt it.  Before
- * such a call the caller arms the watchdog with a deadline and a description; a thread
- * wakes at the deadline and, if the call is still running, prints the description and
- * ends the job (MPI_Abort when MPI allows calls from another thread, else _exit, which
- * makes the process manager end the job).  Disarming is a mutex round trip.
+ * therefore blocks the flush forever, and MPI offers no way to interrupt it.  Around
+ * such a call the caller arms the watchdog (a handful of atomic stores: flushes are on
+ * the hot path, so no lock and no wake-up) and disarms it after.  A thread checks every
+ * ASAP_WATCHDOG_TICK seconds; when one armed call has lasted longer than its limit it
+ * prints what the call was and to which ranks, and ends the job (MPI_Abort when MPI
+ * allows calls from another thread, else _exit, after which the process manager ends
+ * the job).  One watchdog per process: calls are armed by one thread at a time.
  */
 #ifndef ASAPMPI_WATCHDOG_H
 #define ASAPMPI_WATCHDOG_H
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <mpi.h>
 
+#define ASAP_WATCHDOG_TICK 0.05
+
 typedef struct {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int started;
-  long generation;     /* counts the calls armed so far */
-  long armed;          /* generation of the call armed now, 0 = idle */
-  struct timespec deadline;
-  double seconds;
-  char what[512];
-  int rank;
+  long generation;     /* the call armed last (0: none yet) */
+  long armed;          /* generation of the call running now, 0 = idle */
+  long long start_ns;  /* CLOCK_MONOTONIC nanoseconds when it was armed */
+  long long limit_ns;  /* its limit */
+  const char *call;    /* what it is, e.g. "MPI_Win_flush_all after the put" */
+  long long version;   /* the version it carries, -1 for none */
+  const char *ranks;   /* "1, 3": the ranks it waits for */
+  int started, rank, can_abort;
   MPI_Comm comm;
-  int can_abort;       /* MPI_THREAD_MULTIPLE */
 } asap_watchdog_t;
 
-static asap_watchdog_t asap_wd = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static asap_watchdog_t asap_wd;
+static pthread_mutex_t asap_wd_start_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static int asap_ts_before(const struct timespec *a, const struct timespec *b) {
-  return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+static long long asap_wd_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 static void *asap_watchdog_main(void *unused) {
   (void)unused;
-  pthread_mutex_lock(&asap_wd.mu);
+  const struct timespec tick = {0, (long)(ASAP_WATCHDOG_TICK * 1e9)};
   for (;;) {
-    if (!asap_wd.armed) {
-      pthread_cond_wait(&asap_wd.cv, &asap_wd.mu);
-      continue;
-    }
-    long generation = asap_wd.armed;
-    struct timespec deadline = asap_wd.deadline;
-    int rc = 0;
-    while (asap_wd.armed == generation && rc != ETIMEDOUT)
-      rc = pthread_cond_timedwait(&asap_wd.cv, &asap_wd.mu, &deadline);
-    if (asap_wd.armed != generation) continue;
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    if (asap_ts_before(&now, &deadline)) continue;
+    nanosleep(&tick, NULL);
+    /* seqlock read: the fields belong to `armed` only if it is still the call running */
+    long armed = __atomic_load_n(&asap_wd.armed, __ATOMIC_ACQUIRE);
+    if (!armed) continue;
+    long long start = __atomic_load_n(&asap_wd.start_ns, __ATOMIC_RELAXED);
+    long long limit = __atomic_load_n(&asap_wd.limit_ns, __ATOMIC_RELAXED);
+    const char *call = __atomic_load_n(&asap_wd.call, __ATOMIC_RELAXED);
+    long long version = __atomic_load_n(&asap_wd.version, __ATOMIC_RELAXED);
+    const char *ranks = __atomic_load_n(&asap_wd.ranks, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&asap_wd.armed, __ATOMIC_RELAXED) != armed) continue;
+    if (asap_wd_now_ns() - start <= limit) continue;
+    double seconds = 1e-9 * (double)limit;
+    if (version >= 0)
+      fprintf(stderr, "asapmpi: rank %d: %s of version %lld to rank(s) %s", asap_wd.rank,
+              call, version, ranks);
+    else
+      fprintf(stderr, "asapmpi: rank %d: %s to rank(s) %s", asap_wd.rank, call, ranks);
     fprintf(stderr,
-            "asapmpi: rank %d: %s did not complete within %g s: the target rank is dead "
-            "or has not called MPI since (on network paths a one-sided operation "
-            "completes only when its target enters MPI); ending the job\n",
-            asap_wd.rank, asap_wd.what, asap_wd.seconds);
+            " did not complete within %g s: the target rank is dead or has not called MPI "
+            "since (on network paths a one-sided operation completes only when its target "
+            "enters MPI); ending the job\n", seconds);
     fflush(stderr);
     if (asap_wd.can_abort) MPI_Abort(asap_wd.comm, 70);
     _exit(70);
@@ -71,7 +78,7 @@ static void *asap_watchdog_main(void *unused) {
 /* Start the thread once per process; returns 0 or an errno value. */
 static int asap_watchdog_start(void) {
   int rc = 0;
-  pthread_mutex_lock(&asap_wd.mu);
+  pthread_mutex_lock(&asap_wd_start_mu);
   if (!asap_wd.started) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
@@ -86,37 +93,27 @@ static int asap_watchdog_start(void) {
     pthread_attr_destroy(&attr);
     if (rc == 0) asap_wd.started = 1;
   }
-  pthread_mutex_unlock(&asap_wd.mu);
+  pthread_mutex_unlock(&asap_wd_start_mu);
   return rc;
 }
 
-/* Arm for a call that must finish within `seconds`; `what` names the call and target. */
-static void asap_watchdog_arm(double seconds, const char *what) {
-  struct timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  long whole = (long)seconds;
-  deadline.tv_sec += whole;
-  deadline.tv_nsec += (long)((seconds - (double)whole) * 1e9);
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec += 1;
-    deadline.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&asap_wd.mu);
-  asap_wd.deadline = deadline;
-  asap_wd.seconds = seconds;
-  strncpy(asap_wd.what, what, sizeof(asap_wd.what) - 1);
-  asap_wd.what[sizeof(asap_wd.what) - 1] = 0;
+/* Arm for a call that must finish within `seconds`.  `call` and `ranks` must stay valid
+ * until disarm (string literals and the window's own descriptions do). */
+static inline void asap_watchdog_arm(double seconds, const char *call, long long version,
+                                     const char *ranks) {
+  __atomic_store_n(&asap_wd.armed, 0, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  __atomic_store_n(&asap_wd.start_ns, asap_wd_now_ns(), __ATOMIC_RELAXED);
+  __atomic_store_n(&asap_wd.limit_ns, (long long)(seconds * 1e9), __ATOMIC_RELAXED);
+  __atomic_store_n(&asap_wd.call, call, __ATOMIC_RELAXED);
+  __atomic_store_n(&asap_wd.version, version, __ATOMIC_RELAXED);
+  __atomic_store_n(&asap_wd.ranks, ranks, __ATOMIC_RELAXED);
   asap_wd.generation += 1;
-  asap_wd.armed = asap_wd.generation;
-  pthread_cond_signal(&asap_wd.cv);
-  pthread_mutex_unlock(&asap_wd.mu);
+  __atomic_store_n(&asap_wd.armed, asap_wd.generation, __ATOMIC_RELEASE);
 }
 
-static void asap_watchdog_disarm(void) {
-  pthread_mutex_lock(&asap_wd.mu);
-  asap_wd.armed = 0;
-  pthread_cond_signal(&asap_wd.cv);
-  pthread_mutex_unlock(&asap_wd.mu);
+static inline void asap_watchdog_disarm(void) {
+  __atomic_store_n(&asap_wd.armed, 0, __ATOMIC_RELEASE);
 }
 
 #endif /* ASAPMPI_WATCHDOG_H */
