@@ -105,6 +105,7 @@ cdef class SlotWindow:
         cdef int flag = 0
         cdef int *model = NULL
         cdef int i
+        cdef MPI_Aint my_size
         self.n_in = layout.n_in
         self.n_out = layout.n_out
         self.depth = layout.depth
@@ -166,8 +167,8 @@ cdef class SlotWindow:
             self.free()  # not locked yet: free() skips the unlock
             raise ConfigError("this MPI gives a separate (not unified) memory model for "
                               "RMA windows; asapmpi needs MPI_WIN_UNIFIED")
-        # Version 0 everywhere means "never written"; no remote access can happen before
-        # the barrier below, so plain stores are safe here.
+        # Version 0 everywhere means "never written".  No rank can leave the allgather
+        # below before every rank entered it, so no remote write precedes these stores.
         memset(self.base, 0, self.total_bytes)
         (<int64_t *>self.base)[0] = MAGIC
         (<int64_t *>self.base)[1] = LAYOUT_VERSION
@@ -181,8 +182,9 @@ cdef class SlotWindow:
         with nogil:
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             # every rank's window size, to bounds-check remote word offsets
-            CHKERR(MPI_Allgather(&self.total_bytes, 1, MPI_AINT, self.sizes, 1, MPI_AINT,
-                                 self.comm), "MPI_Allgather")
+            my_size = self.total_bytes
+            CHKERR(MPI_Allgather(&my_size, 1, MPI_AINT, self.sizes, 1, MPI_AINT, self.comm),
+                   "MPI_Allgather")
 
     cdef _alloc_arrays(self):
         cdef int n = max(self.n_in, 1)
