@@ -15,6 +15,15 @@ from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, Proto
 HEADER = 64  # bytes before the payload in a slot
 
 
+def message_of(error, call, what):
+    """Call `call()`, which must raise `error`; return the error's message."""
+    try:
+        call()
+    except error as exc:
+        return str(exc)
+    raise AssertionError(f"{what} did not raise {error.__name__}")
+
+
 def pattern(rank, k, n, dtype):
     """The buffer rank `rank` sends at iteration k: distinct per rank, iteration, element."""
     return (rank * 1000.0 + k + np.arange(n) * 0.25).astype(dtype)
@@ -111,12 +120,8 @@ def notify_ack_refuses_torn(comm, n=1024):
         win.notify(2)
         comm.Barrier()
         before = buf.copy()
-        try:
-            ex._policy.receive(win, buf, 2, ex._ctx)
-        except ProtocolError as exc:
-            message = str(exc)
-        else:
-            raise AssertionError("a torn input under notify_ack did not raise")
+        message = message_of(ProtocolError, lambda: ex._policy.receive(win, buf, 2, ex._ctx),
+                             "a torn input under notify_ack")
         assert np.array_equal(buf, before), "the buffer changed although nothing was reduced"
         comm.Barrier()
     assert f"rank(s) [{sender}]" in message and "'torn'" in message, message
@@ -229,32 +234,20 @@ def bad_input(comm, case):
         kwargs["timeout"] = "soon" if rank == 1 else 10
     else:
         raise ValueError(case)
-    try:
-        asapmpi.Exchange(buf, **kwargs)
-    except ConfigError as exc:
-        return {"error": str(exc)}
-    raise AssertionError(f"case {case}: no ConfigError on rank {rank}")
+    return {"error": message_of(ConfigError, lambda: asapmpi.Exchange(buf, **kwargs),
+                                f"case {case} on rank {rank}")}
 
 
 def use_after_free(comm):
     """A freed Exchange refuses to step; free() twice is fine; wrong sizes are refused."""
     buf = np.zeros(32)
     ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
-    try:
-        ex.window.put(np.zeros(31), 1)
-    except ConfigError as exc:
-        wrong_size = str(exc)
-    else:
-        raise AssertionError("a wrong-size put was accepted")
+    wrong_size = message_of(ConfigError, lambda: ex.window.put(np.zeros(31), 1),
+                            "a wrong-size put")
     ex.step()
     ex.free()
     ex.free()
-    try:
-        ex.step()
-    except FreedError as exc:
-        freed = str(exc)
-    else:
-        raise AssertionError("step() after free() did not raise")
+    freed = message_of(FreedError, ex.step, "step() after free()")
     return {"wrong_size": wrong_size, "freed": freed}
 
 
@@ -273,12 +266,7 @@ def payload_view(comm, n=100):
     if rank != 0:          # only rank 0 keeps a view: every rank must refuse together
         del seen
         view.release()
-    try:
-        ex.free()
-    except BufferError as exc:
-        refused = str(exc)
-    else:
-        refused = None
+    refused = message_of(BufferError, ex.free, "free() with a live view")
     if rank == 0:
         del seen
         view.release()
@@ -298,12 +286,7 @@ def bounds_are_checked(comm):
                      lambda: win.wait_word(1 << 40, 1, 0.1), lambda: win.local_word(-8),
                      lambda: win.fetch_word((comm.rank + 1) % comm.size, 1 << 40),
                      lambda: win.accumulate_word(comm.rank, win.total_bytes, 1)):
-            try:
-                call()
-            except ConfigError as exc:
-                problems.append(str(exc))
-            else:
-                raise AssertionError("an out-of-range call was accepted")
+            problems.append(message_of(ConfigError, call, "an out-of-range call"))
         comm.Barrier()
     return {"problems": problems}
 
