@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .exchange import Exchange
-from .reduce.graph import GRAPHS
+from .reduce.graphs import GRAPHS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,16 +1,18 @@
 """Exchange: mix one buffer with the neighbours' copies over one-sided MPI.
 
-    with asapmpi.Exchange(params, graph="ring", sync="notify_ack") as ex:
+    with asapmpi.Exchange(params, graph="root-expander", sync="notify_ack") as ex:
         for batch in data:
             train_step(params, batch)
             ex.step()        # params = w_self*params + sum_i w_i * params of in-neighbour i
 
-Creation is collective over `comm`: every rank's input is checked, locally and then
-across ranks in one allgather, before any one-sided communication starts, and every
-rank raises the same ConfigError when any rank's input is bad.
+Creation is collective over `comm`.  Every rank checks its own input, then one
+allgather shares what each rank was given; from it every rank builds the same global
+graph and mixing matrix and runs the same checks, so bad input on any rank raises the
+same ConfigError on every rank before any one-sided communication starts.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -20,16 +22,20 @@ from mpi4py import MPI
 from . import _core
 from .errors import ConfigError, FreedError
 from .rc import rc
-from .reduce.graph import Graph
-from .reduce.graph import graph as make_graph
-from .reduce.weights import resolve_weights
+from .reduce.graphs import GRAPHS, Graph
+from .reduce.graphs import graph as make_graph
+from .reduce.user import graph_from
+from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
 from .sync import StepContext
 from .sync import policy as make_policy
 
-GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]]]
-
+GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
+                  Any]
+WEIGHT_NAMES = ("auto", "uniform", "metropolis")
 _DTYPES = {"f": ("float32", 4), "d": ("float64", 8)}
 
+
+# ---------------------------------------------------------------------- local checks
 
 def _buffer_info(buffer) -> Tuple[str, int]:
     """Return (dtype name, nbytes) of a writable C-contiguous float32/float64 buffer."""
@@ -52,29 +58,41 @@ def _buffer_info(buffer) -> Tuple[str, int]:
         return _DTYPES[fmt][0], view.nbytes
 
 
-def _neighbours(spec: GraphSpec, rank: int, size: int) -> Tuple[List[int], List[int]]:
-    """Return (in-neighbours, out-neighbours) of `rank` from a graph specification."""
+def _fingerprint(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def _graph_spec(spec: GraphSpec, rank: int, size: int) -> Dict[str, Any]:
+    """What this rank was given as a graph, reduced to what the allgather compares."""
     if spec is None:
-        raise ConfigError("pass graph=: a graph name such as 'ring', a Graph, or this "
-                          "rank's neighbours as {'in': [...], 'out': [...]}")
+        raise ConfigError("pass graph=: a graph name such as 'root-expander', a Graph, or "
+                          "this rank's neighbours as {'in': [...], 'out': [...]}")
     if isinstance(spec, str):
-        spec = make_graph(spec, size)
-    if isinstance(spec, Graph):
-        if spec.n != size:
-            raise ConfigError(f"the graph has {spec.n} ranks but the communicator has {size}; "
-                              f"build it for {size} ranks")
-        return spec.in_neighbours(rank), spec.out_neighbours(rank)
+        if spec not in GRAPHS:
+            raise ConfigError(f"unknown graph {spec!r}; choose one of {sorted(GRAPHS)}")
+        return {"kind": "name", "key": spec, "in": [], "out": []}
+    if isinstance(spec, Mapping) or (isinstance(spec, tuple) and len(spec) == 2
+                                     and not isinstance(spec[0], int)):
+        ins, outs = _neighbour_lists(spec, rank, size)
+        return {"kind": "lists", "key": None, "in": ins, "out": outs}
+    g = graph_from(spec)
+    if g.n != size:
+        raise ConfigError(f"the graph has {g.n} ranks but the communicator has {size}; "
+                          f"build it for {size} ranks")
+    key = _fingerprint(repr(g.edges()).encode())
+    return {"kind": "graph", "key": key, "in": g.in_neighbours(rank),
+            "out": g.out_neighbours(rank), "name": g.name}
+
+
+def _neighbour_lists(spec, rank: int, size: int) -> Tuple[List[int], List[int]]:
+    """(in, out) from {'in': [...], 'out': [...]} or (in, out), checked."""
     if isinstance(spec, Mapping):
         if set(spec) != {"in", "out"}:
             raise ConfigError(f"a neighbour mapping needs exactly the keys 'in' and 'out', "
                               f"got {sorted(spec)}")
         ins, outs = spec["in"], spec["out"]
     else:
-        try:
-            ins, outs = spec
-        except (TypeError, ValueError):
-            raise ConfigError(f"graph must be a name, a Graph, or (in, out) neighbour lists; "
-                              f"got {type(spec).__name__}") from None
+        ins, outs = spec
     result = []
     for label, given in (("in", ins), ("out", outs)):
         nbrs = [int(j) for j in given]
@@ -90,6 +108,24 @@ def _neighbours(spec: GraphSpec, rank: int, size: int) -> Tuple[List[int], List[
     return result[0], result[1]
 
 
+def _weight_spec(weights, size: int) -> Dict[str, Any]:
+    """What this rank was given as weights, for the allgather."""
+    if weights is None:
+        weights = "auto"
+    if isinstance(weights, str):
+        if weights not in WEIGHT_NAMES:
+            raise ConfigError(f"unknown weights {weights!r}; choose one of {WEIGHT_NAMES}, a "
+                              f"matrix, or {{rank: weight}}")
+        return {"kind": "name", "key": weights}
+    if isinstance(weights, Mapping):
+        return {"kind": "row", "key": None, "row": dict(weights)}
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (size, size):
+        raise ConfigError(f"a weight matrix for {size} ranks must be {size}x{size}, got "
+                          f"{w.shape}")
+    return {"kind": "matrix", "key": _fingerprint(w.tobytes()), "matrix": w}
+
+
 def _positive_seconds(value) -> float:
     """A timeout as a positive float, or ConfigError."""
     try:
@@ -101,20 +137,27 @@ def _positive_seconds(value) -> float:
     return seconds
 
 
-def _check_across_ranks(meta: List[Dict[str, Any]], rank: int) -> None:
-    """Raise the same ConfigError on every rank if the gathered inputs disagree."""
-    for r, m in enumerate(meta):
-        if m["problem"]:
-            if r == rank:
-                raise ConfigError(m["problem"])
-            raise ConfigError(f"rank {r} was given bad input: {m['problem']}")
-    for key, what in (("dtype", "dtype"), ("nbytes", "size in bytes"), ("sync", "sync policy"),
-                      ("checksum", "checksum option")):
-        values = {m[key] for m in meta}
-        if len(values) > 1:
-            per_rank = ", ".join(f"rank {r}: {m[key]}" for r, m in enumerate(meta))
-            raise ConfigError(f"every rank must pass a buffer/option of the same {what}; got "
-                              f"{per_rank}")
+# ---------------------------------------------------------------------- global checks
+
+def _same_everywhere(meta: List[Dict[str, Any]], key: str, what: str) -> None:
+    values = [m[key] for m in meta]
+    if any(v != values[0] for v in values):
+        per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise ConfigError(f"every rank must pass the same {what}; got {per_rank}")
+
+
+def _global_graph(meta: List[Dict[str, Any]], size: int) -> Graph:
+    """The graph every rank agrees on, built identically on every rank."""
+    _same_everywhere(meta, "graph_kind", "kind of graph argument (name, Graph or lists)")
+    kind = meta[0]["graph_kind"]
+    if kind == "name":
+        _same_everywhere(meta, "graph_key", "graph name")
+        name = meta[0]["graph_key"]
+        if name == "hierarchical":
+            return make_graph(name, size, hosts=[m["host"] for m in meta])
+        return make_graph(name, size)
+    if kind == "graph":
+        _same_everywhere(meta, "graph_key", "graph (their edges differ)")
     for r, m in enumerate(meta):
         for j in m["out"]:
             if r not in meta[j]["in"]:
@@ -124,7 +167,46 @@ def _check_across_ranks(meta: List[Dict[str, Any]], rank: int) -> None:
             if r not in meta[j]["out"]:
                 raise ConfigError(f"rank {r} receives from rank {j}, but rank {j} does not "
                                   f"list {r} as an out-neighbour")
+    return Graph(size, [m["out"] for m in meta], meta[0]["graph_name"] or "user")
 
+
+def _check_connected(g: Graph) -> None:
+    if g.is_strongly_connected():
+        return
+    seen, stack = {0}, [0]
+    while stack:
+        for j in g.out_neighbours(stack.pop()):
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    missing = sorted(set(range(g.n)) - seen)
+    if missing:
+        raise ConfigError(f"graph {g.name} is not connected: rank 0's updates never reach "
+                          f"rank(s) {missing[:10]}; every rank must reach every other")
+    raise ConfigError(f"graph {g.name} is not strongly connected: some rank's updates never "
+                      f"reach rank 0; every rank must reach every other")
+
+
+def _global_weights(meta: List[Dict[str, Any]], g: Graph,
+                    matrix: Optional[np.ndarray]) -> np.ndarray:
+    """The mixing matrix (rows = receivers), identical on every rank, checked.  A user
+    matrix travels only as a fingerprint; `matrix` is this rank's copy."""
+    _same_everywhere(meta, "weights_kind", "kind of weights (name, matrix or per-rank)")
+    kind = meta[0]["weights_kind"]
+    if kind == "row":
+        w = np.zeros((g.n, g.n))
+        for r, m in enumerate(meta):
+            w_self, w_in = resolve_weights(r, g.in_neighbours(r), m["weights_row"])
+            w[r, r] = w_self
+            w[r, g.in_neighbours(r)] = w_in
+    else:
+        _same_everywhere(meta, "weights_key", "weights")
+        w = mixing_matrix(g, meta[0]["weights_key"] if kind == "name" else matrix)
+    check_stochastic(w)
+    return w
+
+
+# ---------------------------------------------------------------------- Exchange
 
 class Exchange:
     """Mix `buffer` with its in-neighbours' copies, one step at a time.
@@ -133,65 +215,119 @@ class Exchange:
     ----------
     buffer: writable C-contiguous float32 or float64 buffer (a NumPy array, say).  It is
         sent from and reduced into in place: no copies.
-    graph: a graph name ("ring", "complete", ...), a Graph, or this rank's neighbours as
-        {"in": [...], "out": [...]}.
-    sync: the synchronization policy; "notify_ack" (ASAP's NOTIFY-ACK).
+    graph: a graph name ("root-expander", "ring", "complete", ...: asapmpi.reduce.GRAPHS),
+        a Graph (asapmpi.graph(...), asapmpi.graph_from(...)), an edge list or adjacency
+        matrix, or this rank's neighbours as {"in": [...], "out": [...]}.
+        "hierarchical" by name finds the hosts from the ranks' processor names.
+    sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph) or "allreduce" (the same
+        averaging by MPI_Allreduce over all ranks: the baseline; graph must be left out
+        or "complete").
     comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
-    weights: {rank: weight} for this rank and its in-neighbours, summing to 1; default
-        1/(in-degree + 1) each.
+    weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
+        ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
+        rank's {rank: weight} row.  The result must be doubly stochastic.
     timeout: seconds any wait on a neighbour may take (default asapmpi.rc.timeout).
     checksum: put a checksum of the payload in every slot footer and verify it.
+
+    An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
+    rank: freeing is collective.
     """
 
-    def __init__(self, buffer, graph: GraphSpec = None, sync: str = "notify_ack",
-                 comm: Optional[MPI.Comm] = None, *, weights: Optional[Mapping[int, float]] = None,
+    def __init__(self, buffer, graph: GraphSpec = "root-expander", sync: str = "notify_ack",
+                 comm: Optional[MPI.Comm] = None, *,
+                 weights: Union[str, Mapping[int, float], Any] = "auto",
                  timeout: Optional[float] = None, checksum: bool = False):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
         self._win = None
-        problem = None
-        ins: List[int] = []
-        outs: List[int] = []
-        dtype, nbytes = None, 0
-        try:
-            dtype, nbytes = _buffer_info(buffer)
-            ins, outs = _neighbours(graph, rank, size)
-            self._policy = make_policy(sync)
-            w_self, w_in = resolve_weights(rank, ins, weights)
-            timeout = _positive_seconds(rc.timeout if timeout is None else timeout)
-        except (ConfigError, TypeError, ValueError) as exc:
-            # every local problem is reported through the allgather below, so that no
-            # rank leaves while the others wait in it
-            problem = str(exc)
-        meta = comm.allgather({"problem": problem, "in": ins, "out": outs, "dtype": dtype,
-                               "nbytes": nbytes, "sync": sync, "checksum": bool(checksum)})
-        _check_across_ranks(meta, rank)
+        self._comm = None
+        local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, rank,
+                                    size)
+        meta = comm.allgather(local["meta"])
+        for r, m in enumerate(meta):
+            if m["problem"]:
+                raise ConfigError(m["problem"] if r == rank
+                                  else f"rank {r} was given bad input: {m['problem']}")
+        for key, what in (("dtype", "buffer dtype"), ("nbytes", "buffer size in bytes"),
+                          ("sync", "sync policy"), ("checksum", "checksum option")):
+            _same_everywhere(meta, key, what)
+        g = _global_graph(meta, size)
+        _check_connected(g)
+        w = _global_weights(meta, g, local["matrix"])
 
-        depth = self._policy.depth
-        layouts = [_core.Layout(len(m["in"]), len(m["out"]), depth, nbytes) for m in meta]
-        out_slot = [layouts[j].slot_disp(meta[j]["in"].index(rank)) for j in outs]
-        out_notify = [layouts[j].notify_disp(meta[j]["in"].index(rank)) for j in outs]
-        in_ack = [layouts[i].ack_disp(meta[i]["out"].index(rank)) for i in ins]
-        self._win = _core.SlotWindow(
-            comm, layouts[rank], ins, outs, out_slot, out_notify, in_ack,
-            _DTYPES["f" if dtype == "float32" else "d"][1],
-            poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
-            flush_timeout=timeout,
-        )
         self.buffer = buffer
-        self.dtype = dtype
-        self.nbytes = nbytes
-        self.rank = rank
-        self.size = size
-        self.in_neighbours = ins
-        self.out_neighbours = outs
+        self.dtype, self.nbytes = local["dtype"], local["nbytes"]
+        self.rank, self.size = rank, size
+        self.graph = g
+        self.in_neighbours = g.in_neighbours(rank)
+        self.out_neighbours = g.out_neighbours(rank)
         self.sync = sync
-        self.timeout = timeout
+        self.timeout = local["timeout"]
         self.version = 0
-        self._ctx = StepContext(w_self, np.asarray(w_in, dtype=np.float64), timeout,
-                                bool(checksum))
+        self.mixing = w
+        self._policy = local["policy"]
+        self._ctx = StepContext(float(w[rank, rank]),
+                                np.ascontiguousarray(w[rank, self.in_neighbours]),
+                                self.timeout, bool(checksum))
+        if self._policy.uses_window:
+            self._win = self._make_window(comm)
+        else:
+            self._comm = comm.Dup()
+            self._ctx.comm = self._comm
+            self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
+
+    def _check_locally(self, buffer, graph, sync, weights, timeout, checksum, rank,
+                       size) -> Dict[str, Any]:
+        """Every check that needs no communication; problems go into the allgather so
+        that no rank leaves while the others wait in it."""
+        out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
+                               "matrix": None}
+        meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync,
+                "checksum": None, "host": MPI.Get_processor_name(), "graph_kind": None,
+                "graph_key": None, "graph_name": None, "in": [], "out": [],
+                "weights_kind": None, "weights_key": None, "weights_row": None}
+        try:
+            out["dtype"], out["nbytes"] = _buffer_info(buffer)
+            out["policy"] = make_policy(sync)
+            if not out["policy"].uses_window and graph not in (None, "root-expander",
+                                                                "complete"):
+                raise ConfigError(f"sync={sync!r} averages over all ranks; leave graph out "
+                                  f"or pass 'complete'")
+            spec = _graph_spec("complete" if not out["policy"].uses_window else graph,
+                               rank, size)
+            wspec = _weight_spec("uniform" if not out["policy"].uses_window else weights,
+                                 size)
+            out["timeout"] = _positive_seconds(rc.timeout if timeout is None else timeout)
+            out["matrix"] = wspec.get("matrix")
+            meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
+                        graph_kind=spec["kind"], graph_key=spec["key"],
+                        graph_name=spec.get("name"), weights_kind=wspec["kind"],
+                        weights_key=wspec["key"], weights_row=wspec.get("row"))
+            if spec["kind"] != "name":
+                meta.update({"in": spec["in"], "out": spec["out"]})
+        except (ConfigError, TypeError, ValueError) as exc:
+            meta["problem"] = str(exc)
+        out["meta"] = meta
+        return out
+
+    def _make_window(self, comm: MPI.Comm):
+        g, rank, depth = self.graph, self.rank, self._policy.depth
+        layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, self.nbytes)
+                   for r in range(g.n)]
+        out_slot = [layouts[j].slot_disp(g.in_neighbours(j).index(rank))
+                    for j in self.out_neighbours]
+        out_notify = [layouts[j].notify_disp(g.in_neighbours(j).index(rank))
+                      for j in self.out_neighbours]
+        in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
+                  for i in self.in_neighbours]
+        return _core.SlotWindow(
+            comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
+            out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
+            poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
+            flush_timeout=self.timeout,
+        )
 
     # ------------------------------------------------------------------ use
 
@@ -203,7 +339,7 @@ class Exchange:
 
     @property
     def weights(self) -> Dict[int, float]:
-        """{rank: weight} used by the reduce, this rank included."""
+        """{rank: weight} used by this rank's reduce, this rank included."""
         w = {self.rank: self._ctx.w_self}
         w.update(zip(self.in_neighbours, self._ctx.weights.tolist()))
         return w
@@ -211,9 +347,11 @@ class Exchange:
     @property
     def stats(self) -> Dict[int, Dict[str, int]]:
         """Per in-neighbour counts of consistent, torn, stale and ahead reads."""
-        counts = self._alive().stats
+        win = self._alive()
+        if win is None:
+            return {}
         return {r: dict(zip(_core.STATUS_NAMES, map(int, row)))
-                for r, row in zip(self.in_neighbours, counts)}
+                for r, row in zip(self.in_neighbours, win.stats)}
 
     @property
     def window(self):
@@ -223,14 +361,18 @@ class Exchange:
     # ------------------------------------------------------------------ lifetime
 
     def _alive(self):
-        if self._win is None or self._win.freed:
-            raise FreedError("this Exchange was freed; create a new one")
-        return self._win
+        if self._win is not None and not self._win.freed:
+            return self._win
+        if self._comm is not None and self._comm != MPI.COMM_NULL:
+            return None
+        raise FreedError("this Exchange was freed; create a new one")
 
     def free(self) -> None:
-        """Release the window (collective). Safe to call twice."""
+        """Release the window and communicator (collective). Safe to call twice."""
         if self._win is not None:
             self._win.free()
+        if self._comm is not None and self._comm != MPI.COMM_NULL:
+            self._comm.Free()
 
     def __enter__(self) -> "Exchange":
         return self
@@ -239,7 +381,11 @@ class Exchange:
         self.free()
 
     def __repr__(self):
-        state = "freed" if self._win is None or self._win.freed else f"version {self.version}"
+        try:
+            self._alive()
+            state = f"version {getattr(self, 'version', 0)}"
+        except FreedError:
+            state = "freed"
         return (f"Exchange(rank {getattr(self, 'rank', '?')}, "
                 f"in={getattr(self, 'in_neighbours', [])}, "
                 f"out={getattr(self, 'out_neighbours', [])}, "

@@ -93,13 +93,17 @@ def test_stalled_target_ends_the_job_on_the_network_path():
 
 
 BAD_INPUT = {
-    "size": "same size in bytes",
-    "dtype": "same dtype",
+    "size": "same buffer size in bytes",
+    "dtype": "same buffer dtype",
     "out_of_range": "outside the communicator",
     "asymmetric": "does not list",
     "graph_size": "but the communicator has",
     "weights": "must sum to 1",
     "weights_type": "must map ranks to numbers",
+    "weights_kind": "same kind of weights",
+    "disconnected": "is not connected: rank 0's updates never reach rank(s) [2]",
+    "not_doubly_stochastic": "use weights='metropolis'",
+    "graph_name": "same graph name",
     "timeout": "timeout must be a number of seconds, got 'soon'",
 }
 

@@ -113,7 +113,7 @@ def test_read_only_buffer_and_bad_options():
     with pytest.raises(ConfigError, match="timeout must be"):
         asapmpi.Exchange(np.zeros(4), graph="ring", comm=MPI.COMM_SELF, timeout=-1)
     with pytest.raises(ConfigError, match="pass graph="):
-        asapmpi.Exchange(np.zeros(4), comm=MPI.COMM_SELF)
+        asapmpi.Exchange(np.zeros(4), graph=None, comm=MPI.COMM_SELF)
 
 
 def test_window_word_access_checks_offsets_and_ranks():

@@ -1,7 +1,23 @@
-"""asapmpi.reduce: graphs and weights of the stochastic reduce."""
-from .graph import GRAPHS, Graph, bidirectional_ring, complete, graph, ring
-from .weights import uniform_weights
+"""asapmpi.reduce: communication graphs, mixing weights and spectral gaps."""
+from .graphs import DESCRIPTIONS, GRAPHS, Graph, graph
+from .spectral import second_singular_value, spectral_gap
+from .user import from_adjacency, from_edges, graph_from, hosts_of, load, save
+from .weights import check_stochastic, mixing_matrix, uniform_weights
 
 __all__ = [
-    "GRAPHS", "Graph", "bidirectional_ring", "complete", "graph", "ring", "uniform_weights",
+    "DESCRIPTIONS",
+    "GRAPHS",
+    "Graph",
+    "check_stochastic",
+    "from_adjacency",
+    "from_edges",
+    "graph",
+    "graph_from",
+    "hosts_of",
+    "load",
+    "mixing_matrix",
+    "save",
+    "second_singular_value",
+    "spectral_gap",
+    "uniform_weights",
 ]

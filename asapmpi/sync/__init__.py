@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
+from .allreduce import Allreduce
 from .base import Policy, StepContext
 from .notify_ack import NotifyAck
 
-POLICIES = {NotifyAck.name: NotifyAck}
+POLICIES = {NotifyAck.name: NotifyAck, Allreduce.name: Allreduce}
 
 
 def policy(name: str) -> Policy:
@@ -18,5 +19,5 @@ def policy(name: str) -> Policy:
 
 
 __all__ = [
-    "POLICIES", "NotifyAck", "Policy", "StepContext", "policy",
+    "POLICIES", "Allreduce", "NotifyAck", "Policy", "StepContext", "policy",
 ]

@@ -5,6 +5,7 @@ A policy drives a SlotWindow through one step; it never touches bytes itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
@@ -17,6 +18,8 @@ class StepContext:
     weights: np.ndarray      # float64, one per in-neighbour, in in-neighbour order
     timeout: float
     checksum: bool
+    comm: Optional[Any] = None          # policies that use collectives (allreduce)
+    array: Optional[np.ndarray] = None  # the buffer as a NumPy array, for them
 
 
 class Policy:
@@ -25,6 +28,8 @@ class Policy:
     name = "policy"
     #: receive slots per sender the policy needs
     depth = 1
+    #: whether the policy exchanges through a slot window (else through ctx.comm)
+    uses_window = True
 
     def step(self, win, buf, version: int, ctx: StepContext) -> None:
         """Run step `version` (1, 2, ...): send `buf`, reduce into it, advance."""

@@ -227,9 +227,18 @@ def bad_input(comm, case):
     elif case == "graph_size":
         kwargs["graph"] = asapmpi.graph("ring", size + 1)
     elif case == "weights":
-        kwargs["weights"] = {rank: 0.9, (rank - 1) % size: 0.9} if rank == 0 else None
+        w = 0.9 if rank == 0 else 0.5
+        kwargs["weights"] = {rank: w, (rank - 1) % size: w}
     elif case == "weights_type":
-        kwargs["weights"] = {rank: "half", (rank - 1) % size: 0.5} if rank == 2 else None
+        kwargs["weights"] = {rank: "half" if rank == 2 else 0.5, (rank - 1) % size: 0.5}
+    elif case == "weights_kind":
+        kwargs["weights"] = "uniform" if rank == 1 else {rank: 0.5, (rank - 1) % size: 0.5}
+    elif case == "disconnected":
+        kwargs["graph"] = asapmpi.graph_from([(0, 1), (1, 0)], n=size)
+    elif case == "not_doubly_stochastic":
+        kwargs.update(graph="star", weights="uniform")
+    elif case == "graph_name":
+        kwargs["graph"] = "ring" if rank else "complete"
     elif case == "timeout":
         kwargs["timeout"] = "soon" if rank == 1 else 10
     else:
