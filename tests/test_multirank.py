@@ -120,3 +120,18 @@ def test_use_after_free_and_wrong_size():
     for res in run("use_after_free", 2, "shm", timeout=60):
         assert "was freed" in res["freed"]
         assert "has 248 bytes" in res["wrong_size"] and "hold 256" in res["wrong_size"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", [4, 8])
+def test_consensus_converges_at_least_as_fast_as_sigma2(n, path):
+    (rank0, *_) = run("consensus", n, path, timeout=600)
+    for name, r in rank0.items():
+        assert r["worst_ratio"] <= r["sigma2"] + 1e-9, (name, r)
+        assert r["final"] <= 1e-8, (name, r)
+    print({name: round(r["sigma2"], 4) for name, r in rank0.items()})
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_complete_graph_step_equals_allreduce(path):
+    run("complete_equals_allreduce", 4, path, timeout=120)

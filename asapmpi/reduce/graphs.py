@@ -216,10 +216,15 @@ def hierarchical(n: int, hosts: Optional[Sequence[int]] = None,
     return _undirected(n, pairs, "hierarchical")
 
 
-def random_regular(n: int, degree: int = 2, seed: int = 0, tries: int = 1000) -> Graph:
-    """A random directed `degree`-regular expander: the union of `degree` random
-    permutations without fixed points or repeated edges, redrawn until strongly
-    connected.  The same (n, degree, seed) always gives the same graph."""
+def random_regular(n: int, degree: Optional[int] = None, seed: int = 0,
+                   tries: int = 1000) -> Graph:
+    """A random directed `degree`-regular expander (default degree min(2, n-1)): the
+    union of `degree` random permutations without fixed points or repeated edges, redrawn
+    until strongly connected.  The same (n, degree, seed) always gives the same graph."""
+    if degree is None:
+        degree = min(2, n - 1)
+    if n == 1:
+        return Graph(1, [[]], "random-regular")
     if not 1 <= degree < n:
         raise ConfigError(f"random-regular needs 1 <= degree < n, got degree={degree}, n={n}")
     rng = np.random.default_rng(seed)

@@ -319,3 +319,60 @@ def stalled_target(comm, wait_timeout=2.0, stall=8.0):
                 error, elapsed = str(exc), time.monotonic() - t0
         comm.Barrier()
     return {"error": error, "elapsed": elapsed}
+
+
+CONSENSUS_GRAPHS = ("root-expander", "ring", "bidirectional-ring", "ring-based", "double-ring",
+                    "exponential", "star", "chain", "hierarchical", "random-regular",
+                    "complete")
+
+
+def _disagreement(comm, x, mean):
+    """sqrt(sum over ranks of ||x_r - mean||^2)."""
+    return float(np.sqrt(comm.allreduce(float(np.sum((x - mean) ** 2)))))
+
+
+def consensus(comm, graphs=CONSENSUS_GRAPHS, n=999, tol=1e-9):
+    """From a different vector per rank, step() converges to the global mean; every step
+    contracts the disagreement by at least sigma_2 of the mixing matrix (a theorem for a
+    doubly stochastic W); the mean is preserved."""
+    from asapmpi.reduce import second_singular_value
+
+    rank, size = comm.rank, comm.size
+    report = {}
+    for name in graphs:
+        x = np.random.default_rng(rank).standard_normal(n) * 10 + rank
+        mean = np.empty(n)
+        comm.Allreduce(x, mean)
+        mean /= size
+        with asapmpi.Exchange(x, graph=name, comm=comm, timeout=60) as ex:
+            sigma2 = second_singular_value(ex.mixing)
+            steps = 60 if sigma2 < 1e-12 else min(400, int(np.log(1e-10) / np.log(sigma2)) + 5)
+            e0 = e = _disagreement(comm, x, mean)
+            worst = 0.0
+            for _ in range(steps):
+                ex.step()
+                e_next = _disagreement(comm, x, mean)
+                if e > 1e-7 * e0:       # above rounding noise: the bound must hold
+                    worst = max(worst, e_next / e)
+                    assert e_next <= (sigma2 + tol) * e, (name, e_next / e, sigma2)
+                e = e_next
+            assert e <= 1e-8 * e0, (name, e / e0, steps)
+            total = np.empty(n)
+            comm.Allreduce(x, total)
+            assert np.allclose(total / size, mean, rtol=0, atol=1e-9), name
+        report[name] = {"sigma2": sigma2, "worst_ratio": worst, "steps": steps,
+                        "final": e / e0}
+    return report
+
+
+def complete_equals_allreduce(comm, n=4097):
+    """One step on the complete graph equals MPI_Allreduce averaging to rounding."""
+    x = np.random.default_rng(comm.rank).standard_normal(n)
+    y = x.copy()
+    with asapmpi.Exchange(x, graph="complete", comm=comm) as ex:
+        ex.step()
+    with asapmpi.Exchange(y, sync="allreduce", comm=comm) as ey:
+        assert ey.stats == {} and ey.in_neighbours != []
+        ey.step()
+    np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-14)
+    return {"max_diff": float(np.max(np.abs(x - y)))}
