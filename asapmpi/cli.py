@@ -1,4 +1,4 @@
-"""The asapmpi command line: `asapmpi demo`, `asapmpi bench core`.
+"""The asapmpi command line: `asapmpi demo`, `asapmpi graph`, `asapmpi bench core`.
 
 Commands that need several ranks launch them with mpiexec (`-n`), or, started inside an
 MPI job (mpiexec, srun), run on its ranks.  User mistakes give one line, no traceback.
@@ -16,7 +16,7 @@ MULTI_RANK = {"demo", "bench"}
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    from . import demo
+    from . import demo, graph_cli
     from .bench import core as bench_core
 
     parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser("demo", help="mix vectors across ranks with NOTIFY-ACK and report")
     ranks_options(p_demo)
     demo.add_arguments(p_demo)
+
+    p_graph = sub.add_parser("graph", help="a graph's degree, bytes on the wire, "
+                                           "connectivity and spectral gaps; --png draws it")
+    graph_cli.add_arguments(p_graph)
 
     p_bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
@@ -52,6 +56,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
+        if args.command == "graph":
+            from . import graph_cli
+
+            return graph_cli.run(args)
     except ConfigError as exc:
         print(f"asapmpi: error: {exc}", file=sys.stderr)
         return 2

@@ -59,3 +59,45 @@ def test_user_mistakes_are_one_line_without_traceback():
     assert proc.stderr.strip() == "asapmpi: error: -n must be at least 1, got 0"
     proc = asapmpi("bench", "core", "-n", "1", "--sizes", "4K")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_graph_list_names_every_graph():
+    from asapmpi.reduce import GRAPHS
+
+    proc = asapmpi("graph", "--list")
+    assert proc.returncode == 0
+    listed = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert listed == list(GRAPHS)
+
+
+def test_graph_report_and_png(tmp_path):
+    png = tmp_path / "g.png"
+    proc = asapmpi("graph", "root-expander", "-n", "25", "--model-size", "4M", "--png", str(png))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "graph root-expander on 25 ranks, 50 edges" in out
+    assert "8.39 MB by the busiest rank (2 x 4.19 MB)" in out
+    assert "strongly connected: yes   regular: yes   undirected: no" in out
+    assert "asap 1 - sigma2(P) = 0.1419" in out and "hop |l1(W)| - |l2(W)| = 0.1419" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_graph_from_file_and_unusable_weights(tmp_path):
+    from asapmpi.reduce import graph, save
+
+    path = save(graph("star", 6), tmp_path / "star.txt")
+    proc = asapmpi("graph", "--file", str(path), "--weights", "uniform")
+    assert proc.returncode == 0, proc.stderr
+    assert "graph star on 6 ranks" in proc.stdout
+    assert "not usable for training" in proc.stdout and "metropolis" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["graph", "nope", "-n", "3"], "asapmpi: error: unknown graph 'nope'"),
+    (["graph", "ring"], "asapmpi: error: pass the number of ranks with -n"),
+    (["graph", "double-ring", "-n", "5"], "asapmpi: error: double-ring needs an even number"),
+])
+def test_graph_mistakes_are_one_line(args, message):
+    proc = asapmpi(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
