@@ -24,7 +24,7 @@ from .errors import ConfigError, FreedError
 from .rc import rc
 from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
-from .reduce.user import graph_from
+from .reduce.user import graph_from, hosts_of
 from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
 from .sync import StepContext
 from .sync import policy as make_policy
@@ -146,15 +146,18 @@ def _same_everywhere(meta: List[Dict[str, Any]], key: str, what: str) -> None:
         raise ConfigError(f"every rank must pass the same {what}; got {per_rank}")
 
 
-def _global_graph(meta: List[Dict[str, Any]], size: int) -> Graph:
+def _global_graph(meta: List[Dict[str, Any]], comm: MPI.Comm) -> Graph:
     """The graph every rank agrees on, built identically on every rank."""
+    size = comm.Get_size()
     _same_everywhere(meta, "graph_kind", "kind of graph argument (name, Graph or lists)")
     kind = meta[0]["graph_kind"]
     if kind == "name":
         _same_everywhere(meta, "graph_key", "graph name")
         name = meta[0]["graph_key"]
         if name == "hierarchical":
-            return make_graph(name, size, hosts=[m["host"] for m in meta])
+            # every rank reached this line on the same gathered data: the collective
+            # shared-memory split below is entered by all ranks or by none
+            return make_graph(name, size, hosts=hosts_of(comm))
         return make_graph(name, size)
     if kind == "graph":
         _same_everywhere(meta, "graph_key", "graph (their edges differ)")
@@ -218,7 +221,7 @@ class Exchange:
     graph: a graph name ("root-expander", "ring", "complete", ...: asapmpi.reduce.GRAPHS),
         a Graph (asapmpi.graph(...), asapmpi.graph_from(...)), an edge list or adjacency
         matrix, or this rank's neighbours as {"in": [...], "out": [...]}.
-        "hierarchical" by name finds the hosts from the ranks' processor names.
+        "hierarchical" by name finds the hosts with MPI's shared-memory split.
     sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph) or "allreduce" (the same
         averaging by MPI_Allreduce over all ranks: the baseline; graph must be left out
         or "complete").
@@ -253,7 +256,7 @@ class Exchange:
         for key, what in (("dtype", "buffer dtype"), ("nbytes", "buffer size in bytes"),
                           ("sync", "sync policy"), ("checksum", "checksum option")):
             _same_everywhere(meta, key, what)
-        g = _global_graph(meta, size)
+        g = _global_graph(meta, comm)
         _check_connected(g)
         w = _global_weights(meta, g, local["matrix"])
 
@@ -285,7 +288,7 @@ class Exchange:
         out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                                "matrix": None}
         meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync,
-                "checksum": None, "host": MPI.Get_processor_name(), "graph_kind": None,
+                "checksum": None, "graph_kind": None,
                 "graph_key": None, "graph_name": None, "in": [], "out": [],
                 "weights_kind": None, "weights_key": None, "weights_row": None}
         try:

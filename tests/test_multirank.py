@@ -135,3 +135,8 @@ def test_consensus_converges_at_least_as_fast_as_sigma2(n, path):
 @pytest.mark.parametrize("path", PATHS)
 def test_complete_graph_step_equals_allreduce(path):
     run("complete_equals_allreduce", 4, path, timeout=120)
+
+
+def test_hierarchical_finds_hosts_by_shared_memory():
+    for res in run("hierarchical_hosts", 4, "shm", timeout=60):
+        assert res["hosts"] == [0, 0, 0, 0] and res["complete"]

@@ -376,3 +376,14 @@ def complete_equals_allreduce(comm, n=4097):
         ey.step()
     np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-14)
     return {"max_diff": float(np.max(np.abs(x - y)))}
+
+
+def hierarchical_hosts(comm):
+    """On one host the shared-memory split puts every rank on one host, so the
+    hierarchical graph by name is the complete graph."""
+    from asapmpi.reduce import hosts_of
+
+    hosts = hosts_of(comm)
+    with asapmpi.Exchange(np.zeros(8), graph="hierarchical", comm=comm) as ex:
+        complete = ex.graph == asapmpi.graph("complete", comm.size)
+    return {"hosts": hosts, "complete": complete}
