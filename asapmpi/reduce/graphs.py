@@ -107,25 +107,27 @@ class Graph:
         return f"Graph({self.name!r}, n={self.n}, edges={len(self.edges())})"
 
 
-def _undirected(n: int, pairs, name: str) -> Graph:
-    """A graph with both directions of every pair (self pairs dropped)."""
+def _from_pairs(n: int, pairs, name: str, both_ways: bool = False) -> Graph:
+    """A graph with the edges i -> j of `pairs` taken mod n (and j -> i if `both_ways`),
+    self pairs dropped."""
     outs = [set() for _ in range(n)]
     for a, b in pairs:
         i, j = a % n, b % n
         if i != j:
             outs[i].add(j)
-            outs[j].add(i)
+            if both_ways:
+                outs[j].add(i)
     return Graph(n, [sorted(o) for o in outs], name)
+
+
+def _undirected(n: int, pairs, name: str) -> Graph:
+    """A graph with both directions of every pair."""
+    return _from_pairs(n, pairs, name, both_ways=True)
 
 
 def _directed(n: int, pairs, name: str) -> Graph:
-    """A graph with the edges i -> j of `pairs` (taken mod n, self pairs dropped)."""
-    outs = [set() for _ in range(n)]
-    for a, b in pairs:
-        i, j = a % n, b % n
-        if i != j:
-            outs[i].add(j)
-    return Graph(n, [sorted(o) for o in outs], name)
+    """A graph with the edges i -> j of `pairs`."""
+    return _from_pairs(n, pairs, name)
 
 
 def complete(n: int) -> Graph:
