@@ -27,7 +27,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BASE_REQUIRES = ["mpi4py>=4.0", "numpy>=1.22"]
+BASE_REQUIRES = ["mpi4py>=4.0", "numpy>=1.22", "h5py>=3.0"]
 EMBEDDED_MPI_REQUIRES = ["mpich>=4.1,<6"]
 COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-std=gnu11"]
 

@@ -222,9 +222,11 @@ class Exchange:
         a Graph (asapmpi.graph(...), asapmpi.graph_from(...)), an edge list or adjacency
         matrix, or this rank's neighbours as {"in": [...], "out": [...]}.
         "hierarchical" by name finds the hosts with MPI's shared-memory split.
-    sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph) or "allreduce" (the same
-        averaging by MPI_Allreduce over all ranks: the baseline; graph must be left out
-        or "complete").
+    sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph); "bsp" and "async" (ASAP's
+        baselines: barrier, or no wait at all; whole versions only, renormalized);
+        "allreduce" (the same averaging by MPI_Allreduce over all ranks; graph must be
+        left out or "complete"); "notify_ack_ignore_acks" (deliberately broken, for the
+        consistency harness).
     comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
     weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
         ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
@@ -355,6 +357,14 @@ class Exchange:
             return {}
         return {r: dict(zip(_core.STATUS_NAMES, map(int, row)))
                 for r, row in zip(self.in_neighbours, win.stats)}
+
+    @property
+    def last_status(self) -> Dict[int, str]:
+        """{in-neighbour: consistent | torn | stale | ahead} of the last reduce."""
+        win = self._alive()
+        if win is None:
+            return {}
+        return {r: _core.STATUS_NAMES[s] for r, s in zip(self.in_neighbours, win.last_status())}
 
     @property
     def window(self):

@@ -502,11 +502,12 @@ cdef class SlotWindow:
             asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
             polls += 1
 
-    cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout):
+    cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout,
+                        bint at_least=False):
         waiting, expected, observed = [], [], []
         for i in range(n):
             value = asap_load_i64(self.base + self.wait_offs[i])
-            if value != self.wait_expected[i]:
+            if (value < self.wait_expected[i]) if at_least else (value != self.wait_expected[i]):
                 waiting.append(ranks[i])
                 expected.append(self.wait_expected[i])
                 observed.append(value)
@@ -514,8 +515,9 @@ cdef class SlotWindow:
             return  # everything arrived just as the time ran out: not a timeout
         raise NeighbourTimeoutError(self.rank, what, waiting, expected, observed, timeout)
 
-    def wait_notifies(self, int64_t version, double timeout):
-        """Wait until every in-neighbour published `version` in its notify word."""
+    def wait_notifies(self, int64_t version, double timeout, bint at_least=False):
+        """Wait until every in-neighbour published `version` in its notify word (or, with
+        at_least, any version >= it, read atomically: for writers that may run ahead)."""
         cdef int i
         cdef int r
         cdef Py_ssize_t slot
@@ -526,10 +528,10 @@ cdef class SlotWindow:
             self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
             self.wait_expected[i] = version
         with nogil:
-            r = self._wait_local(self.n_in, False, timeout)
+            r = self._wait_local(self.n_in, at_least, timeout)
         if r:
             self._raise_timeout(f"the notify of version {version}", self.n_in,
-                                self._in, timeout)
+                                self._in, timeout, at_least)
 
     def wait_acks(self, int64_t version, double timeout):
         """Wait until every out-neighbour acknowledged `version` (0: nothing to wait for)."""
@@ -546,6 +548,12 @@ cdef class SlotWindow:
         if r:
             self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
                                 timeout)
+
+    def barrier(self):
+        """MPI_Barrier on the window's communicator (the BSP baseline's global barrier)."""
+        self._check_alive()
+        with nogil:
+            CHKERR(MPI_Barrier(self.comm), "MPI_Barrier")
 
     def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
         """Wait until the local word at `disp`, read atomically, is >= `at_least`."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .allreduce import Allreduce
 from .base import Policy, StepContext
-from .notify_ack import NotifyAck
+from .baselines import BSP, Async
+from .notify_ack import NotifyAck, NotifyAckIgnoringAcks
 
-POLICIES = {NotifyAck.name: NotifyAck, Allreduce.name: Allreduce}
+POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Allreduce, NotifyAckIgnoringAcks)}
 
 
 def policy(name: str) -> Policy:
@@ -19,5 +20,6 @@ def policy(name: str) -> Policy:
 
 
 __all__ = [
-    "POLICIES", "Allreduce", "NotifyAck", "Policy", "StepContext", "policy",
+    "BSP", "POLICIES", "Allreduce", "Async", "NotifyAck", "NotifyAckIgnoringAcks", "Policy",
+    "StepContext", "policy",
 ]

@@ -36,3 +36,22 @@ class NotifyAck(Policy):
         win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
                    checksum=ctx.checksum, require_all=True)
         win.ack(version)
+
+
+class NotifyAckIgnoringAcks(NotifyAck):
+    """A DELIBERATELY BROKEN NOTIFY-ACK for the consistency harness: writers do not wait
+    for acks, so they may overwrite a slot while it is read.  Readers wait for a notify
+    of at least version k, read with the seqlock discipline and reduce the whole
+    version-k inputs they find, counting the rest (torn: caught by the checks; ahead:
+    already overwritten by k+1).  Never train with it."""
+
+    name = "notify_ack_ignore_acks"
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        win.put(buf, version, version, checksum=ctx.checksum)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        win.wait_notifies(version, ctx.timeout, at_least=True)
+        win.reduce(buf, ctx.w_self, ctx.weights, version, version, version, seqlock=True,
+                   checksum=ctx.checksum, renormalize=True)
+        win.ack(version)

@@ -1,0 +1,36 @@
+"""ASAP's baselines (section 6.2): BSP and ASYNC over the slot windows.
+
+Both write with the seqlock sequence (header, flush, payload, flush, footer, flush) so
+that a read overlapping a write is detected; both reduce only inputs that are whole
+versions, averaging over those (the weights of the inputs left out are spread over the
+rest).  What they cannot promise is that the inputs are the current version: that is
+what the consistency benchmark measures.
+"""
+from __future__ import annotations
+
+from .base import Policy, StepContext
+
+NEWEST = 1 << 62
+
+
+class BSP(Policy):
+    """Put, global barrier, reduce what is in the slots: only version k is reduced."""
+
+    name = "bsp"
+
+    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        win.put(buf, version, version, seqlock=True, notify=False, checksum=ctx.checksum)
+        win.barrier()
+        win.reduce(buf, ctx.w_self, ctx.weights, version, version, version, seqlock=True,
+                   checksum=ctx.checksum, renormalize=True)
+
+
+class Async(Policy):
+    """Put and reduce without waiting for anybody: any whole version is reduced."""
+
+    name = "async"
+
+    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        win.put(buf, version, version, seqlock=True, notify=False, checksum=ctx.checksum)
+        win.reduce(buf, ctx.w_self, ctx.weights, version, 1, NEWEST, seqlock=True,
+                   checksum=ctx.checksum, renormalize=True)
