@@ -17,6 +17,7 @@ MULTI_RANK = {"demo", "bench"}
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from . import demo, graph_cli
+    from .bench import consistency as bench_consistency
     from .bench import core as bench_core
 
     parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     ranks_options(p_core)
     p_core.set_defaults(ranks=2)
     bench_core.add_arguments(p_core)
+    p_cons = bench_sub.add_parser("consistency", help="ASAP Figure 8: consistent, torn, stale "
+                                                      "inputs per reduce for bsp, async, "
+                                                      "notify_ack")
+    ranks_options(p_cons)
+    p_cons.set_defaults(ranks=8)
+    bench_consistency.add_arguments(p_cons)
     return parser
 
 
@@ -82,6 +89,10 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
         demo.run(args)
         return 0
+    if args.bench == "consistency":
+        from .bench import consistency as bench_consistency
+
+        return bench_consistency.run(args)
     from .bench import core as bench_core
 
     return bench_core.run(args)
