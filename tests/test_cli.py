@@ -101,3 +101,26 @@ def test_graph_mistakes_are_one_line(args, message):
     proc = asapmpi(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.mpi
+def test_consistency_benchmark_outputs(tmp_path):
+    import h5py
+
+    js, h5, png = tmp_path / "c.json", tmp_path / "c.h5", tmp_path / "c.png"
+    proc = asapmpi("bench", "consistency", "-n", "4", "--graph", "complete", "--size", "64K",
+                   "--iters", "60", "--json", str(js), "--h5", str(h5), "--png", str(png),
+                   "--job-timeout", "300")
+    assert proc.returncode == 0, proc.stderr
+    assert "whole (untorn) inputs per reduce" in proc.stdout
+    data = json.loads(js.read_text())
+    assert set(data["policies"]) == {"bsp", "async", "notify_ack"}
+    na = data["policies"]["notify_ack"]
+    assert na["reduces"] == 4 * 60 and na["all_consistent_percent"] == 100.0
+    assert na["inputs"] == {"consistent": 4 * 60 * 3, "torn": 0, "stale": 0, "ahead": 0}
+    for policy in data["policies"].values():
+        assert abs(sum(policy["distribution_percent"]) - 100) < 1e-9
+    with h5py.File(h5) as f:
+        assert f["bsp/status"].shape == (4, 60, 3) and f["async/versions"].shape == (4, 60, 3)
+        assert f.attrs["graph"] == "complete"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -140,3 +140,26 @@ def test_complete_graph_step_equals_allreduce(path):
 def test_hierarchical_finds_hosts_by_shared_memory():
     for res in run("hierarchical_hosts", 4, "shm", timeout=60):
         assert res["hosts"] == [0, 0, 0, 0] and res["complete"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", SIZES)
+def test_policies_reduce_exactly_what_they_report(n, path):
+    results = run("policies_reduce_exactly_what_they_report", n, path, timeout=600)
+    totals = {}
+    for res in results:
+        for key, tally in res.items():
+            for status, count in tally.items():
+                totals.setdefault(key, {}).setdefault(status, 0)
+                totals[key][status] += count
+    for key, tally in totals.items():
+        if key.startswith("notify_ack"):
+            assert tally["torn"] == tally["stale"] == tally["ahead"] == 0, (key, tally)
+    print(totals)
+
+
+def test_broken_protocol_is_caught_on_the_network_path():
+    results = run("broken_protocol", 8, "net", timeout=600)
+    caught = sum(r["torn"] + r["ahead"] for r in results)
+    assert caught > 0, "writers that ignore acks overwrote nothing the checks could see"
+    print("caught:", caught, "of", sum(sum(r.values()) for r in results), "inputs")

@@ -387,3 +387,68 @@ def hierarchical_hosts(comm):
     with asapmpi.Exchange(np.zeros(8), graph="hierarchical", comm=comm) as ex:
         complete = ex.graph == asapmpi.graph("complete", comm.size)
     return {"hosts": hosts, "complete": complete}
+
+
+def policies_reduce_exactly_what_they_report(comm, iters=150, n=4096,
+                                             policies=("bsp", "async", "notify_ack"),
+                                             graphs=("ring", "complete")):
+    """For every policy and graph: the buffer after each step is exactly the renormalized
+    weighted mean of the versions the reduce reports it read (recomputed here in the
+    kernel's order), so no torn input was ever mixed in; statuses are counted; no policy
+    deadlocks on cyclic graphs."""
+    from asapmpi._core import CONSISTENT, TORN
+
+    rank = comm.rank
+    counts = {}
+    for sync in policies:
+        for name in graphs:
+            buf = np.zeros(n)
+            with asapmpi.Exchange(buf, graph=name, sync=sync, comm=comm, timeout=60) as ex:
+                win = ex.window
+                w_self = ex.weights[rank]
+                w_in = [ex.weights[r] for r in ex.in_neighbours]
+                tally = dict.fromkeys(("consistent", "torn", "stale", "ahead"), 0)
+                for k in range(1, iters + 1):
+                    own = rank * 1000.0 + k
+                    buf[:] = own
+                    ex.step()
+                    status, versions = win.last_status(), win.last_versions
+                    if sync == "notify_ack":
+                        assert all(s == CONSISTENT for s in status)
+                    used = [i for i, s in enumerate(status)
+                            if s != TORN and (sync == "async" or s == CONSISTENT)
+                            and versions[i] > 0]
+                    total_all = w_self
+                    for w in w_in:
+                        total_all += w
+                    total_used = w_self
+                    for i in used:
+                        total_used += w_in[i]
+                    scale = total_all / total_used
+                    expected = (w_self * scale) * own
+                    for i in used:
+                        expected = expected + (w_in[i] * scale) * (
+                            ex.in_neighbours[i] * 1000.0 + versions[i])
+                    assert np.all(buf == expected), (sync, name, k, buf[0], expected)
+                    for s in status:
+                        tally[asapmpi._core.STATUS_NAMES[s]] += 1
+                comm.Barrier()
+            counts[f"{sync}/{name}"] = tally
+    return counts
+
+
+def broken_protocol(comm, iters=300, n=1 << 15):
+    """Writers that ignore acks: the checks catch what they overwrite (torn or ahead),
+    and nothing torn is ever reduced (constant buffers stay constant)."""
+    buf = np.zeros(n)
+    with asapmpi.Exchange(buf, graph="complete", sync="notify_ack_ignore_acks", comm=comm,
+                          timeout=60) as ex:
+        tally = dict.fromkeys(("consistent", "torn", "stale", "ahead"), 0)
+        for k in range(1, iters + 1):
+            buf[:] = comm.rank * 1000.0 + k
+            ex.step()
+            assert np.all(buf == buf[0]), k
+            for s in ex.last_status.values():
+                tally[s] += 1
+        comm.Barrier()
+    return tally
