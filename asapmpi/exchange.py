@@ -225,14 +225,16 @@ class Exchange:
     sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph); "bsp" and "async" (ASAP's
         baselines: barrier, or no wait at all; whole versions only, renormalized);
         "allreduce" (the same averaging by MPI_Allreduce over all ranks; graph must be
-        left out or "complete"); "notify_ack_ignore_acks" (deliberately broken, for the
-        consistency harness).
+        left out or "complete"); "hop" (Hop's update and token queues; options max_gap,
+        backup); "notify_ack_ignore_acks" (deliberately broken, for the consistency
+        harness).
     comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
     weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
         ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
         rank's {rank: weight} row.  The result must be doubly stochastic.
     timeout: seconds any wait on a neighbour may take (default asapmpi.rc.timeout).
     checksum: put a checksum of the payload in every slot footer and verify it.
+    options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
     rank: freeing is collective.
@@ -241,25 +243,27 @@ class Exchange:
     def __init__(self, buffer, graph: GraphSpec = "root-expander", sync: str = "notify_ack",
                  comm: Optional[MPI.Comm] = None, *,
                  weights: Union[str, Mapping[int, float], Any] = "auto",
-                 timeout: Optional[float] = None, checksum: bool = False):
+                 timeout: Optional[float] = None, checksum: bool = False, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
         self._win = None
         self._comm = None
-        local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, rank,
-                                    size)
+        local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, options,
+                                    rank, size)
         meta = comm.allgather(local["meta"])
         for r, m in enumerate(meta):
             if m["problem"]:
                 raise ConfigError(m["problem"] if r == rank
                                   else f"rank {r} was given bad input: {m['problem']}")
         for key, what in (("dtype", "buffer dtype"), ("nbytes", "buffer size in bytes"),
-                          ("sync", "sync policy"), ("checksum", "checksum option")):
+                          ("sync", "sync policy"), ("checksum", "checksum option"),
+                          ("options", "policy options")):
             _same_everywhere(meta, key, what)
         g = _global_graph(meta, comm)
         _check_connected(g)
+        local["policy"].validate(g, rank)
         w = _global_weights(meta, g, local["matrix"])
 
         self.buffer = buffer
@@ -278,24 +282,26 @@ class Exchange:
                                 self.timeout, bool(checksum))
         if self._policy.uses_window:
             self._win = self._make_window(comm)
+            self._policy.start()
         else:
             self._comm = comm.Dup()
             self._ctx.comm = self._comm
             self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
 
-    def _check_locally(self, buffer, graph, sync, weights, timeout, checksum, rank,
-                       size) -> Dict[str, Any]:
+    def _check_locally(self, buffer, graph, sync, weights, timeout, checksum, options,
+                       rank, size) -> Dict[str, Any]:
         """Every check that needs no communication; problems go into the allgather so
         that no rank leaves while the others wait in it."""
         out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                                "matrix": None}
-        meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync,
+        meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync, "options": None,
                 "checksum": None, "graph_kind": None,
                 "graph_key": None, "graph_name": None, "in": [], "out": [],
                 "weights_kind": None, "weights_key": None, "weights_row": None}
         try:
             out["dtype"], out["nbytes"] = _buffer_info(buffer)
-            out["policy"] = make_policy(sync)
+            out["policy"] = make_policy(sync, **options)
+            meta["options"] = repr(sorted(out["policy"].options().items()))
             if not out["policy"].uses_window and graph not in (None, "root-expander",
                                                                 "complete"):
                 raise ConfigError(f"sync={sync!r} averages over all ranks; leave graph out "
@@ -357,6 +363,12 @@ class Exchange:
             return {}
         return {r: dict(zip(_core.STATUS_NAMES, map(int, row)))
                 for r, row in zip(self.in_neighbours, win.stats)}
+
+    @property
+    def trace(self) -> Dict[str, np.ndarray]:
+        """The policy's iteration trace (hop: entry times "lo"/"hi" of iterations 1, 2,
+        ...; see asapmpi.trace), or {}."""
+        return getattr(self._policy, "trace", {})
 
     @property
     def last_status(self) -> Dict[int, str]:

@@ -104,6 +104,10 @@ BAD_INPUT = {
     "disconnected": "is not connected: rank 0's updates never reach rank(s) [2]",
     "not_doubly_stochastic": "use weights='metropolis'",
     "graph_name": "same graph name",
+    "hop_gap": "max_gap must be an integer >= 1, got 0",
+    "hop_backup": "backup=1 must be smaller than the smallest in-degree",
+    "hop_options_differ": "same policy options",
+    "hop_unknown_option": "has no option(s) named ['max_gapp']",
     "timeout": "timeout must be a number of seconds, got 'soon'",
 }
 
@@ -163,3 +167,29 @@ def test_broken_protocol_is_caught_on_the_network_path():
     caught = sum(r["torn"] + r["ahead"] for r in results)
     assert caught > 0, "writers that ignore acks overwrote nothing the checks could see"
     print("caught:", caught, "of", sum(sum(r.values()) for r in results), "inputs")
+
+
+HOP_SETTINGS = [(1, 0), (2, 0), (3, 1)]
+
+
+@pytest.mark.parametrize("max_gap, backup", HOP_SETTINGS)
+@pytest.mark.parametrize("graph", ["ring-based", "double-ring"])
+@pytest.mark.parametrize("n", [4, 8])
+def test_hop_keeps_the_gap_bounds_and_reduces_only_version_k(n, graph, max_gap, backup):
+    results = run("hop_runs", n, "shm", timeout=300, graph=graph, max_gap=max_gap,
+                  backup=backup)
+    rank0 = results[0]
+    assert rank0["violations"] == [], rank0["violations"][:3]
+    assert rank0["max_gap_to_out_neighbours"] <= max_gap
+    for res in results:
+        for counts in res["stats"].values():
+            assert counts["torn"] == 0 and counts["ahead"] == 0, counts
+            if not backup:
+                assert counts["stale"] == 0, counts
+
+
+@pytest.mark.parametrize("max_gap, backup", [(2, 0), (3, 1)])
+def test_hop_on_the_network_path(max_gap, backup):
+    rank0 = run("hop_runs", 8, "net", timeout=600, graph="ring-based", max_gap=max_gap,
+                backup=backup, iters=80)[0]
+    assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= max_gap

@@ -533,8 +533,9 @@ cdef class SlotWindow:
             self._raise_timeout(f"the notify of version {version}", self.n_in,
                                 self._in, timeout, at_least)
 
-    def wait_acks(self, int64_t version, double timeout):
-        """Wait until every out-neighbour acknowledged `version` (0: nothing to wait for)."""
+    def wait_acks(self, int64_t version, double timeout, bint at_least=False):
+        """Wait until every out-neighbour acknowledged `version` (0: nothing to wait for),
+        or, with at_least, wrote any value >= it (read atomically: Hop's tokens)."""
         cdef int j
         cdef int r
         self._check_alive()
@@ -544,10 +545,50 @@ cdef class SlotWindow:
             self.wait_offs[j] = self.off_ack + 8 * j
             self.wait_expected[j] = version
         with nogil:
-            r = self._wait_local(self.n_out, False, timeout)
+            r = self._wait_local(self.n_out, at_least, timeout)
         if r:
             self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
-                                timeout)
+                                timeout, at_least)
+
+    def wait_notifies_count(self, int64_t version, int min_count, double timeout):
+        """Wait until at least `min_count` in-neighbours published exactly `version`
+        (backup workers); return how many had when the wait ended."""
+        cdef int r = 0
+        cdef int got = 0
+        cdef Py_ssize_t slot
+        self._check_alive()
+        self._check_version(version)
+        if not 0 <= min_count <= self.n_in:
+            raise ConfigError(f"min_count {min_count} outside 0..{self.n_in}")
+        slot = version % self.depth
+        with nogil:
+            r = self._wait_count(version, slot, min_count, timeout, &got)
+        if r:
+            self._raise_timeout(f"the notify of version {version} (at least {min_count} of "
+                                f"{self.n_in})", self.n_in, self._in, timeout)
+        return got
+
+    cdef int _wait_count(self, int64_t version, Py_ssize_t slot, int min_count,
+                         double timeout, int *got) except -1 nogil:
+        cdef long polls = 0
+        cdef double t0 = asap_now()
+        cdef int i
+        for i in range(self.n_in):
+            self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
+            self.wait_expected[i] = version
+        while True:
+            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            got[0] = 0
+            for i in range(self.n_in):
+                if asap_load_i64(self.base + self.wait_offs[i]) == version:
+                    got[0] += 1
+            if got[0] >= min_count:
+                return 0
+            self._progress()
+            if asap_now() - t0 > timeout:
+                return 1
+            asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+            polls += 1
 
     def barrier(self):
         """MPI_Barrier on the window's communicator (the BSP baseline's global barrier)."""
@@ -605,7 +646,8 @@ cdef class SlotWindow:
 
     def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
                int64_t min_version, int64_t max_version, bint seqlock=False,
-               bint checksum=False, bint renormalize=False, bint require_all=False):
+               bint checksum=False, bint renormalize=False, bint require_all=False,
+               bint only_notified=False):
         """buf = w_self*buf + sum_i weights[i]*slot_i, over the usable inputs, in one pass.
 
         Reads slot `expected % depth` of every in-neighbour.  An input is usable when its
@@ -618,7 +660,9 @@ cdef class SlotWindow:
         whose header moved during the read raises ProtocolError (buf then holds that
         input's contribution: in ordered mode that check is best effort, a checksum is
         the full one).  require_all: if any input is not usable, raise ProtocolError
-        before buf is touched.  Returns the number of inputs reduced.
+        before buf is touched.  only_notified: inputs whose notify word for this slot is not
+        `expected` are not read at all (counted stale): their sender may be writing them.
+        Returns the number of inputs reduced.
         """
         cdef Py_buffer view
         cdef int r
@@ -638,7 +682,7 @@ cdef class SlotWindow:
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
                                  expected, min_version, max_version, seqlock, checksum,
-                                 renormalize, require_all)
+                                 renormalize, require_all, only_notified)
         finally:
             PyBuffer_Release(&view)
         if r == -1:
@@ -659,7 +703,7 @@ cdef class SlotWindow:
 
     cdef int _reduce(self, char *out, double w_self, const double *weights, int64_t expected,
                      int64_t min_version, int64_t max_version, bint seqlock, bint checksum,
-                     bint renormalize, bint require_all) except -2 nogil:
+                     bint renormalize, bint require_all, bint only_notified) except -2 nogil:
         cdef Py_ssize_t slot = expected % self.depth
         cdef int i, n_used, passes
         cdef int64_t h, f
@@ -671,6 +715,13 @@ cdef class SlotWindow:
         # to local loads (a memory barrier on MPICH)
         CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
         for i in range(self.n_in):
+            if only_notified and asap_load_i64(
+                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != expected:
+                # late: not complete, possibly being written; never read it
+                self.status[i] = STALE
+                self.used[i] = 0
+                self.seen_footer[i] = -1
+                continue
             hdr = self._slot(i, slot)
             ftr = hdr + HEADER_BYTES + self.payload_stride
             # seqlock reader: footer first, payload, header last (fences between).
@@ -778,7 +829,7 @@ cdef class SlotWindow:
         cdef int i
         for i in range(self.n_in):
             self._stats[i, self.status[i]] += 1
-            if self.status[i] != TORN:
+            if self.status[i] != TORN and self.seen_footer[i] >= 0:
                 self._last_version[i] = self.seen_footer[i]
 
     # ------------------------------------------------------------------ introspection

@@ -5,21 +5,27 @@ from ..errors import ConfigError
 from .allreduce import Allreduce
 from .base import Policy, StepContext
 from .baselines import BSP, Async
+from .hop import Hop
 from .notify_ack import NotifyAck, NotifyAckIgnoringAcks
 
-POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Allreduce, NotifyAckIgnoringAcks)}
+POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, NotifyAckIgnoringAcks)}
 
 
-def policy(name: str) -> Policy:
-    """Return a new policy object for `name`."""
+def policy(name: str, **options) -> Policy:
+    """Return a new policy object for `name` with its options."""
     try:
-        return POLICIES[name]()
-    except KeyError:
+        cls = POLICIES[name]
+    except (KeyError, TypeError):
         raise ConfigError(f"unknown sync policy {name!r}; choose one of "
                           f"{sorted(POLICIES)}") from None
+    try:
+        return cls(**options)
+    except TypeError:
+        raise ConfigError(f"sync policy {name!r} has no option(s) named "
+                          f"{sorted(options)}") from None
 
 
 __all__ = [
-    "BSP", "POLICIES", "Allreduce", "Async", "NotifyAck", "NotifyAckIgnoringAcks", "Policy",
-    "StepContext", "policy",
+    "BSP", "POLICIES", "Allreduce", "Async", "Hop", "NotifyAck", "NotifyAckIgnoringAcks",
+    "Policy", "StepContext", "policy",
 ]

@@ -31,6 +31,16 @@ class Policy:
     #: whether the policy exchanges through a slot window (else through ctx.comm)
     uses_window = True
 
+    def options(self) -> dict:
+        """The policy's options (compared across ranks at creation)."""
+        return {}
+
+    def validate(self, graph, rank: int) -> None:
+        """Refuse options that do not fit the graph (ConfigError); same on every rank."""
+
+    def start(self) -> None:
+        """Called once the window exists, before the first step."""
+
     def step(self, win, buf, version: int, ctx: StepContext) -> None:
         """Run step `version` (1, 2, ...): send `buf`, reduce into it, advance."""
         raise NotImplementedError

@@ -239,6 +239,14 @@ def bad_input(comm, case):
         kwargs.update(graph="star", weights="uniform")
     elif case == "graph_name":
         kwargs["graph"] = "ring" if rank else "complete"
+    elif case == "hop_gap":
+        kwargs.update(sync="hop", max_gap=0 if rank == 2 else 1)
+    elif case == "hop_backup":
+        kwargs.update(sync="hop", backup=1)            # the ring's in-degree is 1
+    elif case == "hop_options_differ":
+        kwargs.update(sync="hop", max_gap=1 + (rank == 1))
+    elif case == "hop_unknown_option":
+        kwargs.update(sync="hop", max_gapp=2)
     elif case == "timeout":
         kwargs["timeout"] = "soon" if rank == 1 else 10
     else:
@@ -452,3 +460,65 @@ def broken_protocol(comm, iters=300, n=1 << 15):
                 tally[s] += 1
         comm.Barrier()
     return tally
+
+
+def _exact_reduce(ex, own, status, versions, accept):
+    """What the reduce must have produced: the renormalized weighted mean, in the
+    kernel's order, of the inputs `accept(status, version)` admits (constant buffers:
+    rank r's buffer of version v holds r*1000 + v)."""
+    w_self = ex.weights[ex.rank]
+    w_in = [ex.weights[r] for r in ex.in_neighbours]
+    used = [i for i, (s, v) in enumerate(zip(status, versions)) if accept(s, v)]
+    total_all = w_self
+    for w in w_in:
+        total_all += w
+    total_used = w_self
+    for i in used:
+        total_used += w_in[i]
+    scale = total_all / total_used
+    expected = (w_self * scale) * own
+    for i in used:
+        expected = expected + (w_in[i] * scale) * (ex.in_neighbours[i] * 1000.0 + versions[i])
+    return expected
+
+
+def hop_runs(comm, graph, max_gap, backup, iters=150, slow_rank=0, slow_factor=4.0,
+             base_s=0.0004, seed=0):
+    """Hop with random slowdown (6x with probability 1/n, Hop section 7) and one rank
+    deterministically slower: the buffer after every step is exactly the mean of the
+    version-k inputs the reduce reports; the traces keep Theorem 2 / Table 1."""
+    from asapmpi import trace
+    from asapmpi._core import CONSISTENT
+
+    rank, size = comm.rank, comm.size
+    rng = np.random.default_rng([seed, rank])
+    buf = np.zeros(2048)
+    with asapmpi.Exchange(buf, graph=graph, sync="hop", comm=comm, timeout=60,
+                          max_gap=max_gap, backup=backup) as ex:
+        win = ex.window
+        for k in range(1, iters + 1):
+            factor = (6.0 if rng.random() < 1.0 / size else 1.0) * (
+                slow_factor if rank == slow_rank else 1.0)
+            time.sleep(base_s * factor)
+            own = rank * 1000.0 + k
+            buf[:] = own
+            ex.step()
+            status, versions = win.last_status(), win.last_versions
+            if not backup:
+                assert all(s == CONSISTENT for s in status), (k, status)
+            expected = _exact_reduce(ex, own, status, versions,
+                                     lambda s, v, k=k: s == CONSISTENT and v == k)
+            assert np.all(buf == expected), (k, buf[0], expected)
+        stats = ex.stats
+        tr = ex.trace
+        comm.Barrier()
+    traces = comm.gather(tr, root=0)
+    result = {"stats": {str(r): c for r, c in stats.items()}}
+    if rank == 0:
+        g = asapmpi.graph(graph, size)
+        bounds = trace.gap_bounds(g, "backup" if backup else "tokens", max_gap=max_gap)
+        gaps = trace.max_gaps(traces)
+        result["violations"] = trace.check_gaps(traces, bounds)
+        result["max_gap_to_out_neighbours"] = int(max(
+            gaps[i, j] for i in range(size) for j in g.out_neighbours(i)))
+    return result
