@@ -345,8 +345,9 @@ class Exchange:
     def step(self) -> None:
         """Send the buffer to the out-neighbours and reduce the in-neighbours' into it."""
         win = self._alive()
-        self._policy.step(win, self.buffer, self.version + 1, self._ctx)
-        self.version += 1
+        done = self._policy.step(win, self.buffer, self.version + 1, self._ctx)
+        # a policy that skips iterations (hop) reports the last one it completed
+        self.version = self.version + 1 if done is None else done
 
     @property
     def weights(self) -> Dict[int, float]:

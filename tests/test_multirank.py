@@ -169,27 +169,38 @@ def test_broken_protocol_is_caught_on_the_network_path():
     print("caught:", caught, "of", sum(sum(r.values()) for r in results), "inputs")
 
 
-HOP_SETTINGS = [(1, 0), (2, 0), (3, 1)]
+HOP_SETTINGS = {
+    "standard-gap1": {"max_gap": 1},
+    "standard-gap2": {"max_gap": 2},
+    "backup1": {"max_gap": 3, "backup": 1},
+    "staleness2-eq2": {"max_gap": 3, "staleness": 2},
+    "staleness2-uniform": {"max_gap": 2, "staleness": 2, "staleness_weights": "uniform"},
+    "backup1-skip10": {"max_gap": 3, "backup": 1, "skip_trigger": 2, "max_jump": 10},
+    "staleness2-skip2": {"max_gap": 3, "staleness": 2, "skip_trigger": 2, "max_jump": 2},
+}
 
 
-@pytest.mark.parametrize("max_gap, backup", HOP_SETTINGS)
+@pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
 @pytest.mark.parametrize("graph", ["ring-based", "double-ring"])
 @pytest.mark.parametrize("n", [4, 8])
-def test_hop_keeps_the_gap_bounds_and_reduces_only_version_k(n, graph, max_gap, backup):
-    results = run("hop_runs", n, "shm", timeout=300, graph=graph, max_gap=max_gap,
-                  backup=backup)
+def test_hop_keeps_the_gap_bounds_and_reduces_exactly(n, graph, setting):
+    options = HOP_SETTINGS[setting]
+    results = run("hop_runs", n, "shm", timeout=300, graph=graph, options=options)
     rank0 = results[0]
     assert rank0["violations"] == [], rank0["violations"][:3]
-    assert rank0["max_gap_to_out_neighbours"] <= max_gap
+    assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"]
     for res in results:
         for counts in res["stats"].values():
             assert counts["torn"] == 0 and counts["ahead"] == 0, counts
-            if not backup:
-                assert counts["stale"] == 0, counts
+    if "skip" in setting:
+        assert results[0]["jumps"] > 0, "the 4x slower rank 0 never skipped"
 
 
-@pytest.mark.parametrize("max_gap, backup", [(2, 0), (3, 1)])
-def test_hop_on_the_network_path(max_gap, backup):
-    rank0 = run("hop_runs", 8, "net", timeout=600, graph="ring-based", max_gap=max_gap,
-                backup=backup, iters=80)[0]
-    assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= max_gap
+@pytest.mark.parametrize("setting", ["standard-gap2", "backup1", "staleness2-eq2",
+                                     "backup1-skip10"])
+def test_hop_on_the_network_path(setting):
+    options = HOP_SETTINGS[setting]
+    rank0 = run("hop_runs", 8, "net", timeout=600, graph="ring-based", options=options,
+                iters=80)[0]
+    assert rank0["violations"] == []
+    assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"]

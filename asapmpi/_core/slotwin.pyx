@@ -89,6 +89,9 @@ cdef class SlotWindow:
     cdef uint64_t *seen_cksum
     cdef int *used
     cdef int *status
+    cdef int64_t *exp_v
+    cdef int *skip
+    cdef readonly long long suppressed
     cdef int64_t[:, ::1] _stats
     cdef int64_t[::1] _last_version
     cdef object _stats_array, _last_array
@@ -205,8 +208,10 @@ cdef class SlotWindow:
         self.seen_cksum = <uint64_t *>calloc(n, sizeof(uint64_t))
         self.used = <int *>calloc(n, sizeof(int))
         self.status = <int *>calloc(n, sizeof(int))
+        self.exp_v = <int64_t *>calloc(n, sizeof(int64_t))
+        self.skip = <int *>calloc(m, sizeof(int))
         self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
-        if (self.sizes == NULL or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
+        if (self.sizes == NULL or self.exp_v == NULL or self.skip == NULL or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
                 or self.out_notify_disp == NULL or self.in_ack_disp == NULL
                 or self.wait_offs == NULL or self.wait_expected == NULL or self.ins == NULL
                 or self.ws_f64 == NULL or self.ws_f32 == NULL or self.cks == NULL
@@ -230,6 +235,8 @@ cdef class SlotWindow:
         free(self.seen_cksum); self.seen_cksum = NULL
         free(self.used); self.used = NULL
         free(self.status); self.status = NULL
+        free(self.exp_v); self.exp_v = NULL
+        free(self.skip); self.skip = NULL
         free(self.own_copy); self.own_copy = NULL
         free(self.sizes); self.sizes = NULL
 
@@ -298,13 +305,17 @@ cdef class SlotWindow:
     # ------------------------------------------------------------------ writing
 
     def put(self, buf, int64_t version, int64_t iteration=0, bint seqlock=False,
-            bint checksum=False, bint notify=True, double tear=0.0):
+            bint checksum=False, bint notify=True, double tear=0.0,
+            int64_t suppress_if_acked=0):
         """Write `buf` as `version` into slot `version % depth` of every out-neighbour.
 
         Ordered mode: header, payload and footer, one flush, then the notify word.
         seqlock: header, flush, payload, flush, footer, flush, so a concurrent reader can
         tell a read that overlapped this write.  `tear` in (0, 1) is for tests: write the
         header and that fraction of the payload, flush, and stop (no footer, no notify).
+        suppress_if_acked > 0: skip every out-neighbour whose ack word (read atomically)
+        is already >= it (Hop 6.2: it can no longer use this update); counted in
+        `suppressed`.
         """
         cdef Py_buffer view
         self._check_alive()
@@ -319,10 +330,22 @@ cdef class SlotWindow:
                                   f"{self.nbytes}; pass a buffer of the size the Exchange "
                                   f"was created with")
             with nogil:
+                self._mark_suppressed(suppress_if_acked)
                 self._put(<const char *>view.buf, version, iteration, seqlock, checksum,
                           notify, tear)
         finally:
             PyBuffer_Release(&view)
+
+    cdef int _mark_suppressed(self, int64_t threshold) except -1 nogil:
+        cdef int j
+        for j in range(self.n_out):
+            self.skip[j] = 0
+            if threshold > 0:
+                self._fetch(self.rank, self.off_ack + 8 * j)
+                if self.word_in >= threshold:
+                    self.skip[j] = 1
+                    self.suppressed += 1
+        return 0
 
     cdef int _put(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
                   bint checksum, bint notify, double tear) except -1 nogil:
@@ -339,12 +362,16 @@ cdef class SlotWindow:
         self.ftr[0] = version
         self.ftr[1] = <int64_t>asap_checksum(src, self.nbytes) if checksum else 0
         for j in range(self.n_out):
+            if self.skip[j]:
+                continue
             d = self.out_slot_disp[j] + slot * self.slot_stride
             CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
                            self.win), "MPI_Put")
         if seqlock or tear > 0.0:
             self._flush_all(b"MPI_Win_flush_all after the header put", version, self.out_desc)
         for j in range(self.n_out):
+            if self.skip[j]:
+                continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
             self._put_bytes(src, payload, self._out[j], d)
         if seqlock or tear > 0.0:
@@ -352,6 +379,8 @@ cdef class SlotWindow:
         if tear > 0.0:
             return 0
         for j in range(self.n_out):
+            if self.skip[j]:
+                continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES + self.payload_stride
             CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self._out[j], d, 2, MPI_INT64_T,
                            self.win), "MPI_Put")
@@ -392,6 +421,8 @@ cdef class SlotWindow:
         cdef int j
         self.word_out = version
         for j in range(self.n_out):
+            if self.skip[j]:
+                continue
             CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._out[j],
                                   self.out_notify_disp[j] + 8 * slot, 1, MPI_INT64_T,
                                   MPI_REPLACE, self.win), "MPI_Accumulate")
@@ -403,6 +434,7 @@ cdef class SlotWindow:
         self._check_alive()
         self._check_version(version)
         with nogil:
+            self._mark_suppressed(0)
             self._notify(version, version % self.depth)
 
     def ack(self, int64_t version):
@@ -610,6 +642,12 @@ cdef class SlotWindow:
             raise NeighbourTimeoutError(self.rank, f"word at offset {disp} to reach {at_least}",
                                         [who], [at_least], [self.local_word(disp)], timeout)
 
+    def ack_offset(self, int out_index):
+        """Offset of the word out-neighbour `out_index` writes (acks, Hop's progress)."""
+        if not 0 <= out_index < self.n_out:
+            raise ConfigError(f"out-neighbour index {out_index} outside 0..{self.n_out - 1}")
+        return self.off_ack + 8 * out_index
+
     def local_word(self, Py_ssize_t disp):
         """Atomic load of the int64 word at `disp` in this rank's own window."""
         self._check_alive()
@@ -665,7 +703,7 @@ cdef class SlotWindow:
         Returns the number of inputs reduced.
         """
         cdef Py_buffer view
-        cdef int r
+        cdef int r, i
         self._check_alive()
         self._check_version(expected)
         if weights.shape[0] != self.n_in:
@@ -679,9 +717,11 @@ cdef class SlotWindow:
                 self.own_copy = <char *>malloc(max(self.nbytes, 1))
                 if self.own_copy == NULL:
                     raise MemoryError()
+            for i in range(self.n_in):
+                self.exp_v[i] = expected
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
-                                 expected, min_version, max_version, seqlock, checksum,
+                                 min_version, max_version, False, seqlock, checksum,
                                  renormalize, require_all, only_notified)
         finally:
             PyBuffer_Release(&view)
@@ -698,13 +738,93 @@ cdef class SlotWindow:
                                 f"the buffer is unchanged (a peer broke the protocol)")
         return r
 
+    def reduce_versions(self, buf, double w_self, double[::1] weights not None,
+                        int64_t[::1] versions not None, bint checksum=False):
+        """buf = w_self*buf + sum_i weights[i]*(version versions[i] of in-neighbour i),
+        each input verified (header == footer == its version); versions[i] <= 0 skips
+        input i.  Weights are used as given.  Inputs that fail are dropped and the reduce
+        recomputed (a copy of buf is kept).  Returns the number of inputs reduced."""
+        cdef Py_buffer view
+        cdef int r, i
+        self._check_alive()
+        if weights.shape[0] != self.n_in or versions.shape[0] != self.n_in:
+            raise ConfigError(f"need {self.n_in} weights and versions, got "
+                              f"{weights.shape[0]} and {versions.shape[0]}")
+        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
+                                  f"{self.nbytes}")
+            if self.own_copy == NULL:
+                self.own_copy = <char *>malloc(max(self.nbytes, 1))
+                if self.own_copy == NULL:
+                    raise MemoryError()
+            for i in range(self.n_in):
+                self.exp_v[i] = versions[i]
+            with nogil:
+                r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
+                                 0, 0, True, True, checksum, False, False, False)
+        finally:
+            PyBuffer_Release(&view)
+        return r
+
+    def wait_newest(self, int64_t at_most, int64_t at_least, double timeout):
+        """Wait until every in-neighbour has a completed version in [at_least, at_most]
+        (Hop's bounded staleness: block only on neighbours with nothing recent enough);
+        return the newest such version per in-neighbour."""
+        cdef long polls = 0
+        cdef double t0
+        cdef bint done
+        cdef int i
+        self._check_alive()
+        t0 = asap_now()
+        while True:
+            versions = self.newest_versions(at_most)
+            if self.n_in == 0 or versions.min() >= at_least:
+                return versions
+            with nogil:
+                self._progress()
+                done = asap_now() - t0 > timeout
+                if not done:
+                    asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+            polls += 1
+            if done:
+                late = [i for i in range(self.n_in) if versions[i] < at_least]
+                raise NeighbourTimeoutError(
+                    self.rank, f"an update of version >= {at_least}",
+                    [self._in[i] for i in late], [at_least] * len(late),
+                    [int(versions[i]) for i in late], timeout)
+
+    def newest_versions(self, int64_t at_most):
+        """Per in-neighbour, the newest version <= at_most whose write completed (its
+        notify word, read atomically over all `depth` slots); 0 if none."""
+        cdef int i, s
+        cdef int64_t best
+        self._check_alive()
+        out = np.zeros(self.n_in, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        with nogil:
+            for i in range(self.n_in):
+                best = 0
+                for s in range(self.depth):
+                    self._fetch(self.rank, self.off_notify + 8 * (i * self.depth + s))
+                    if best < self.word_in <= at_most:
+                        best = self.word_in
+                o[i] = best
+        return out
+
     cdef inline char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
         return self.base + self.off_slots + (i * self.depth + slot) * self.slot_stride
 
-    cdef int _reduce(self, char *out, double w_self, const double *weights, int64_t expected,
-                     int64_t min_version, int64_t max_version, bint seqlock, bint checksum,
-                     bint renormalize, bint require_all, bint only_notified) except -2 nogil:
-        cdef Py_ssize_t slot = expected % self.depth
+    cdef int _reduce(self, char *out, double w_self, const double *weights,
+                     int64_t min_version, int64_t max_version, bint exact_each, bint seqlock,
+                     bint checksum, bint renormalize, bint require_all,
+                     bint only_notified) except -2 nogil:
+        # self.exp_v[i]: the version expected from in-neighbour i (its slot is
+        # exp_v[i] % depth).  exact_each: input i is usable only as exactly exp_v[i] > 0;
+        # else any whole version in [min_version, max_version].
+        cdef Py_ssize_t slot
+        cdef int64_t expected
         cdef int i, n_used, passes
         cdef int64_t h, f
         cdef char *hdr
@@ -715,8 +835,10 @@ cdef class SlotWindow:
         # to local loads (a memory barrier on MPICH)
         CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
         for i in range(self.n_in):
-            if only_notified and asap_load_i64(
-                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != expected:
+            expected = self.exp_v[i]
+            slot = expected % self.depth
+            if (exact_each and expected <= 0) or (only_notified and asap_load_i64(
+                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != expected):
                 # late: not complete, possibly being written; never read it
                 self.status[i] = STALE
                 self.used[i] = 0
@@ -737,7 +859,10 @@ cdef class SlotWindow:
                 self.status[i] = STALE
             else:
                 self.status[i] = AHEAD
-            self.used[i] = h == f and min_version <= f <= max_version
+            if exact_each:
+                self.used[i] = h == f and f == expected
+            else:
+                self.used[i] = h == f and min_version <= f <= max_version
         if require_all:
             for i in range(self.n_in):
                 if not self.used[i]:
@@ -752,14 +877,14 @@ cdef class SlotWindow:
         passes = 0
         while True:
             asap_fence()
-            n_used = self._fused_pass(out, own, w_self, weights, slot, checksum, renormalize)
+            n_used = self._fused_pass(out, own, w_self, weights, checksum, renormalize)
             asap_fence()
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             changed = False
             for i in range(self.n_in):
                 if not self.used[i]:
                     continue
-                hdr = self._slot(i, slot)
+                hdr = self._slot(i, self.exp_v[i] % self.depth)
                 if (asap_load_i64(hdr) != self.seen_footer[i]
                         or (checksum and self.seen_cksum[i] != 0
                             and asap_cksum_final(&self.cks[i], self.nbytes) != self.seen_cksum[i])):
@@ -776,7 +901,7 @@ cdef class SlotWindow:
         return n_used
 
     cdef int _fused_pass(self, char *out, const char *own, double w_self, const double *weights,
-                         Py_ssize_t slot, bint checksum, bint renormalize) noexcept nogil:
+                         bint checksum, bint renormalize) noexcept nogil:
         cdef int i, k = 0
         cdef double total_all = w_self, total_used = w_self, scale = 1.0
         for i in range(self.n_in):
@@ -787,7 +912,7 @@ cdef class SlotWindow:
             scale = total_all / total_used
         for i in range(self.n_in):
             if self.used[i]:
-                self.ins[k] = self._slot(i, slot) + HEADER_BYTES
+                self.ins[k] = self._slot(i, self.exp_v[i] % self.depth) + HEADER_BYTES
                 self.ws_f64[k] = weights[i] * scale
                 self.ws_f32[k] = <float>(weights[i] * scale)
                 k += 1

@@ -38,24 +38,65 @@ from .base import Policy, StepContext
 
 
 class Hop(Policy):
-    """Hop's queue-based protocol: options max_gap (>= 1, default 2) and backup (>= 0)."""
+    """Hop's queue-based protocol.
+
+    Options: max_gap (>= 1, default 2): the token bound on Iter(i) - Iter(j) for every
+    out-neighbour j; backup (>= 0): backup workers; staleness (None or >= 0): bounded
+    staleness s; staleness_weights ("hop": eq. (2), or "uniform": the graph's weights
+    renormalized); skip_trigger (None or >= 1): jump ahead when at least this many
+    iterations behind every out-neighbour; max_jump (>= 1): the longest jump;
+    suppress_late (default True): do not send an update its receiver can no longer use.
+    """
 
     name = "hop"
 
-    def __init__(self, max_gap: int = 2, backup: int = 0):
-        for label, value, low in (("max_gap", max_gap, 1), ("backup", backup, 0)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ConfigError(f"hop option {label} must be an integer >= {low}, got "
-                                  f"{value!r}")
-        self.max_gap = int(max_gap)
-        self.backup = int(backup)
-        self.depth = self.max_gap + 1
+    def __init__(self, max_gap: int = 2, backup: int = 0, staleness=None,
+                 staleness_weights: str = "hop", skip_trigger=None, max_jump: int = 1,
+                 suppress_late: bool = True):
+        _integer("max_gap", max_gap, 1)
+        _integer("backup", backup, 0)
+        _integer("max_jump", max_jump, 1)
+        if staleness is not None:
+            _integer("staleness", staleness, 0)
+        if skip_trigger is not None:
+            _integer("skip_trigger", skip_trigger, 1)
+        if staleness_weights not in ("hop", "uniform"):
+            raise ConfigError(f"hop option staleness_weights must be 'hop' or 'uniform', got "
+                              f"{staleness_weights!r}")
+        if backup and staleness is not None:
+            raise ConfigError("hop: choose backup workers or bounded staleness, not both")
+        if skip_trigger is not None and not (backup or staleness is not None):
+            raise ConfigError("hop: skipping iterations needs backup workers or staleness "
+                              "(the skipped updates are never sent, so standard receivers "
+                              "would wait for them)")
+        self.max_gap, self.backup = int(max_gap), int(backup)
+        self.staleness = None if staleness is None else int(staleness)
+        self.staleness_weights = staleness_weights
+        self.skip_trigger = None if skip_trigger is None else int(skip_trigger)
+        self.max_jump = int(max_jump)
+        self.suppress_late = bool(suppress_late)
+        # a reader may pick any version in [k - s, k] while senders run up to max_gap ahead
+        self.depth = self.max_gap + 1 + (self.staleness or 0)
+        self.jumps = 0
         self._lo = [0.0, 0.0]
         self._hi = [0.0, 0.0]
+        self._reduced = []
 
-    def options(self) -> Dict[str, int]:
+    def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""
-        return {"max_gap": self.max_gap, "backup": self.backup}
+        return {"max_gap": self.max_gap, "backup": self.backup, "staleness": self.staleness,
+                "staleness_weights": self.staleness_weights,
+                "skip_trigger": self.skip_trigger, "max_jump": self.max_jump,
+                "suppress_late": self.suppress_late}
+
+    @property
+    def setting(self) -> str:
+        """The row of Hop's Table 1 that bounds this run (all with token queues)."""
+        if self.backup:
+            return "backup"
+        if self.staleness is not None:
+            return "staleness"
+        return "tokens"
 
     def validate(self, graph, rank: int) -> None:
         """Refuse a backup count that leaves a rank nothing to wait for."""
@@ -67,28 +108,96 @@ class Hop(Policy):
 
     def start(self) -> None:
         """Iteration 1 is entered when the exchange is created."""
-        now = time.monotonic()
         self._lo = [0.0, float("-inf")]
-        self._hi = [0.0, now]
+        self._hi = [0.0, time.monotonic()]
+        self._reduced = []
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+    # ------------------------------------------------------------------ one iteration
+
+    def step(self, win, buf, version: int, ctx: StepContext) -> int:
         k = version
-        win.put(buf, k, k, checksum=ctx.checksum)                       # Send(k)
+        win.put(buf, k, k, checksum=ctx.checksum,
+                suppress_if_acked=self._useless_after(k) if self.suppress_late else 0)
+        self._receive_and_reduce(win, buf, k, ctx)
+        target = self._jump_target(win, k)
+        if target > k + 1:
+            # Hop section 5: renew the parameters with the updates of iteration target-1
+            self.jumps += 1
+            self._receive_and_reduce(win, buf, target - 1, ctx)
+        self._enter(win, target, ctx)
+        return target - 1
+
+    def _useless_after(self, k: int) -> int:
+        """An out-neighbour that completed this many iterations cannot use update k."""
         if self.backup:
-            win.wait_notifies_count(k, win.n_in - self.backup, ctx.timeout)
+            return k                        # it is past iteration k
+        if self.staleness is not None:
+            return k + self.staleness       # even k - s of its next iteration is past k
+        return 0                            # standard: it always waits for k
+
+    def _receive_and_reduce(self, win, buf, k: int, ctx: StepContext) -> None:
+        if self.staleness is not None:
+            versions = win.wait_newest(k, max(k - self.staleness, 1), ctx.timeout)
+            w_self, weights = self._staleness_weights(k, versions, ctx)
+            win.reduce_versions(buf, w_self, weights, versions, checksum=ctx.checksum)
         else:
-            win.wait_notifies(k, ctx.timeout)                           # Rec(k)
-        win.reduce(buf, ctx.w_self, ctx.weights, k, k, k, checksum=ctx.checksum,
-                   renormalize=self.backup > 0, require_all=self.backup == 0,
-                   only_notified=self.backup > 0)                        # Reduce
-        # enter k+1: a token from every out-neighbour, then one for every in-neighbour
-        self._lo.append(time.monotonic())
-        win.wait_acks(k - self.max_gap, ctx.timeout, at_least=True)
-        win.ack(k)
-        self._hi.append(time.monotonic())
+            if self.backup:
+                win.wait_notifies_count(k, win.n_in - self.backup, ctx.timeout)
+            else:
+                win.wait_notifies(k, ctx.timeout)
+            win.reduce(buf, ctx.w_self, ctx.weights, k, k, k, checksum=ctx.checksum,
+                       renormalize=self.backup > 0, require_all=self.backup == 0,
+                       only_notified=self.backup > 0)
+            versions = win.last_versions * (np.array(win.last_status()) == 0)
+        self._reduced.append((k, versions.copy()))
+
+    def _staleness_weights(self, k: int, versions: np.ndarray, ctx: StepContext):
+        """Hop eq. (2): weight Iter(u) - (k - s) + 1 for every satisfactory update, the
+        worker's own (iteration k) included; or the graph's weights renormalized."""
+        if self.staleness_weights == "hop":
+            raw_self = float(self.staleness + 1)
+            raw = np.where(versions > 0, versions - (k - self.staleness) + 1, 0).astype(float)
+        else:
+            raw_self = ctx.w_self
+            raw = np.where(versions > 0, ctx.weights, 0.0)
+        total = raw_self + raw.sum()
+        return raw_self / total, np.ascontiguousarray(raw / total)
+
+    def _jump_target(self, win, k: int) -> int:
+        """k + 1, or further when this worker trails all its out-neighbours by at least
+        skip_trigger iterations (Hop section 5); never past the slowest of them."""
+        if self.skip_trigger is None or win.n_out == 0:
+            return k + 1
+        completed = min(win.fetch_word(win.rank, win.ack_offset(j)) for j in range(win.n_out))
+        behind = completed + 1 - k            # Iter(j) - Iter(i) for the slowest j
+        if behind < self.skip_trigger:
+            return k + 1
+        return k + max(1, min(self.max_jump, behind))
+
+    def _enter(self, win, t: int, ctx: StepContext) -> None:
+        """Enter iteration t: a token from every out-neighbour (each has completed at
+        least t - 1 - max_gap iterations), then publish t - 1 completed iterations, which
+        gives every in-neighbour t - 1 - k0 tokens after a jump from k0."""
+        lo = time.monotonic()
+        win.wait_acks(t - 1 - self.max_gap, ctx.timeout, at_least=True)
+        win.ack(t - 1)
+        hi = time.monotonic()
+        while len(self._hi) - 1 < t:          # iterations jumped over are entered with t
+            self._lo.append(lo)
+            self._hi.append(hi)
 
     @property
     def trace(self) -> Dict[str, np.ndarray]:
         """Entry times of iterations 1, 2, ...: lo (before the token wait: the iteration
-        cannot have been entered earlier) and hi (after publishing: entered by then)."""
-        return {"lo": np.array(self._lo[1:]), "hi": np.array(self._hi[1:])}
+        cannot have been entered earlier) and hi (after publishing: entered by then);
+        `reduced`: per reduce, the iteration and the version used from each in-neighbour
+        (0 = none)."""
+        reduced = np.array([[k, *v] for k, v in self._reduced]) if self._reduced else \
+            np.zeros((0, 1), dtype=np.int64)
+        return {"lo": np.array(self._lo[1:]), "hi": np.array(self._hi[1:]),
+                "reduced": reduced}
+
+
+def _integer(label: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"hop option {label} must be an integer >= {low}, got {value!r}")

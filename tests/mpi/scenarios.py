@@ -482,41 +482,72 @@ def _exact_reduce(ex, own, status, versions, accept):
     return expected
 
 
-def hop_runs(comm, graph, max_gap, backup, iters=150, slow_rank=0, slow_factor=4.0,
-             base_s=0.0004, seed=0):
+def _replay_reduce(ex, own, k, versions):
+    """What a Hop reduce of iteration k that used `versions` (0 = none) must produce."""
+    policy = ex._policy
+    if policy.staleness is not None:
+        w_self, w_in = policy._staleness_weights(k, versions, ex._ctx)
+        scale = 1.0
+    else:
+        w_self = ex.weights[ex.rank]
+        w_in = [ex.weights[r] for r in ex.in_neighbours]
+        total_all = w_self
+        for w in w_in:
+            total_all += w
+        total_used = w_self
+        for w, v in zip(w_in, versions):
+            if v > 0:
+                total_used += w
+        scale = total_all / total_used
+    expected = (w_self * scale) * own
+    for r, w, v in zip(ex.in_neighbours, w_in, versions):
+        if v > 0:
+            expected = expected + (w * scale) * (r * 1000.0 + v)
+    return expected
+
+
+def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base_s=0.0004,
+             seed=0):
     """Hop with random slowdown (6x with probability 1/n, Hop section 7) and one rank
-    deterministically slower: the buffer after every step is exactly the mean of the
-    version-k inputs the reduce reports; the traces keep Theorem 2 / Table 1."""
+    deterministically slower: every reduce is replayed exactly from what it reports
+    (iteration, versions used, the setting's weights), versions used are within the
+    setting's window, and the traces keep Theorem 2 / Table 1."""
     from asapmpi import trace
-    from asapmpi._core import CONSISTENT
 
     rank, size = comm.rank, comm.size
     rng = np.random.default_rng([seed, rank])
     buf = np.zeros(2048)
     with asapmpi.Exchange(buf, graph=graph, sync="hop", comm=comm, timeout=60,
-                          max_gap=max_gap, backup=backup) as ex:
-        win = ex.window
-        for k in range(1, iters + 1):
+                          **options) as ex:
+        policy = ex._policy
+        while ex.version < iters:
             factor = (6.0 if rng.random() < 1.0 / size else 1.0) * (
                 slow_factor if rank == slow_rank else 1.0)
             time.sleep(base_s * factor)
-            own = rank * 1000.0 + k
-            buf[:] = own
+            k = ex.version + 1
+            expected = rank * 1000.0 + k
+            buf[:] = expected
+            before = len(policy._reduced)
             ex.step()
-            status, versions = win.last_status(), win.last_versions
-            if not backup:
-                assert all(s == CONSISTENT for s in status), (k, status)
-            expected = _exact_reduce(ex, own, status, versions,
-                                     lambda s, v, k=k: s == CONSISTENT and v == k)
+            for kk, versions in policy._reduced[before:]:
+                low = kk - (policy.staleness or 0)
+                assert all(v == 0 or low <= v <= kk for v in versions), (kk, versions)
+                if policy.staleness is None:
+                    assert all(v in (0, kk) for v in versions), (kk, versions)
+                if not policy.backup and policy.staleness is None:
+                    assert all(v == kk for v in versions), (kk, versions)
+                expected = _replay_reduce(ex, expected, kk, versions)
             assert np.all(buf == expected), (k, buf[0], expected)
         stats = ex.stats
         tr = ex.trace
+        jumps = policy.jumps
         comm.Barrier()
     traces = comm.gather(tr, root=0)
-    result = {"stats": {str(r): c for r, c in stats.items()}}
+    result = {"stats": {str(r): c for r, c in stats.items()}, "jumps": jumps}
     if rank == 0:
         g = asapmpi.graph(graph, size)
-        bounds = trace.gap_bounds(g, "backup" if backup else "tokens", max_gap=max_gap)
+        bounds = trace.gap_bounds(g, policy.setting, max_gap=policy.max_gap,
+                                  staleness=policy.staleness or 0)
         gaps = trace.max_gaps(traces)
         result["violations"] = trace.check_gaps(traces, bounds)
         result["max_gap_to_out_neighbours"] = int(max(
