@@ -17,11 +17,12 @@ from .errors import (
 from .exchange import Exchange
 from .rc import rc
 from .reduce import Graph, graph, graph_from, spectral_gap
+from .slowdown import Slowdown
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsapError", "ConfigError", "Exchange", "FreedError", "Graph", "MPIError",
-    "MPIMismatchError", "NeighbourTimeoutError", "ProtocolError", "__version__", "errors",
-    "graph", "graph_from", "rc", "spectral_gap",
+    "MPIMismatchError", "NeighbourTimeoutError", "ProtocolError", "Slowdown", "__version__",
+    "errors", "graph", "graph_from", "rc", "spectral_gap",
 ]

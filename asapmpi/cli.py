@@ -16,9 +16,10 @@ MULTI_RANK = {"demo", "bench"}
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    from . import demo, graph_cli
+    from . import demo, graph_cli, trace_cli
     from .bench import consistency as bench_consistency
     from .bench import core as bench_core
+    from .bench import stragglers as bench_stragglers
 
     parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "connectivity and spectral gaps; --png draws it")
     graph_cli.add_arguments(p_graph)
 
+    p_trace = sub.add_parser("trace", help="check or draw iteration traces of hop runs")
+    trace_cli.add_arguments(p_trace)
+
     p_bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
     p_core = bench_sub.add_parser("core", help="put, notify, verified reduce vs memcpy and "
@@ -52,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     ranks_options(p_cons)
     p_cons.set_defaults(ranks=8)
     bench_consistency.add_arguments(p_cons)
+    p_strag = bench_sub.add_parser("stragglers", help="Hop's straggler experiments: hop "
+                                                      "settings under random and "
+                                                      "deterministic slowdown")
+    ranks_options(p_strag)
+    p_strag.set_defaults(ranks=8)
+    bench_stragglers.add_arguments(p_strag)
     return parser
 
 
@@ -67,6 +77,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from . import graph_cli
 
             return graph_cli.run(args)
+        if args.command == "trace":
+            from . import trace_cli
+
+            return trace_cli.run(args)
     except ConfigError as exc:
         print(f"asapmpi: error: {exc}", file=sys.stderr)
         return 2
@@ -93,6 +107,10 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         from .bench import consistency as bench_consistency
 
         return bench_consistency.run(args)
+    if args.bench == "stragglers":
+        from .bench import stragglers as bench_stragglers
+
+        return bench_stragglers.run(args)
     from .bench import core as bench_core
 
     return bench_core.run(args)

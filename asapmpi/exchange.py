@@ -369,7 +369,10 @@ class Exchange:
     def trace(self) -> Dict[str, np.ndarray]:
         """The policy's iteration trace (hop: entry times "lo"/"hi" of iterations 1, 2,
         ...; see asapmpi.trace), or {}."""
-        return getattr(self._policy, "trace", {})
+        tr = getattr(self._policy, "trace", None)
+        if not tr:
+            return {}
+        return dict(tr, in_neighbours=np.array(self.in_neighbours, dtype=np.int64))
 
     @property
     def last_status(self) -> Dict[int, str]:

@@ -9,7 +9,7 @@ and reports a violation only if their difference exceeds the bound for (i, j).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -88,3 +88,103 @@ def max_gaps(traces: Sequence[Dict[str, np.ndarray]]) -> np.ndarray:
     surely = np.stack([np.searchsorted(t["hi"], instants, side="right") for t in traces])
     at_most = np.stack([np.searchsorted(t["lo"], instants, side="right") for t in traces])
     return (surely[:, None, :] - at_most[None, :, :]).max(axis=2)
+
+
+# ---------------------------------------------------------------------- files
+
+FORMAT = "asapmpi-trace-1"
+
+
+def save(path, exchange, comm=None, **attrs) -> None:
+    """Write every rank's trace of a Hop exchange to one HDF5 file (collective; rank 0
+    writes): per rank lo, hi (iteration entry times), reduced (per reduce: the iteration,
+    then the version used from each in-neighbour, 0 = none) and in_neighbours; the graph
+    and the policy's setting as attributes."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    policy = exchange._policy
+    gathered = comm.gather(exchange.trace, root=0)
+    if comm.Get_rank() != 0:
+        return
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"format": FORMAT, "ranks": len(gathered), "sync": policy.name,
+                        "setting": policy.setting, "max_gap": policy.max_gap,
+                        "staleness": -1 if policy.staleness is None else policy.staleness,
+                        "backup": policy.backup, **attrs})
+        f.create_dataset("graph_edges", data=np.array(exchange.graph.edges(), dtype=np.int64)
+                         .reshape(-1, 2))
+        for r, t in enumerate(gathered):
+            g = f.create_group(f"rank_{r}")
+            for key in ("lo", "hi", "reduced", "in_neighbours"):
+                g.create_dataset(key, data=t[key])
+
+
+def load(path) -> Dict:
+    """Read a trace file written by save()."""
+    import h5py
+
+    from .reduce.user import from_edges
+
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("format") != FORMAT:
+            raise ConfigError(f"{path} is not an asapmpi trace file")
+        n = int(f.attrs["ranks"])
+        traces = [{key: f[f"rank_{r}/{key}"][()] for key in ("lo", "hi", "reduced",
+                                                             "in_neighbours")}
+                  for r in range(n)]
+        staleness = int(f.attrs["staleness"])
+        return {"traces": traces, "graph": from_edges(f["graph_edges"][()].tolist(), n),
+                "setting": str(f.attrs["setting"]), "max_gap": int(f.attrs["max_gap"]),
+                "staleness": None if staleness < 0 else staleness}
+
+
+def window_violations(traces, setting: str, staleness: Optional[int] = None,
+                      limit: int = 20) -> List[Dict]:
+    """Updates reduced outside their allowed window: iteration k may use version k only
+    (tokens, backup), or any version in [k - s, k] (staleness)."""
+    found = []
+    for rank, t in enumerate(traces):
+        for row in np.asarray(t["reduced"]):
+            k, versions = int(row[0]), row[1:]
+            low = k - staleness if setting == "staleness" else k
+            for sender, v in zip(t["in_neighbours"], versions):
+                if v != 0 and not low <= v <= k:
+                    found.append({"rank": rank, "iteration": k, "sender": int(sender),
+                                  "version": int(v), "allowed": [low, k]})
+                    if len(found) >= limit:
+                        return found
+    return found
+
+
+def check_file(path) -> Dict:
+    """Check a trace file: the gap bounds of its setting, and the reduce windows."""
+    data = load(path)
+    bounds = gap_bounds(data["graph"], data["setting"], data["max_gap"],
+                        data["staleness"] or 0)
+    gaps = max_gaps(data["traces"])
+    g = data["graph"]
+    return {
+        "setting": data["setting"], "ranks": g.n,
+        "iterations": [len(t["hi"]) for t in data["traces"]],
+        "gap_violations": check_gaps(data["traces"], bounds),
+        "window_violations": window_violations(data["traces"], data["setting"],
+                                               data["staleness"]),
+        "max_gap_to_out_neighbours": int(max(
+            (gaps[i, j] for i in range(g.n) for j in g.out_neighbours(i)), default=0)),
+    }
+
+
+def plot(path, png) -> None:
+    """Draw iterations over time, one line per rank, from a trace file."""
+    from .plot.lines import line_chart
+
+    data = load(path)
+    start = min(float(t["hi"][0]) for t in data["traces"])
+    series = {f"rank {r}": (np.asarray(t["hi"]) - start, np.arange(1, len(t["hi"]) + 1))
+              for r, t in enumerate(data["traces"])}
+    line_chart(series, png, title=f"iterations over time ({data['setting']}, "
+                                  f"max_gap {data['max_gap']})",
+               xlabel="seconds", ylabel="iteration")

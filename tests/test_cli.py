@@ -124,3 +124,32 @@ def test_consistency_benchmark_outputs(tmp_path):
         assert f["bsp/status"].shape == (4, 60, 3) and f["async/versions"].shape == (4, 60, 3)
         assert f.attrs["graph"] == "complete"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mpi
+def test_stragglers_benchmark_and_trace_commands(tmp_path):
+    import h5py
+
+    traces, js = tmp_path / "traces", tmp_path / "s.json"
+    proc = asapmpi("bench", "stragglers", "-n", "4", "--iters", "25", "--compute-ms", "1",
+                   "--only", "none/standard,random6x/staleness5,det4x/backup1-skip10",
+                   "--trace-dir", str(traces), "--json", str(js), "--job-timeout", "300")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(js.read_text())["configurations"]
+    assert set(data) == {"none/standard", "random6x/staleness5", "det4x/backup1-skip10"}
+    assert all(r["trace_violations"] == 0 for r in data.values())
+    assert data["det4x/backup1-skip10"]["jumps"] > 0
+    files = sorted(str(p) for p in traces.glob("*.h5"))
+    assert len(files) == 3
+    check = asapmpi("trace", "check", *files)
+    assert check.returncode == 0 and check.stdout.count(": OK:") == 3, check.stdout
+    png = tmp_path / "t.png"
+    assert asapmpi("trace", "plot", files[0], "--png", str(png)).returncode == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # tamper: rank 0 "enters" every iteration at once, far ahead of everybody
+    with h5py.File(files[0], "r+") as f:
+        hi = f["rank_0/hi"][()]
+        f["rank_0/hi"][...] = hi[0]
+        f["rank_0/lo"][...] = hi[0]
+    bad = asapmpi("trace", "check", files[0])
+    assert bad.returncode == 1 and "VIOLATED" in bad.stdout, bad.stdout

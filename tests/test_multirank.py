@@ -204,3 +204,12 @@ def test_hop_on_the_network_path(setting):
                 iters=80)[0]
     assert rank0["violations"] == []
     assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"]
+
+
+@pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
+def test_hop_never_hangs_on_a_stopped_rank(setting):
+    results = run("hop_stopped_rank", 6, "shm", timeout=120, options=HOP_SETTINGS[setting])
+    assert results[0]["finished"]
+    others = results[1:]
+    assert all(r["finished"] or r["waited_for"] for r in others), others
+    assert any(r["waited_for"] and 0 in r["waited_for"] for r in others), others

@@ -553,3 +553,23 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
         result["max_gap_to_out_neighbours"] = int(max(
             gaps[i, j] for i in range(size) for j in g.out_neighbours(i)))
     return result
+
+
+def hop_stopped_rank(comm, options, iters=200, wait_timeout=1.5):
+    """Rank 0 stops after 3 iterations.  Every other rank either finishes or raises
+    NeighbourTimeoutError naming the ranks it waited for: nothing hangs."""
+    rank = comm.rank
+    buf = np.zeros(256)
+    outcome = {"finished": False, "waited_for": None}
+    with asapmpi.Exchange(buf, graph="ring-based", sync="hop", comm=comm,
+                          timeout=wait_timeout, **options) as ex:
+        try:
+            while ex.version < (3 if rank == 0 else iters):
+                ex.step()
+            outcome["finished"] = True
+        except NeighbourTimeoutError as exc:
+            outcome["waited_for"] = exc.ranks
+        if rank == 0:
+            time.sleep(wait_timeout * 3)      # silent, as if computing forever
+        comm.Barrier()
+    return outcome
