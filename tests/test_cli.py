@@ -153,3 +153,13 @@ def test_stragglers_benchmark_and_trace_commands(tmp_path):
         f["rank_0/lo"][...] = hi[0]
     bad = asapmpi("trace", "check", files[0])
     assert bad.returncode == 1 and "VIOLATED" in bad.stdout, bad.stdout
+
+
+@pytest.mark.mpi
+def test_notify_ack_trace_keeps_its_bound(tmp_path):
+    from mpilaunch import run
+
+    path = tmp_path / "na.h5"
+    run("notify_ack_trace", 4, "shm", timeout=120, trace_file=str(path))
+    check = asapmpi("trace", "check", str(path))
+    assert check.returncode == 0 and "setting notify_ack" in check.stdout, check.stdout

@@ -11,6 +11,10 @@ step k-1 only need the notifies of step k-1, which were all sent before anyone w
 """
 from __future__ import annotations
 
+import time
+
+import numpy as np
+
 from .base import Policy, StepContext
 
 
@@ -19,10 +23,31 @@ class NotifyAck(Policy):
 
     name = "notify_ack"
     depth = 1
+    # what asapmpi.trace needs to pick the bound of Hop's Table 1 for NOTIFY-ACK
+    setting = "notify_ack"
+    max_gap = 1
+    backup = 0
+    staleness = None
+
+    def start(self) -> None:
+        """Iteration 1 is entered when the exchange is created."""
+        self._lo, self._hi, self._reduced = [float("-inf")], [time.monotonic()], []
 
     def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        start = time.monotonic()
         self.send(win, buf, version, ctx)
         self.receive(win, buf, version, ctx)
+        # iteration k+1 cannot have begun before step k started, and has begun by now
+        self._lo.append(start)
+        self._hi.append(time.monotonic())
+        self._reduced.append([version] + [version] * win.n_in)
+
+    @property
+    def trace(self):
+        """Entry times of iterations 1, 2, ... and the versions reduced (asapmpi.trace)."""
+        return {"lo": np.array(self._lo), "hi": np.array(self._hi),
+                "reduced": np.array(self._reduced, dtype=np.int64).reshape(
+                    len(self._reduced), -1) if self._reduced else np.zeros((0, 1), np.int64)}
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 1-2: wait for the acks of version-1, then put and notify `version`."""
@@ -46,6 +71,15 @@ class NotifyAckIgnoringAcks(NotifyAck):
     already overwritten by k+1).  Never train with it."""
 
     name = "notify_ack_ignore_acks"
+    setting = None      # no bound holds for a broken protocol
+
+    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+        self.send(win, buf, version, ctx)
+        self.receive(win, buf, version, ctx)
+
+    @property
+    def trace(self):
+        return {}
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         win.put(buf, version, version, checksum=ctx.checksum)

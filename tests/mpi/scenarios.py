@@ -573,3 +573,18 @@ def hop_stopped_rank(comm, options, iters=200, wait_timeout=1.5):
             time.sleep(wait_timeout * 3)      # silent, as if computing forever
         comm.Barrier()
     return outcome
+
+
+def notify_ack_trace(comm, trace_file, iters=100):
+    """A NOTIFY-ACK run with random slowdown writes a trace that keeps its bound."""
+    from asapmpi import trace
+
+    slow = asapmpi.Slowdown("random", factor=6, probability=1 / comm.size, seed=2)
+    buf = np.zeros(512)
+    with asapmpi.Exchange(buf, graph="ring", comm=comm) as ex:
+        for k in range(1, iters + 1):
+            slow.compute(comm.rank, k, 0.0003)
+            ex.step()
+        trace.save(trace_file, ex, comm)
+        comm.Barrier()
+    return {}
