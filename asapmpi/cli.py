@@ -82,7 +82,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             return trace_cli.run(args)
     except ConfigError as exc:
-        print(f"asapmpi: error: {exc}", file=sys.stderr)
+        if _is_rank_zero():     # every rank raised the same error: say it once
+            print(f"asapmpi: error: {exc}", file=sys.stderr)
         return 2
     except AsapError as exc:
         print(f"asapmpi: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -98,6 +99,43 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
     if not inside_mpi_job():
         return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
+    try:
+        return _run_command(args)
+    except ConfigError:
+        raise       # raised by every rank alike, before any communication: no abort
+    except BaseException as exc:      # any failure must end the whole job
+        _abort_job(exc)
+        raise
+
+
+def _is_rank_zero() -> bool:
+    from .launch import inside_mpi_job
+
+    if not inside_mpi_job():
+        return True
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank() == 0
+
+
+def _abort_job(exc: BaseException) -> None:
+    """Report `exc` on this rank and end the whole job: the other ranks may be waiting
+    for this one in a collective or a one-sided wait."""
+    import traceback
+
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    if isinstance(exc, AsapError):
+        print(f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:
+        print(f"asapmpi: rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+    sys.stderr.flush()
+    if MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(1)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from . import demo
 

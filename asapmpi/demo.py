@@ -14,6 +14,8 @@ from mpi4py import MPI
 
 from .exchange import Exchange
 from .reduce.graphs import GRAPHS
+from .slowdown import KINDS, from_options
+from .sync import POLICIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +25,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=1 << 16,
                         help="float32 elements per buffer (default 65536)")
     parser.add_argument("--checksum", action="store_true", help="checksum every payload")
+    parser.add_argument("--sync", default="notify_ack",
+                        choices=[p for p in sorted(POLICIES) if p != "allreduce"])
+    hop = parser.add_argument_group("hop options (with --sync hop)")
+    hop.add_argument("--max-gap", type=int, help="token bound (default 2)")
+    hop.add_argument("--backup", type=int, help="backup workers")
+    hop.add_argument("--staleness", type=int, help="staleness bound s")
+    hop.add_argument("--skip-trigger", type=int, help="skip when this far behind")
+    hop.add_argument("--max-jump", type=int, help="longest skip")
+    slow = parser.add_argument_group("slowdown injection (Hop section 7)")
+    slow.add_argument("--slowdown", default="none", choices=KINDS)
+    slow.add_argument("--slow-factor", type=float, default=6.0)
+    slow.add_argument("--slow-probability", type=float, default=0.0,
+                      help="random: probability per iteration (default 1/n)")
+    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0],
+                      help="deterministic: the slowed ranks (default 0)")
+    slow.add_argument("--slow-seed", type=int, default=0)
+    slow.add_argument("--compute-ms", type=float, default=0.0,
+                      help="a compute phase of this many ms per step, slowed as asked")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="hop/notify_ack: write the iteration trace to HDF5")
 
 
 def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
@@ -32,20 +54,38 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
     mean = (size - 1) / 2
     report_every = max(1, args.steps // 5)
     say = print if rank == 0 else (lambda *a, **k: None)
-    with Exchange(buf, graph=args.graph, comm=comm, checksum=args.checksum) as ex:
+    options = {key: getattr(args, key) for key in
+               ("max_gap", "backup", "staleness", "skip_trigger", "max_jump")
+               if getattr(args, key, None) is not None}
+    slow = from_options(args.slowdown, args.slow_factor, args.slow_probability,
+                        args.slow_ranks, args.slow_seed, size)
+    with Exchange(buf, graph=args.graph, sync=args.sync, comm=comm, checksum=args.checksum,
+                  **options) as ex:
         say(f"asapmpi demo: {size} ranks, graph {args.graph}, sync {ex.sync}, "
             f"{args.size} float32 ({ex.nbytes / 1e6:.2f} MB) per rank, {args.steps} steps")
         say(f"  rank 0 receives from {ex.in_neighbours}, sends to {ex.out_neighbours}, "
             f"weights {ex.weights}")
         comm.Barrier()
         t0 = time.perf_counter()
-        for k in range(1, args.steps + 1):
+        steps = 0
+        # loop to an iteration count, not a step count: with skipping (hop) ranks take
+        # different numbers of steps; no collective inside the loop for the same reason
+        while ex.version < args.steps:
+            if args.compute_ms:
+                slow.compute(rank, ex.version + 1, args.compute_ms * 1e-3)
             ex.step()
-            if k % report_every == 0 or k == 1:
-                spread = comm.allreduce(float(np.abs(buf - mean).max()), op=MPI.MAX)
-                say(f"  step {k:5d}: max |x - global mean| = {spread:.3e}")
+            steps += 1
+            if steps % report_every == 0 or steps == 1:
+                say(f"  rank 0 at iteration {ex.version:5d}: max |x - global mean| on rank 0 "
+                    f"= {float(np.abs(buf - mean).max()):.3e}")
         elapsed = time.perf_counter() - t0
+        spread = comm.allreduce(float(np.abs(buf - mean).max()), op=MPI.MAX)
         stats = ex.stats
+        iterations = comm.gather(ex.version, root=0)
+        if args.trace:
+            from . import trace
+
+            trace.save(args.trace, ex, comm)
     totals = comm.gather(stats, root=0)
     times = comm.gather(elapsed, root=0)
     if rank != 0:
@@ -55,8 +95,14 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
         for c in per_rank.values():
             for key in counts:
                 counts[key] += c[key]
-    step_ms = 1e3 * max(times) / args.steps
+    step_ms = 1e3 * max(times) / args.steps   # per iteration reached
     say(f"  reads by all ranks: {counts['consistent']} consistent, {counts['torn']} torn, "
         f"{counts['stale']} stale, {counts['ahead']} ahead")
-    say(f"  {step_ms:.3f} ms per step (slowest rank), final spread {spread:.3e}")
+    say(f"  {step_ms:.3f} ms per iteration (slowest rank), final max |x - global mean| "
+        f"= {spread:.3e}")
+    if min(iterations) != max(iterations) or max(iterations) != args.steps:
+        say(f"  iterations reached per rank: {iterations} (skipping)")
+    if args.trace:
+        say(f"  trace written to {args.trace} (check it: asapmpi trace check "
+            f"{args.trace})")
     return {"counts": counts, "step_ms": step_ms, "spread": spread}

@@ -406,8 +406,13 @@ class Exchange:
     def __enter__(self) -> "Exchange":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.free()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # Freeing is collective.  While an exception propagates, the other ranks may be
+        # dead, waiting elsewhere or gone: freeing here could hang the job instead of
+        # letting the error end it.  The window is then left to MPI_Finalize or MPI_Abort
+        # (the asapmpi CLI aborts the job on any error).
+        if exc_type is None:
+            self.free()
 
     def __repr__(self):
         try:

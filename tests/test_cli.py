@@ -28,7 +28,7 @@ def test_demo_reaches_consensus_with_only_consistent_reads(network):
     out = proc.stdout
     assert "4 ranks, graph ring, sync notify_ack" in out
     assert "reads by all ranks: 240 consistent, 0 torn, 0 stale, 0 ahead" in out
-    final = float(out.rsplit("final spread", 1)[1].split()[0])
+    final = float(out.rsplit("final max |x - global mean| = ", 1)[1].split()[0])
     assert final < 1e-5
 
 
@@ -163,3 +163,28 @@ def test_notify_ack_trace_keeps_its_bound(tmp_path):
     run("notify_ack_trace", 4, "shm", timeout=120, trace_file=str(path))
     check = asapmpi("trace", "check", str(path))
     assert check.returncode == 0 and "setting notify_ack" in check.stdout, check.stdout
+
+
+@pytest.mark.mpi
+def test_demo_with_hop_skipping_slowdown_and_trace(tmp_path):
+    path = tmp_path / "demo.h5"
+    proc = asapmpi("demo", "-n", "4", "--graph", "ring-based", "--sync", "hop", "--max-gap",
+                   "3", "--backup", "1", "--skip-trigger", "1", "--max-jump", "10",
+                   "--slowdown", "deterministic", "--slow-factor", "4", "--compute-ms", "1",
+                   "--steps", "40", "--size", "1024", "--trace", str(path),
+                   "--job-timeout", "120")
+    assert proc.returncode == 0, proc.stderr
+    assert "0 torn" in proc.stdout
+    check = asapmpi("trace", "check", str(path))
+    assert check.returncode == 0, check.stdout
+
+
+@pytest.mark.mpi
+def test_demo_bad_hop_option_is_one_line_from_rank_zero():
+    proc = asapmpi("demo", "-n", "3", "--graph", "ring", "--sync", "hop", "--backup", "1",
+                   "--job-timeout", "60")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("asapmpi")]
+    assert lines == ["asapmpi: error: hop backup=1 must be smaller than the smallest "
+                     "in-degree of the graph (1): every rank must wait for at least one "
+                     "in-neighbour"], proc.stderr
