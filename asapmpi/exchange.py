@@ -267,6 +267,7 @@ class Exchange:
         w = _global_weights(meta, g, local["matrix"])
 
         self.buffer = buffer
+        self.comm = comm
         self.dtype, self.nbytes = local["dtype"], local["nbytes"]
         self.rank, self.size = rank, size
         self.graph = g

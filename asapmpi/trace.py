@@ -102,9 +102,10 @@ def save(path, exchange, comm=None, **attrs) -> None:
     and the policy's setting as attributes."""
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = exchange.comm if comm is None else comm
     policy = exchange._policy
-    gathered = comm.gather(exchange.trace, root=0)
+    # the times come from each host's monotonic clock: record where each rank ran
+    gathered = comm.gather(dict(exchange.trace, host=MPI.Get_processor_name()), root=0)
     if comm.Get_rank() != 0:
         return
     import h5py
@@ -116,6 +117,7 @@ def save(path, exchange, comm=None, **attrs) -> None:
                         "backup": policy.backup, **attrs})
         f.create_dataset("graph_edges", data=np.array(exchange.graph.edges(), dtype=np.int64)
                          .reshape(-1, 2))
+        f.attrs["hosts"] = ",".join(t["host"] for t in gathered)
         for r, t in enumerate(gathered):
             g = f.create_group(f"rank_{r}")
             for key in ("lo", "hi", "reduced", "in_neighbours"):
@@ -136,6 +138,11 @@ def load(path) -> Dict:
                                                              "in_neighbours")}
                   for r in range(n)]
         staleness = int(f.attrs["staleness"])
+        hosts = set(str(f.attrs.get("hosts", "")).split(","))
+        if len(hosts) > 1:
+            raise ConfigError(f"{path} spans {len(hosts)} hosts; iteration times come from "
+                              f"each host's own monotonic clock and cannot be compared "
+                              f"across hosts")
         return {"traces": traces, "graph": from_edges(f["graph_edges"][()].tolist(), n),
                 "setting": str(f.attrs["setting"]), "max_gap": int(f.attrs["max_gap"]),
                 "staleness": None if staleness < 0 else staleness}

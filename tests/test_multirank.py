@@ -196,6 +196,18 @@ def test_hop_keeps_the_gap_bounds_and_reduces_exactly(n, graph, setting):
         assert results[0]["jumps"] > 0, "the 4x slower rank 0 never skipped"
 
 
+def test_hop_skipping_on_a_directed_graph_does_not_deadlock():
+    # i -> i+1 and i -> i+4 on 6 ranks: out-neighbours can run further ahead than the
+    # in-neighbours a jump waits for (a jump of 4 once deadlocked here)
+    edges = [(i, (i + 1) % 6) for i in range(6)] + [(i, (i + 4) % 6) for i in range(6)]
+    options = {"max_gap": 2, "backup": 1, "skip_trigger": 4, "max_jump": 4,
+               "weights": "uniform"}
+    rank0 = run("hop_runs", 6, "shm", timeout=300, graph=edges, options=options,
+                iters=120)[0]
+    assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= 2
+    assert rank0["jumps"] > 0, "the slowed rank 0 never jumped"
+
+
 @pytest.mark.parametrize("setting", ["standard-gap2", "backup1", "staleness2-eq2",
                                      "backup1-skip10"])
 def test_hop_on_the_network_path(setting):

@@ -739,11 +739,13 @@ cdef class SlotWindow:
         return r
 
     def reduce_versions(self, buf, double w_self, double[::1] weights not None,
-                        int64_t[::1] versions not None, bint checksum=False):
+                        int64_t[::1] versions not None, bint checksum=False,
+                        bint renormalize=True):
         """buf = w_self*buf + sum_i weights[i]*(version versions[i] of in-neighbour i),
         each input verified (header == footer == its version); versions[i] <= 0 skips
-        input i.  Weights are used as given.  Inputs that fail are dropped and the reduce
-        recomputed (a copy of buf is kept).  Returns the number of inputs reduced."""
+        input i.  Inputs that fail are dropped and the reduce recomputed (a copy of buf is
+        kept), with the weights of the rest renormalized unless renormalize is false.
+        Returns the number of inputs reduced."""
         cdef Py_buffer view
         cdef int r, i
         self._check_alive()
@@ -763,7 +765,7 @@ cdef class SlotWindow:
                 self.exp_v[i] = versions[i]
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
-                                 0, 0, True, True, checksum, False, False, False)
+                                 0, 0, True, True, checksum, renormalize, False, False)
         finally:
             PyBuffer_Release(&view)
         return r

@@ -101,7 +101,7 @@ class Hop(Policy):
     def validate(self, graph, rank: int) -> None:
         """Refuse a backup count that leaves a rank nothing to wait for."""
         worst = min(graph.in_degree(r) for r in range(graph.n))
-        if graph.n > 1 and self.backup >= worst:
+        if self.backup and self.backup >= worst:
             raise ConfigError(f"hop backup={self.backup} must be smaller than the smallest "
                               f"in-degree of the graph ({worst}): every rank must wait for at "
                               f"least one in-neighbour")
@@ -139,6 +139,8 @@ class Hop(Policy):
         if self.staleness is not None:
             versions = win.wait_newest(k, max(k - self.staleness, 1), ctx.timeout)
             w_self, weights = self._staleness_weights(k, versions, ctx)
+            # an input that fails its check is dropped and the rest renormalized, which
+            # for eq. (2) equals recomputing it over the remaining inputs
             win.reduce_versions(buf, w_self, weights, versions, checksum=ctx.checksum)
         else:
             if self.backup:
@@ -148,7 +150,9 @@ class Hop(Policy):
             win.reduce(buf, ctx.w_self, ctx.weights, k, k, k, checksum=ctx.checksum,
                        renormalize=self.backup > 0, require_all=self.backup == 0,
                        only_notified=self.backup > 0)
-            versions = win.last_versions * (np.array(win.last_status()) == 0)
+        # record what the kernel verified it read: the footer version of every input it
+        # reduced (0 for the others)
+        versions = win.last_versions * (np.array(win.last_status()) == 0)
         self._reduced.append((k, versions.copy()))
 
     def _staleness_weights(self, k: int, versions: np.ndarray, ctx: StepContext):
@@ -172,7 +176,10 @@ class Hop(Policy):
         behind = completed + 1 - k            # Iter(j) - Iter(i) for the slowest j
         if behind < self.skip_trigger:
             return k + 1
-        return k + max(1, min(self.max_jump, behind))
+        # Rec(T-1) needs version T-1 from the in-neighbours, which cannot pass iteration
+        # k + max_gap before this worker publishes: on directed graphs the out-neighbours
+        # may be further ahead than that, so the jump is capped at max_gap + 1
+        return k + max(1, min(self.max_jump, behind, self.max_gap + 1))
 
     def _enter(self, win, t: int, ctx: StepContext) -> None:
         """Enter iteration t: a token from every out-neighbour (each has completed at

@@ -517,9 +517,12 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
     rank, size = comm.rank, comm.size
     rng = np.random.default_rng([seed, rank])
     buf = np.zeros(2048)
+    if not isinstance(graph, str):          # an edge list
+        graph = asapmpi.graph_from([tuple(e) for e in graph], n=size)
     with asapmpi.Exchange(buf, graph=graph, sync="hop", comm=comm, timeout=60,
                           **options) as ex:
         policy = ex._policy
+        g = ex.graph
         while ex.version < iters:
             factor = (6.0 if rng.random() < 1.0 / size else 1.0) * (
                 slow_factor if rank == slow_rank else 1.0)
@@ -545,7 +548,6 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
     traces = comm.gather(tr, root=0)
     result = {"stats": {str(r): c for r, c in stats.items()}, "jumps": jumps}
     if rank == 0:
-        g = asapmpi.graph(graph, size)
         bounds = trace.gap_bounds(g, policy.setting, max_gap=policy.max_gap,
                                   staleness=policy.staleness or 0)
         gaps = trace.max_gaps(traces)
