@@ -506,6 +506,16 @@ cdef class SlotWindow:
                "MPI_Iprobe")
         return 0
 
+    cdef int _idle(self, long *polls, double t0, double timeout) except -1 nogil:
+        """Between two unsuccessful polls: drive progress, then back off.  Returns 1 once
+        `timeout` seconds have passed since t0."""
+        self._progress()
+        if asap_now() - t0 > timeout:
+            return 1
+        asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us)
+        polls[0] += 1
+        return 0
+
     cdef int _wait_local(self, int n, bint at_least, double timeout) except -1 nogil:
         """Wait until each local word wait_offs[i] equals (or, atomically read, is at
         least) wait_expected[i].  Returns 0, or 1 on timeout."""
@@ -528,11 +538,8 @@ cdef class SlotWindow:
             if done:
                 CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
                 return 0
-            self._progress()
-            if asap_now() - t0 > timeout:
+            if self._idle(&polls, t0, timeout):
                 return 1
-            asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
-            polls += 1
 
     cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout,
                         bint at_least=False):
@@ -616,11 +623,8 @@ cdef class SlotWindow:
                     got[0] += 1
             if got[0] >= min_count:
                 return 0
-            self._progress()
-            if asap_now() - t0 > timeout:
+            if self._idle(&polls, t0, timeout):
                 return 1
-            asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
-            polls += 1
 
     def barrier(self):
         """MPI_Barrier on the window's communicator (the BSP baseline's global barrier)."""

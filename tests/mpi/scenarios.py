@@ -413,8 +413,6 @@ def policies_reduce_exactly_what_they_report(comm, iters=150, n=4096,
             buf = np.zeros(n)
             with asapmpi.Exchange(buf, graph=name, sync=sync, comm=comm, timeout=60) as ex:
                 win = ex.window
-                w_self = ex.weights[rank]
-                w_in = [ex.weights[r] for r in ex.in_neighbours]
                 tally = dict.fromkeys(("consistent", "torn", "stale", "ahead"), 0)
                 for k in range(1, iters + 1):
                     own = rank * 1000.0 + k
@@ -423,20 +421,10 @@ def policies_reduce_exactly_what_they_report(comm, iters=150, n=4096,
                     status, versions = win.last_status(), win.last_versions
                     if sync == "notify_ack":
                         assert all(s == CONSISTENT for s in status)
-                    used = [i for i, s in enumerate(status)
-                            if s != TORN and (sync == "async" or s == CONSISTENT)
-                            and versions[i] > 0]
-                    total_all = w_self
-                    for w in w_in:
-                        total_all += w
-                    total_used = w_self
-                    for i in used:
-                        total_used += w_in[i]
-                    scale = total_all / total_used
-                    expected = (w_self * scale) * own
-                    for i in used:
-                        expected = expected + (w_in[i] * scale) * (
-                            ex.in_neighbours[i] * 1000.0 + versions[i])
+                    expected = _exact_reduce(
+                        ex, own, status, versions,
+                        lambda s, v, sync=sync: s != TORN and v > 0 and (
+                            sync == "async" or s == CONSISTENT))
                     assert np.all(buf == expected), (sync, name, k, buf[0], expected)
                     for s in status:
                         tally[asapmpi._core.STATUS_NAMES[s]] += 1
