@@ -23,7 +23,7 @@ import subprocess
 import sys
 import sysconfig
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -197,7 +197,13 @@ def extensions():
     )
 
 
+# The PyTorch adapter lives in bindings/torch (the only code that imports torch) and is
+# installed as asapmpi.torch.
+PACKAGES = [*find_packages(include=["asapmpi", "asapmpi.*"]), "asapmpi.torch"]
+
 setup(
+    packages=PACKAGES,
+    package_dir={"asapmpi.torch": "bindings/torch"},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     install_requires=BASE_REQUIRES + (EMBEDDED_MPI_REQUIRES if EMBEDDED else []),

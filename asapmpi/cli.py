@@ -1,4 +1,4 @@
-"""The asapmpi command line: `asapmpi demo`, `asapmpi graph`, `asapmpi bench core`.
+"""The asapmpi command line: `asapmpi demo`, `asapmpi train`, `asapmpi graph`, `asapmpi bench`.
 
 Commands that need several ranks launch them with mpiexec (`-n`), or, started inside an
 MPI job (mpiexec, srun), run on its ranks.  User mistakes give one line, no traceback.
@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from .errors import AsapError, ConfigError
 
-MULTI_RANK = {"demo", "bench"}
+MULTI_RANK = {"demo", "bench", "train"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import consistency as bench_consistency
     from .bench import core as bench_core
     from .bench import stragglers as bench_stragglers
+    from .train import cli as train_cli
 
     parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -35,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser("demo", help="mix vectors across ranks with NOTIFY-ACK and report")
     ranks_options(p_demo)
     demo.add_arguments(p_demo)
+
+    p_train = sub.add_parser("train", help="train an SVM or a CNN across ranks; report "
+                                           "accuracy, time, bytes; --compare policies")
+    ranks_options(p_train)
+    train_cli.add_arguments(p_train)
 
     p_graph = sub.add_parser("graph", help="a graph's degree, bytes on the wire, "
                                            "connectivity and spectral gaps; --png draws it")
@@ -97,6 +103,10 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
+    if args.command == "train":
+        from .train import cli as train_cli
+
+        train_cli.configs(args)      # bad input fails here, before any rank starts
     if not inside_mpi_job():
         return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
     try:
@@ -136,6 +146,10 @@ def _abort_job(exc: BaseException) -> None:
 
 
 def _run_command(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        from .train import cli as train_cli
+
+        return train_cli.run(args)
     if args.command == "demo":
         from . import demo
 

@@ -275,7 +275,11 @@ class Exchange:
         self.out_neighbours = g.out_neighbours(rank)
         self.sync = sync
         self.timeout = local["timeout"]
-        self.version = 0
+        self.version = 0            # steps completed, earlier runs (load_state_dict) included
+        self._base = 0              # steps completed before this window existed
+        self._window_version = 0    # steps completed on this window (versions start at 1)
+        self._sending = False
+        self._carried = {"bytes_sent": 0, "wait_seconds": 0.0}
         self.mixing = w
         self._policy = local["policy"]
         self._ctx = StepContext(float(w[rank, rank]),
@@ -346,9 +350,90 @@ class Exchange:
     def step(self) -> None:
         """Send the buffer to the out-neighbours and reduce the in-neighbours' into it."""
         win = self._alive()
-        done = self._policy.step(win, self.buffer, self.version + 1, self._ctx)
+        if self._sending:
+            raise ConfigError("send() was called without its receive(); call receive() "
+                              "before step()")
+        self._advance(self._policy.step(win, self.buffer, self._window_version + 1,
+                                        self._ctx))
+
+    def send(self) -> None:
+        """The first half of step(): publish the buffer.  Until receive() the buffer may
+        be read (gradients computed on it: Hop's parallel computation graph) but not
+        written."""
+        win = self._alive()
+        if self._sending:
+            raise ConfigError("send() twice without receive(); call receive() first")
+        self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
+        self._sending = True
+
+    def receive(self) -> None:
+        """The second half of step(): wait for the neighbours, reduce into the buffer."""
+        win = self._alive()
+        if not self._sending:
+            raise ConfigError("receive() without send(); call send() first (or step())")
+        self._sending = False
+        self._advance(self._policy.receive(win, self.buffer, self._window_version + 1,
+                                           self._ctx))
+
+    def _advance(self, done: Optional[int]) -> None:
         # a policy that skips iterations (hop) reports the last one it completed
-        self.version = self.version + 1 if done is None else done
+        self._window_version = self._window_version + 1 if done is None else done
+        self.version = self._base + self._window_version
+
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes this rank has sent (slot headers, footers and control words not
+        counted).  sync="allreduce": 2(n-1)/n of the buffer per call, what a ring or
+        reduce-scatter + allgather all-reduce sends."""
+        win = self._alive()
+        if win is not None:
+            sent = win.bytes_put
+        else:
+            n = self.size
+            sent = self._policy.calls * (2 * (n - 1) * self.nbytes // n)
+        return self._carried["bytes_sent"] + int(sent)
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds this rank has spent waiting for its neighbours (backing off in waits
+        and barriers; sync="allreduce": inside MPI_Allreduce)."""
+        win = self._alive()
+        spent = win.wait_seconds if win is not None else self._policy.seconds
+        return self._carried["wait_seconds"] + float(spent)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint needs to continue this exchange: steps completed, traffic
+        and waiting so far, and what it was created with (checked on load)."""
+        return {"version": int(self.version), "sync": self.sync,
+                "options": dict(self._policy.options()), "size": self.size,
+                "graph": self.graph.name, "edges": [list(e) for e in self.graph.edges()],
+                "bytes_sent": self.bytes_sent, "wait_seconds": self.wait_seconds}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a state_dict() of an earlier run of the same configuration.
+        Every rank of a job must load the same step count, before its first step: the
+        new window starts empty, so the ranks restart its versions together."""
+        if self._window_version or self._sending:
+            raise ConfigError("load_state_dict() must come before the first step()")
+        for key, mine in (("sync", self.sync), ("size", self.size),
+                          ("options", dict(self._policy.options())),
+                          ("edges", [list(e) for e in self.graph.edges()])):
+            if key not in state:
+                raise ConfigError(f"exchange state has no {key!r}; pass what "
+                                  f"Exchange.state_dict() returned")
+            theirs = state[key]
+            if key == "options":
+                theirs = dict(theirs)
+            if theirs != mine:
+                shown = "graph" if key == "edges" else key
+                raise ConfigError(f"the checkpoint's exchange has {shown} "
+                                  f"{state.get('graph') if key == 'edges' else theirs!r}, "
+                                  f"this one {self.graph.name if key == 'edges' else mine!r}; "
+                                  f"resume with the configuration that wrote it")
+        self._base = int(state["version"])
+        self.version = self._base
+        self._carried = {"bytes_sent": int(state.get("bytes_sent", 0)),
+                         "wait_seconds": float(state.get("wait_seconds", 0.0))}
 
     @property
     def weights(self) -> Dict[int, float]:

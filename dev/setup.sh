@@ -16,7 +16,7 @@ fi
 
 # Rebuild only when a source file of the package changed.
 STAMP="$VENV/.asapmpi-build-stamp"
-HASH="$(cd "$ROOT" && find asapmpi setup.py pyproject.toml _build -type f \
+HASH="$(cd "$ROOT" && find asapmpi bindings setup.py pyproject.toml _build -type f \
         \( -name '*.py' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' -o -name '*.h' \
            -o -name '*.txt' -o -name '*.toml' \) ! -name '_build_config.py' -print0 \
         | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)"

@@ -92,6 +92,10 @@ cdef class SlotWindow:
     cdef int64_t *exp_v
     cdef int *skip
     cdef readonly long long suppressed
+    # traffic and idle time, for training reports: payload bytes put (headers, footers
+    # and control words excluded) and seconds spent backing off in waits and barriers
+    cdef readonly long long bytes_put
+    cdef readonly double wait_seconds
     cdef int64_t[:, ::1] _stats
     cdef int64_t[::1] _last_version
     cdef object _stats_array, _last_array
@@ -374,6 +378,7 @@ cdef class SlotWindow:
                 continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
             self._put_bytes(src, payload, self._out[j], d)
+            self.bytes_put += payload
         if seqlock or tear > 0.0:
             self._flush_all(b"MPI_Win_flush_all after the payload put", version, self.out_desc)
         if tear > 0.0:
@@ -509,11 +514,13 @@ cdef class SlotWindow:
     cdef int _idle(self, long *polls, double t0, double timeout) except -1 nogil:
         """Between two unsuccessful polls: drive progress, then back off.  Returns 1 once
         `timeout` seconds have passed since t0."""
+        cdef double t = asap_now()
         self._progress()
-        if asap_now() - t0 > timeout:
+        if t - t0 > timeout:
             return 1
         asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us)
         polls[0] += 1
+        self.wait_seconds += asap_now() - t
         return 0
 
     cdef int _wait_local(self, int n, bint at_least, double timeout) except -1 nogil:
@@ -628,9 +635,12 @@ cdef class SlotWindow:
 
     def barrier(self):
         """MPI_Barrier on the window's communicator (the BSP baseline's global barrier)."""
+        cdef double t
         self._check_alive()
         with nogil:
+            t = asap_now()
             CHKERR(MPI_Barrier(self.comm), "MPI_Barrier")
+            self.wait_seconds += asap_now() - t
 
     def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
         """Wait until the local word at `disp`, read atomically, is >= `at_least`."""
@@ -779,7 +789,7 @@ cdef class SlotWindow:
         (Hop's bounded staleness: block only on neighbours with nothing recent enough);
         return the newest such version per in-neighbour."""
         cdef long polls = 0
-        cdef double t0
+        cdef double t0, t
         cdef bint done
         cdef int i
         self._check_alive()
@@ -789,10 +799,12 @@ cdef class SlotWindow:
             if self.n_in == 0 or versions.min() >= at_least:
                 return versions
             with nogil:
+                t = asap_now()
                 self._progress()
-                done = asap_now() - t0 > timeout
+                done = t - t0 > timeout
                 if not done:
                     asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+                self.wait_seconds += asap_now() - t
             polls += 1
             if done:
                 late = [i for i in range(self.n_in) if versions[i] < at_least]

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Sequence, Union
 from .canvas import Canvas
 
 PALETTE = [(44, 105, 176), (237, 102, 93), (103, 191, 92), (255, 158, 74), (173, 139, 201),
-           (114, 158, 206)]
+           (114, 158, 206), (140, 86, 75), (227, 119, 194), (127, 127, 127), (188, 189, 34)]
 
 
 def bar_chart(categories: Sequence[str], series: Dict[str, Sequence[float]],

@@ -1,6 +1,8 @@
 """The all-reduce baseline: the same averaging as a complete graph, by MPI_Allreduce."""
 from __future__ import annotations
 
+import time
+
 from mpi4py import MPI
 
 from .base import Policy, StepContext
@@ -12,6 +14,17 @@ class Allreduce(Policy):
     name = "allreduce"
     uses_window = False
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+    def __init__(self):
+        self.calls = 0          # Allreduce calls, and seconds spent in them
+        self.seconds = 0.0
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Nothing to publish ahead: the collective moves the data in receive()."""
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Average the buffer over all ranks."""
+        t = time.perf_counter()
         ctx.comm.Allreduce(MPI.IN_PLACE, ctx.array, op=MPI.SUM)
+        self.seconds += time.perf_counter() - t
         ctx.array /= ctx.comm.Get_size()
+        self.calls += 1

@@ -41,6 +41,19 @@ class Policy:
     def start(self) -> None:
         """Called once the window exists, before the first step."""
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Run step `version` (1, 2, ...): send `buf`, reduce into it, advance."""
+    def step(self, win, buf, version: int, ctx: StepContext) -> Optional[int]:
+        """Run step `version` (1, 2, ...): send `buf`, reduce into it, advance.  Returns
+        the last iteration completed when it is not `version` (a jump), else None."""
+        self.send(win, buf, version, ctx)
+        return self.receive(win, buf, version, ctx)
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """The first half of a step: publish `buf` as `version`.  After it returns the
+        caller may read `buf` (compute gradients on it) but must not write it before
+        receive(): Hop's parallel computation graph (section 3.2)."""
+        raise NotImplementedError
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> Optional[int]:
+        """The second half of a step: wait for what `version` needs, reduce into `buf`,
+        advance.  Returns what step() returns."""
         raise NotImplementedError

@@ -18,8 +18,12 @@ class BSP(Policy):
 
     name = "bsp"
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Write version k with the seqlock sequence."""
         win.put(buf, version, version, seqlock=True, notify=False, checksum=ctx.checksum)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Barrier, then reduce the version-k inputs found whole."""
         win.barrier()
         win.reduce(buf, ctx.w_self, ctx.weights, version, version, version, seqlock=True,
                    checksum=ctx.checksum, renormalize=True)
@@ -30,7 +34,11 @@ class Async(Policy):
 
     name = "async"
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Write version k with the seqlock sequence."""
         win.put(buf, version, version, seqlock=True, notify=False, checksum=ctx.checksum)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Reduce whatever whole versions the slots hold, without waiting."""
         win.reduce(buf, ctx.w_self, ctx.weights, version, 1, NEWEST, seqlock=True,
                    checksum=ctx.checksum, renormalize=True)

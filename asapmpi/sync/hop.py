@@ -114,10 +114,15 @@ class Hop(Policy):
 
     # ------------------------------------------------------------------ one iteration
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> int:
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Send(k): the update of iteration k into slot k mod depth, with its notify."""
+        win.put(buf, version, version, checksum=ctx.checksum,
+                suppress_if_acked=self._useless_after(version) if self.suppress_late else 0)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> int:
+        """Rec(k) and Reduce, a jump when this worker trails (section 5), then the
+        tokens to enter the next iteration.  Returns the last iteration completed."""
         k = version
-        win.put(buf, k, k, checksum=ctx.checksum,
-                suppress_if_acked=self._useless_after(k) if self.suppress_late else 0)
         self._receive_and_reduce(win, buf, k, ctx)
         target = self._jump_target(win, k)
         if target > k + 1:

@@ -33,14 +33,6 @@ class NotifyAck(Policy):
         """Iteration 1 is entered when the exchange is created."""
         self._lo, self._hi, self._reduced = [float("-inf")], [time.monotonic()], []
 
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
-        start = time.monotonic()
-        self.send(win, buf, version, ctx)
-        self.receive(win, buf, version, ctx)
-        # iteration k+1 cannot have begun before step k started, and has begun by now
-        self._lo.append(start)
-        self._hi.append(time.monotonic())
-        self._reduced.append([version] + [version] * win.n_in)
 
     @property
     def trace(self):
@@ -51,6 +43,7 @@ class NotifyAck(Policy):
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 1-2: wait for the acks of version-1, then put and notify `version`."""
+        self._started = time.monotonic()
         win.wait_acks(version - 1, ctx.timeout)
         win.put(buf, version, version, checksum=ctx.checksum)
 
@@ -61,6 +54,10 @@ class NotifyAck(Policy):
         win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
                    checksum=ctx.checksum, require_all=True)
         win.ack(version)
+        # iteration k+1 cannot have begun before step k started, and has begun by now
+        self._lo.append(self._started)
+        self._hi.append(time.monotonic())
+        self._reduced.append([version] + [version] * win.n_in)
 
 
 class NotifyAckIgnoringAcks(NotifyAck):
@@ -72,10 +69,6 @@ class NotifyAckIgnoringAcks(NotifyAck):
 
     name = "notify_ack_ignore_acks"
     setting = None      # no bound holds for a broken protocol
-
-    def step(self, win, buf, version: int, ctx: StepContext) -> None:
-        self.send(win, buf, version, ctx)
-        self.receive(win, buf, version, ctx)
 
     @property
     def trace(self):

@@ -3,6 +3,7 @@
 A rank whose scenario raises prints its traceback and aborts the whole job, so the
 launcher sees a non-zero exit instead of the other ranks waiting forever.
 """
+import importlib
 import json
 import os
 import sys
@@ -19,7 +20,10 @@ def main() -> None:
     name, kwargs = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     comm = MPI.COMM_WORLD
     try:
-        result = getattr(scenarios, name)(comm, **kwargs)
+        # torch is imported only by the scenarios that train
+        module = importlib.import_module("torch_scenarios") if name.startswith("torch_") \
+            else scenarios
+        result = getattr(module, name)(comm, **kwargs)
     except BaseException:  # noqa: BLE001  (any failure must abort the whole job)
         sys.stderr.write(f"[rank {comm.rank}] scenario {name} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()

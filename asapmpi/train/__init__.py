@@ -1,0 +1,1 @@
+"""Training demos: datasets, models, the training loop, checkpoints and reports."""

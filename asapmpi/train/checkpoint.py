@@ -1,0 +1,124 @@
+"""Checkpoints in HDF5: one file per rank and iteration, written atomically.
+
+A checkpoint is a tree: dicts of dicts whose leaves are NumPy arrays, numbers, strings,
+booleans or None.  Dicts become HDF5 groups, arrays datasets, everything else
+attributes (JSON-encoded, so types survive), keys in a group keep their order.
+
+    ckpts = CheckpointDir("runs/svm/checkpoints/notify_ack", rank, keep=2)
+    ckpts.save(200, {"model": {...}, "iteration": 200, ...})
+    it = ckpts.latest_common(comm)          # newest iteration every rank has, or None
+    tree = ckpts.load(it)
+
+A killed job leaves at worst a temporary file behind (the rename is atomic), never a
+half-written checkpoint under its final name.  Ranks of an asynchronous job reach an
+iteration at different times: each keeps its last `keep` checkpoints, and a resume
+starts every rank from the newest iteration all of them saved.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional
+
+import h5py
+import numpy as np
+
+from ..errors import ConfigError
+
+_NAME = re.compile(r"^iter_(\d{9})\.h5$")
+_LEAF = "__value__"      # attribute holding a JSON leaf
+_KEYS = "__keys__"       # attribute holding a group's key order
+
+
+def _write(group: h5py.Group, tree: Dict[str, Any]) -> None:
+    keys = []
+    for raw, value in tree.items():
+        key = str(raw)
+        if "/" in key or key.startswith("__"):
+            raise ConfigError(f"checkpoint key {key!r} may not contain '/' or start with '__'")
+        keys.append(key)
+        if isinstance(value, dict):
+            _write(group.create_group(key), value)
+        elif isinstance(value, np.ndarray):
+            group.create_dataset(key, data=value)
+        else:
+            try:
+                group.create_group(key).attrs[_LEAF] = json.dumps(value)
+            except TypeError:
+                raise ConfigError(f"checkpoint entry {key!r} of type {type(value).__name__} "
+                                  f"is neither an array, a dict nor a JSON value") from None
+    group.attrs[_KEYS] = json.dumps(keys)
+
+
+def _read(group: h5py.Group) -> Any:
+    if _LEAF in group.attrs:
+        return json.loads(group.attrs[_LEAF])
+    out: Dict[str, Any] = {}
+    for key in json.loads(group.attrs[_KEYS]):
+        item = group[key]
+        out[key] = item[()] if isinstance(item, h5py.Dataset) else _read(item)
+    return out
+
+
+def save_tree(path: str, tree: Dict[str, Any]) -> None:
+    """Write `tree` to the HDF5 file `path` atomically (temporary file, then rename)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with h5py.File(tmp, "w") as f:
+        _write(f, tree)
+    os.replace(tmp, path)
+
+
+def load_tree(path: str) -> Dict[str, Any]:
+    """Read a tree written by save_tree."""
+    try:
+        with h5py.File(path, "r") as f:
+            return _read(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read checkpoint {path}: {exc}") from None
+
+
+class CheckpointDir:
+    """The checkpoints of one rank of one run: `root/rankNNNNN/iter_NNNNNNNNN.h5`."""
+
+    def __init__(self, root: str, rank: int, keep: int = 2):
+        if keep < 1:
+            raise ConfigError(f"keep at least one checkpoint, got keep={keep}")
+        self.root = root
+        self.rank = rank
+        self.keep = keep
+        self.folder = os.path.join(root, f"rank{rank:05d}")
+
+    def path(self, iteration: int) -> str:
+        """The file of this rank's checkpoint at `iteration`."""
+        return os.path.join(self.folder, f"iter_{iteration:09d}.h5")
+
+    def iterations(self) -> List[int]:
+        """Iterations this rank has checkpoints of, oldest first."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
+
+    def save(self, iteration: int, tree: Dict[str, Any]) -> str:
+        """Save `tree` as this rank's checkpoint at `iteration`; drop all but the newest
+        `keep`.  Returns the file written."""
+        os.makedirs(self.folder, exist_ok=True)
+        path = self.path(iteration)
+        save_tree(path, tree)
+        for old in self.iterations()[:-self.keep]:
+            os.remove(self.path(old))
+        return path
+
+    def load(self, iteration: int) -> Dict[str, Any]:
+        """This rank's checkpoint at `iteration`."""
+        return load_tree(self.path(iteration))
+
+    def latest_common(self, comm) -> Optional[int]:
+        """Collective: the newest iteration every rank of `comm` has a checkpoint of, or
+        None when some rank has none (or their sets do not meet)."""
+        mine = set(self.iterations())
+        every = comm.allgather(sorted(mine))
+        common = set(every[0]).intersection(*map(set, every[1:]))
+        return max(common) if common else None

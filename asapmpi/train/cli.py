@@ -1,0 +1,172 @@
+"""`asapmpi train svm|cnn`: the training demos from the command line.
+
+    asapmpi train svm -n 8 --sync notify_ack --graph root-expander
+    asapmpi train svm -n 8 --compare allreduce,bsp,async,notify_ack,hop:backup=1
+    asapmpi train cnn -n 4 --sync hop --hop max_gap=3 --hop backup=1 --json s.json
+
+Rank 0 shows a progress bar, then a summary (a table with --compare); every run's
+per-rank metrics go to OUT/metrics.h5, the convergence plot to OUT/convergence.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List
+
+from ..errors import ConfigError
+from ..reduce.graphs import GRAPHS
+from ..slowdown import KINDS
+from .config import DEFAULTS, MODELS, MODES, OPTIMIZERS, TRAINABLE, TrainConfig, _value, runs_from
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `asapmpi train`."""
+    parser.add_argument("model", choices=MODELS, help="svm: linear SVM with log loss; "
+                                                      "cnn: a small CNN on 8x8 digits")
+    parser.add_argument("--data", help="svm: 'synthetic-svm' (default) or a LIBSVM file "
+                                       "(RCV1, webspam, splice-site; .bz2/.gz/.xz read "
+                                       "as is); cnn: 'digits' (default, ships with "
+                                       "scikit-learn) or 'synthetic-images'")
+    parser.add_argument("--test-data", help="a LIBSVM test file (default: hold out 20%%)")
+    parser.add_argument("--sync", default="notify_ack", choices=TRAINABLE)
+    parser.add_argument("--graph", default="root-expander", choices=sorted(GRAPHS))
+    parser.add_argument("--hop", "--option", dest="options", action="append", default=[],
+                        metavar="OPTION=VALUE",
+                        help="a policy option, e.g. --hop backup=1 --hop max_gap=3")
+    parser.add_argument("--compare", metavar="RUN,RUN,...",
+                        help="run several configurations in turn and print a table; "
+                             "RUN = POLICY[@GRAPH][:OPTION=VALUE...], e.g. "
+                             "allreduce,notify_ack@ring,hop:backup=1")
+    parser.add_argument("--period", type=int, default=1,
+                        help="exchange every PERIOD optimizer steps (default 1)")
+    parser.add_argument("--mode", default="serial", choices=MODES,
+                        help="Hop 3.2 computation graph: serial (default) or parallel "
+                             "(send before computing)")
+    parser.add_argument("--iters", type=int, default=400, help="iterations (default 400)")
+    parser.add_argument("--batch-size", type=int, help="per rank (default 32)")
+    parser.add_argument("--lr", type=float, help="learning rate (svm: eta0 of Bottou's "
+                                                 f"schedule, default {DEFAULTS['svm']['lr']}; "
+                                                 f"cnn: default {DEFAULTS['cnn']['lr']})")
+    parser.add_argument("--lam", type=float, default=1e-4,
+                        help="svm: L2 regularization lambda (default 1e-4)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS,
+                        help="sgd (svm default), momentum (cnn default) or adam")
+    parser.add_argument("--eval-every", type=int, default=20,
+                        help="evaluate test accuracy every N iterations (default 20)")
+    parser.add_argument("--target", type=float,
+                        help="target test accuracy for time-to-target (svm "
+                             f"{DEFAULTS['svm']['target']}, cnn {DEFAULTS['cnn']['target']})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, help="seconds any wait on a neighbour "
+                                                      "may take")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: cores / ranks on the host)")
+    out = parser.add_argument_group("outputs and checkpoints")
+    out.add_argument("--out", default="asapmpi-runs",
+                     help="folder for metrics.h5, convergence.png and checkpoints "
+                          "(default ./asapmpi-runs)")
+    out.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+    out.add_argument("--png", metavar="FILE", help="convergence plot (default "
+                                                   "OUT/convergence.png)")
+    out.add_argument("--h5", metavar="FILE", help="metrics (default OUT/metrics.h5)")
+    out.add_argument("--checkpoint-every", type=int, default=0,
+                     help="checkpoint every K iterations (and always at the end)")
+    out.add_argument("--keep", type=int, default=2, help="checkpoints kept per rank")
+    out.add_argument("--resume", action="store_true",
+                     help="continue from the newest checkpoint every rank has")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    slow = parser.add_argument_group("slowdown injection (Hop section 7)")
+    slow.add_argument("--slowdown", default="none", choices=KINDS)
+    slow.add_argument("--slow-factor", type=float, default=6.0)
+    slow.add_argument("--slow-probability", type=float, default=0.0,
+                      help="random: probability per iteration (default 1/n)")
+    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0],
+                      help="deterministic: the slowed ranks (default 0)")
+    faults = parser.add_argument_group("fault injection (tests)")
+    faults.add_argument("--kill-rank", type=int, help="this rank kills itself (SIGKILL)")
+    faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
+
+
+def _options(pairs: List[str]) -> dict:
+    options = {}
+    for pair in pairs:
+        key, eq, val = pair.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--hop {pair!r} is not OPTION=VALUE (e.g. --hop backup=1)")
+        options[key.replace("-", "_")] = _value(val)
+    return options
+
+
+def configs(args: argparse.Namespace) -> List[TrainConfig]:
+    """The checked configuration of every run the command asks for (no MPI needed)."""
+    base = TrainConfig(
+        model=args.model, data=args.data, test_data=args.test_data, sync=args.sync,
+        graph=args.graph, policy_options=_options(args.options), period=args.period,
+        mode=args.mode, iters=args.iters, batch_size=args.batch_size, lr=args.lr,
+        lam=args.lam, optimizer=args.optimizer, eval_every=args.eval_every,
+        target=args.target, seed=args.seed, checkpoint_every=args.checkpoint_every,
+        keep=args.keep, out=args.out, resume=args.resume, timeout=args.timeout,
+        slowdown=args.slowdown, slow_factor=args.slow_factor,
+        slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
+        threads=args.threads, kill_rank=args.kill_rank, kill_at=args.kill_at)
+    if args.compare and args.options:
+        raise ConfigError("with --compare, put policy options in each run "
+                          "(hop:backup=1), not in --hop")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got "
+                          f"{args.timeout}")
+    return runs_from(base, args.compare)
+
+
+def _torch_trainer():
+    try:
+        from ..torch import trainer
+    except ImportError as exc:
+        if "torch" not in str(exc):
+            raise
+        raise ConfigError("the training demos need PyTorch: pip install 'asapmpi[train]' "
+                          "(CPU: pip install torch)") from None
+    return trainer
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every configuration on this job's ranks; rank 0 reports."""
+    from mpi4py import MPI
+
+    from . import report
+
+    runs = configs(args)
+    trainer = _torch_trainer()
+    comm = MPI.COMM_WORLD
+    results = []
+    for cfg in runs:
+        result = trainer.train(cfg, comm, progress=not args.no_progress)
+        if result is not None:
+            results.append(result)
+            _say_one(result.summary())
+    if comm.Get_rank() != 0:
+        return 0
+    summaries = [r.summary() for r in results]
+    h5 = args.h5 or os.path.join(args.out, "metrics.h5")
+    png = args.png or os.path.join(args.out, "convergence.png")
+    report.write_h5(h5, results)
+    report.plot(png, results, f"{args.model}: test accuracy, {comm.Get_size()} ranks")
+    if args.json:
+        doc = summaries[0] if len(summaries) == 1 else {"runs": summaries}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+    print(f"\n{report.table(summaries)}")
+    print(f"metrics: {h5}   plot: {png}" + (f"   summary: {args.json}" if args.json else ""))
+    sys.stdout.flush()
+    return 0
+
+
+def _say_one(s: dict) -> None:
+    reached = "not reached" if s["time_to_target_s"] is None else \
+        f"{s['time_to_target_s']:.2f} s"
+    print(f"{s['label']}: test accuracy {100 * s['final_test_accuracy']:.2f}% after "
+          f"{s['iterations']} iterations, {s['wall_time_s']:.2f} s, "
+          f"{s['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank; "
+          f"target {100 * s['target_accuracy']:.0f}%: {reached}", flush=True)

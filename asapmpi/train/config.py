@@ -1,0 +1,166 @@
+"""A training run's configuration, checked before any communication, and the run specs
+of --compare ("POLICY[@GRAPH][:OPTION=VALUE...]")."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import ConfigError
+from ..reduce.graphs import GRAPHS
+from ..sync import POLICIES
+from ..sync import policy as make_policy
+
+MODELS = ("svm", "cnn")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+MODES = ("serial", "parallel")
+#: what each demo trains on by default, and its learning rate and target accuracy
+DEFAULTS = {
+    "svm": {"data": "synthetic-svm", "lr": 0.5, "optimizer": "sgd", "target": 0.85,
+            "batch_size": 32},
+    "cnn": {"data": "digits", "lr": 0.05, "optimizer": "momentum", "target": 0.90,
+            "batch_size": 32},
+}
+#: policies a user may train with (the deliberately broken one is not among them)
+TRAINABLE = tuple(sorted(set(POLICIES) - {"notify_ack_ignore_acks"}))
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_run_spec(spec: str, default_graph: str) -> Tuple[str, str, Dict[str, Any], str]:
+    """"hop@ring:backup=1:max_gap=3" -> ("hop", "ring", {"backup": 1, "max_gap": 3},
+    label).  The graph defaults to `default_graph`."""
+    text = spec.strip()
+    if not text:
+        raise ConfigError("an empty run in --compare; write POLICY[@GRAPH][:OPTION=VALUE]")
+    head, *opts = text.split(":")
+    sync, _, graph = head.partition("@")
+    if sync not in TRAINABLE:
+        raise ConfigError(f"unknown sync policy {sync!r} in {spec!r}; choose one of "
+                          f"{list(TRAINABLE)}")
+    if graph and graph not in GRAPHS:
+        raise ConfigError(f"unknown graph {graph!r} in {spec!r}; choose one of "
+                          f"{sorted(GRAPHS)}")
+    options = {}
+    for opt in opts:
+        key, eq, val = opt.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"option {opt!r} in {spec!r} is not OPTION=VALUE")
+        options[key.replace("-", "_")] = _value(val)
+    return sync, graph or default_graph, options, text
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs (see `asapmpi train --help`)."""
+
+    model: str = "svm"
+    data: Optional[str] = None
+    test_data: Optional[str] = None
+    sync: str = "notify_ack"
+    graph: str = "root-expander"
+    policy_options: Dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+    period: int = 1
+    mode: str = "serial"
+    iters: int = 400
+    batch_size: Optional[int] = None
+    lr: Optional[float] = None
+    lam: float = 1e-4
+    optimizer: Optional[str] = None
+    eval_every: int = 20
+    target: Optional[float] = None
+    seed: int = 0
+    checkpoint_every: int = 0
+    keep: int = 2
+    out: str = "asapmpi-runs"
+    resume: bool = False
+    timeout: Optional[float] = None
+    slowdown: str = "none"
+    slow_factor: float = 6.0
+    slow_probability: float = 0.0
+    slow_ranks: Tuple[int, ...] = ()
+    threads: int = 0
+    kill_rank: Optional[int] = None
+    kill_at: Optional[int] = None
+
+    def resolved(self) -> "TrainConfig":
+        """Defaults of the chosen demo filled in, every field checked (ConfigError)."""
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model {self.model!r}; choose one of {MODELS}")
+        d = DEFAULTS[self.model]
+        cfg = replace(self, data=self.data or d["data"], lr=d["lr"] if self.lr is None
+                      else self.lr, optimizer=self.optimizer or d["optimizer"],
+                      target=d["target"] if self.target is None else self.target,
+                      batch_size=self.batch_size or d["batch_size"],
+                      label=self.label or self.sync)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        """Refuse bad values with a message that says what to change."""
+        for name in ("iters", "eval_every", "period", "batch_size", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, "
+                                  f"got {value!r}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be >= 0 (0: only at the end), got "
+                              f"{self.checkpoint_every}")
+        for name in ("lr", "lam"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"--{name} must be a finite number >= 0, got {value!r}")
+        if not 0 < self.target <= 1:
+            raise ConfigError(f"--target is an accuracy in (0, 1], got {self.target}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of "
+                              f"{OPTIMIZERS}")
+        if self.mode not in MODES:
+            raise ConfigError(f"--mode must be one of {MODES}, got {self.mode!r}")
+        if self.sync not in TRAINABLE:
+            raise ConfigError(f"unknown sync policy {self.sync!r}; choose one of "
+                              f"{list(TRAINABLE)}")
+        if self.graph not in GRAPHS:
+            raise ConfigError(f"unknown graph {self.graph!r}; choose one of {sorted(GRAPHS)}")
+        make_policy(self.sync, **self.policy_options)    # option names and values
+        if self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0 (0: cores / ranks on the host), got "
+                              f"{self.threads}")
+
+    def run_label(self) -> str:
+        """A folder-safe name of this run (checkpoints, HDF5 groups)."""
+        return "".join(c if c.isalnum() or c in "-_=." else "_" for c in self.label)
+
+    def as_dict(self) -> Dict[str, Any]:
+        """JSON-friendly copy (for HDF5 attributes and the summary)."""
+        out = asdict(self)
+        out["slow_ranks"] = list(self.slow_ranks)
+        return out
+
+
+def runs_from(base: TrainConfig, compare: Optional[str]) -> List[TrainConfig]:
+    """The runs of a command: the base configuration, or one per --compare spec."""
+    if not compare:
+        return [base.resolved()]
+    runs, labels = [], set()
+    for spec in compare.split(","):
+        sync, graph, options, label = parse_run_spec(spec, base.graph)
+        if label in labels:
+            raise ConfigError(f"--compare lists {label!r} twice")
+        labels.add(label)
+        runs.append(replace(base, sync=sync, graph=graph, policy_options=options,
+                            label=label).resolved())
+    return runs

@@ -1,0 +1,71 @@
+"""The demo models: a linear SVM with log loss (Bottou's SVM-SGD) and a small CNN."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class LogLossSVM(nn.Module):
+    """A linear classifier f(x) = w.x + b trained on the log loss log(1 + exp(-y f(x)))
+    with L2 regularization on w (through the optimizer's weight decay), as the
+    SVM-SGD experiments of the ASAP and Hop papers (Bottou's SVM-SGD, log loss)."""
+
+    def __init__(self, n_features: int):
+        super().__init__()
+        self.linear = nn.Linear(n_features, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores f(x), shape (batch,)."""
+        return self.linear(x).squeeze(-1)
+
+    @staticmethod
+    def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean log loss; labels are 0/1 (0 stands for y = -1)."""
+        return F.binary_cross_entropy_with_logits(scores, labels.to(scores.dtype))
+
+    @staticmethod
+    def predict(scores: torch.Tensor) -> torch.Tensor:
+        """Class 1 where f(x) > 0."""
+        return (scores > 0).long()
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 convolutions, a 2x2 max-pool and two dense layers, for 8x8 images."""
+
+    def __init__(self, channels: int = 1, side: int = 8, n_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * (side // 2) ** 2, 64)
+        self.fc2 = nn.Linear(64, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores, shape (batch, n_classes)."""
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+    @staticmethod
+    def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy."""
+        return F.cross_entropy(scores, labels)
+
+    @staticmethod
+    def predict(scores: torch.Tensor) -> torch.Tensor:
+        """The highest-scoring class."""
+        return scores.argmax(-1)
+
+
+def build(kind: str, shape, n_classes: int) -> nn.Module:
+    """The demo model for `kind` ("svm" or "cnn") and one example's `shape`."""
+    if kind == "svm":
+        if n_classes != 2:
+            raise ValueError("the SVM demo is binary")
+        return LogLossSVM(int(shape[-1]) if len(shape) == 1 else int(torch.tensor(shape).prod()))
+    if kind == "cnn":
+        return SmallCNN(int(shape[0]), int(shape[-1]), n_classes)
+    raise ValueError(f"unknown model {kind!r}")

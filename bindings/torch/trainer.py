@@ -1,0 +1,246 @@
+"""The training loop of the demos (`asapmpi train svm|cnn`), one run on every rank of
+`comm`: data sharded by rank, a DecentralizedOptimizer, periodic evaluation, progress,
+checkpoints, resume, slowdown injection; returns the gathered metrics on rank 0."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+import torch
+from asapmpi.errors import ConfigError
+from asapmpi.slowdown import from_options
+from asapmpi.train import data as datasets
+from asapmpi.train.checkpoint import CheckpointDir
+from asapmpi.train.config import TrainConfig
+from asapmpi.train.progress import ProgressBar
+from asapmpi.train.report import MetricsLog, RunResult
+
+from . import models, state
+from .optimizer import DecentralizedOptimizer
+
+
+def threads_per_rank(comm: MPI.Comm, requested: int) -> int:
+    """`requested`, or the host's cores shared among this host's ranks (collective):
+    oversubscribed ranks that each start a full thread pool only fight for the cores."""
+    if requested:
+        return requested
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return max(1, (os.cpu_count() or 1) // local.Get_size())
+    finally:
+        local.Free()
+
+
+def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The base optimizer; the SVM's L2 term is weight decay on its weights only."""
+    decay = cfg.lam if cfg.model == "svm" else 0.0
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith("bias")],
+               "weight_decay": decay},
+              {"params": [p for n, p in model.named_parameters() if n.endswith("bias")],
+               "weight_decay": 0.0}]
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=cfg.lr)
+    return torch.optim.SGD(groups, lr=cfg.lr,
+                           momentum=0.9 if cfg.optimizer == "momentum" else 0.0)
+
+
+def learning_rate(cfg: TrainConfig, iteration: int) -> float:
+    """SVM: Bottou's schedule eta0 / (1 + lambda eta0 t); CNN: constant."""
+    if cfg.model == "svm":
+        return cfg.lr / (1.0 + cfg.lam * cfg.lr * iteration)
+    return cfg.lr
+
+
+class _Data:
+    """A rank's view of the dataset: its shard of the training set, the test set."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, size: int):
+        options = {"test_path": cfg.test_data} if cfg.test_data else {}
+        self.ds = datasets.load(cfg.data, **options)
+        if cfg.model == "svm" and self.ds.n_classes != 2:
+            raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
+                              f"{self.ds.n_classes} classes; use `asapmpi train cnn`")
+        if cfg.model == "cnn" and len(self.ds.shape) != 3:
+            raise ConfigError(f"the CNN demo needs images (C, H, W), but {cfg.data} has "
+                              f"examples of shape {self.ds.shape}; use `asapmpi train svm`")
+        self.shard = datasets.shard(len(self.ds.y_train), rank, size)
+        if cfg.batch_size > len(self.shard):
+            raise ConfigError(f"--batch-size {cfg.batch_size} exceeds this rank's shard of "
+                              f"{len(self.shard)} examples; use a smaller batch or fewer "
+                              f"ranks")
+        self.x_test = self._dense(self.ds.x_test, np.arange(len(self.ds.y_test)))
+        self.y_test = torch.from_numpy(np.asarray(self.ds.y_test, dtype=np.int64))
+
+    def _dense(self, x, index) -> torch.Tensor:
+        rows = x.rows(index) if isinstance(x, datasets.CSR) else x[index]
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+
+    def batch(self, cfg: TrainConfig, iteration: int, rank: int):
+        """The minibatch of `iteration`: a pure function of it (resumes draw the same)."""
+        idx = datasets.batch_indices(self.shard, cfg.batch_size, iteration, cfg.seed, rank)
+        x = self._dense(self.ds.x_train, idx)
+        y = torch.from_numpy(np.asarray(self.ds.y_train[idx], dtype=np.int64))
+        return x, y
+
+
+def _accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((model.predict(model(x)) == y).double().mean())
+
+
+def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
+          progress: bool = True) -> Optional[RunResult]:
+    """Run `cfg` on every rank of `comm` (collective).  Rank 0 returns the RunResult with
+    every rank's metrics; the others return None."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(threads_per_rank(comm, cfg.threads))
+    torch.manual_seed(cfg.seed)
+    problem = None
+    try:
+        data = _Data(cfg, rank, size)
+        model = models.build(cfg.model, data.ds.shape, data.ds.n_classes)
+        slow = from_options(cfg.slowdown, cfg.slow_factor, cfg.slow_probability,
+                            cfg.slow_ranks, cfg.seed, size)
+    except ConfigError as exc:
+        problem = str(exc)
+    # a file missing on one host must not leave the other ranks waiting in the Exchange
+    for r, p in enumerate(comm.allgather(problem)):
+        if p:
+            raise ConfigError(p if r == rank else f"rank {r}: {p}")
+    opt = DecentralizedOptimizer(
+        make_optimizer(cfg, model), None if cfg.sync == "allreduce" else cfg.graph,
+        cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
+        **cfg.policy_options)
+    ckpts = CheckpointDir(os.path.join(cfg.out, "checkpoints", cfg.run_label()), rank,
+                          cfg.keep)
+    log, elapsed = MetricsLog(), 0.0
+    if cfg.resume:
+        start = ckpts.latest_common(comm)
+        if start is not None:
+            tree = ckpts.load(start)
+            state.load_module_state(model, tree["model"])
+            opt.load_state_dict({**tree["trainer"],
+                                 "optimizer": state.load_optimizer_state(tree["optimizer"])})
+            state.set_rng_state(tree["rng"]["torch"])
+            log = MetricsLog.from_arrays(tree["metrics"])
+            elapsed = float(tree["elapsed_s"])
+        elif rank == 0:
+            print(f"asapmpi: no checkpoint of {cfg.label!r} under {ckpts.root} that every "
+                  f"rank has; starting from iteration 0", flush=True)
+
+    bar = ProgressBar(cfg.iters, cfg.label) if progress and rank == 0 else None
+    loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar)
+    comm.Barrier()                      # the clocks of all ranks start together
+    try:
+        loop.run(elapsed)
+    finally:
+        if bar:
+            bar.close()
+    logs = comm.gather(log.arrays(), root=0)
+    opt.free()
+    if rank != 0:
+        return None
+    return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target,
+                     extra={"sync": cfg.sync, "graph": cfg.graph if cfg.sync != "allreduce"
+                            else "complete (allreduce)",
+                            "model_bytes": opt.flat.nbytes})
+
+
+class _Loop:
+    """The iterations of one run, with its clocks (evaluation and checkpoint time are
+    not training time), evaluations, checkpoints and the fault injector."""
+
+    def __init__(self, cfg, opt, model, data, log, ckpts, slow, rank, bar):
+        self.cfg, self.opt, self.model, self.data = cfg, opt, model, data
+        self.log, self.ckpts, self.slow, self.rank, self.bar = log, ckpts, slow, rank, bar
+        self.loss_sum, self.loss_n = 0.0, 0
+        self.last_eval = (opt.iteration, 0.0)
+
+    def now(self) -> float:
+        """Training seconds so far (pauses excluded)."""
+        return time.perf_counter() - self.t0
+
+    def run(self, elapsed: float) -> None:
+        """Iterate to cfg.iters, evaluating at every crossed mark."""
+        cfg, opt = self.cfg, self.opt
+        self.t0 = time.perf_counter() - elapsed
+        self.last_eval = (opt.iteration, elapsed)
+        if not self.log.rows:
+            self.evaluate(0)
+        while opt.iteration < cfg.iters:
+            before = opt.iteration
+            self.one_iteration(before)
+            after = opt.iteration
+            if after // cfg.eval_every > before // cfg.eval_every or after >= cfg.iters:
+                self.evaluate(min(after, cfg.iters) // cfg.eval_every)
+            if cfg.checkpoint_every and (after // cfg.checkpoint_every
+                                         > before // cfg.checkpoint_every):
+                self.checkpoint()
+            if cfg.kill_rank == self.rank and cfg.kill_at is not None \
+                    and after >= cfg.kill_at:
+                # fault injection for resume tests: die as a killed process does
+                os.kill(os.getpid(), signal.SIGKILL)
+        if not self.ckpts.iterations() or self.ckpts.iterations()[-1] != opt.iteration:
+            self.checkpoint()
+
+    def one_iteration(self, iteration: int) -> None:
+        """Compute, (slowdown), Appl and the exchange (DecentralizedOptimizer.step)."""
+        cfg, opt, model = self.cfg, self.opt, self.model
+        x, y = self.data.batch(cfg, iteration, self.rank)
+        lr = learning_rate(cfg, iteration)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        started = time.perf_counter()
+        opt.zero_grad()
+        loss = model.loss(model(x), y)
+        loss.backward()
+        factor = self.slow.factor_for(self.rank, iteration + 1)
+        if factor > 1.0:
+            # a slowed worker computes `factor` times as long as it just did
+            time.sleep((time.perf_counter() - started) * (factor - 1.0))
+        opt.step()
+        self.loss_sum += float(loss.detach())
+        self.loss_n += 1
+
+    def _paused(self, work) -> None:
+        start = time.perf_counter()
+        work()
+        self.t0 += time.perf_counter() - start
+
+    def evaluate(self, mark: int) -> None:
+        """Test accuracy of this replica; a metrics row; the progress bar."""
+        def work():
+            acc = _accuracy(self.model, self.data.x_test, self.data.y_test)
+            t, it = self.now(), self.opt.iteration
+            it0, t_prev = self.last_eval
+            rate = (it - it0) / (t - t_prev) if t > t_prev else 0.0
+            loss = self.loss_sum / self.loss_n if self.loss_n else float("nan")
+            self.log.add(mark, it, t, loss, acc, rate, self.opt.exchange.bytes_sent,
+                         self.opt.exchange.wait_seconds)
+            self.loss_sum, self.loss_n = 0.0, 0
+            self.last_eval = (it, t)
+            if self.bar:
+                self.bar.update(it, it / t if t > 0 else 0.0, loss, acc,
+                                force=it >= self.cfg.iters)
+        self._paused(work)
+
+    def checkpoint(self) -> None:
+        """This rank's model, optimizer and exchange state, iteration, RNG and metrics."""
+        def work():
+            trainer = self.opt.state_dict()
+            tree = {"model": state.module_state(self.model),
+                    "optimizer": state.optimizer_state(trainer.pop("optimizer")),
+                    "trainer": trainer,
+                    "rng": {"torch": state.rng_state()},
+                    "metrics": self.log.arrays(),
+                    "elapsed_s": self.now(),
+                    "iteration": self.opt.iteration,
+                    "config": self.cfg.as_dict()}
+            self.ckpts.save(self.opt.iteration, tree)
+        self._paused(work)

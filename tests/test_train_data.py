@@ -1,0 +1,367 @@
+"""Serial tests of asapmpi.train.data: LIBSVM parsing, CSR, synthetic data, shards, batches."""
+import bz2
+import gzip
+import lzma
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from asapmpi.errors import ConfigError
+from asapmpi.train import data
+from asapmpi.train.data import (
+    CSR,
+    Dataset,
+    batch_indices,
+    digits,
+    load,
+    load_libsvm,
+    load_libsvm_split,
+    shard,
+    synthetic_images,
+    synthetic_svm,
+)
+
+SMALL = """\
+# a comment line, then a blank line
+
++1 1:0.5 3:2.0   # trailing comment
+-1 2:1.5
+-1
++1 4:-1 1:0.25
+"""
+SMALL_DENSE = np.array([[0.5, 0, 2.0, 0], [0, 1.5, 0, 0], [0, 0, 0, 0], [0.25, 0, 0, -1]],
+                       dtype=np.float32)
+SMALL_LABELS = np.array([1, 0, 0, 1])
+
+
+def _write(path, text):
+    """Write text to path, compressed according to its extension."""
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)
+    with opener(path, "wt") as handle:
+        handle.write(text)
+    return path
+
+
+# ------------------------------------------------------------------------------------------
+# LIBSVM
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", ["", ".gz", ".bz2", ".xz"])
+def test_libsvm_parses_comments_blank_lines_and_compression(tmp_path, suffix):
+    x, y = load_libsvm(_write(tmp_path / f"small.svm{suffix}", SMALL))
+    assert isinstance(x, CSR) and x.shape == (4, 4) and x.nnz == 5
+    np.testing.assert_array_equal(x.toarray(), SMALL_DENSE)
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(y, SMALL_LABELS)
+
+
+def test_libsvm_chunked_parse_matches_and_reports_later_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_CHUNK_LINES", 2)
+    x, y = load_libsvm(_write(tmp_path / "small.svm", SMALL))
+    np.testing.assert_array_equal(x.toarray(), SMALL_DENSE)
+    np.testing.assert_array_equal(y, SMALL_LABELS)
+    bad = _write(tmp_path / "bad.svm", SMALL + "-1 2:1\n+1 5:oops\n")
+    with pytest.raises(ConfigError, match=r"bad\.svm, line 8\b"):
+        load_libsvm(bad)
+
+
+@pytest.mark.parametrize("line", ["+1 3:x", "+1 3", "+1 3:1:2 4", "one 1:2", "+1 0:1",
+                                  "+1 1.5:2", "+1 2:1-3", "+1 :2", "+1 2:nan",
+                                  "+1 2:1 3:2x", "nan 1:1"])
+def test_libsvm_malformed_line_names_file_and_line(tmp_path, line):
+    path = _write(tmp_path / "bad.svm", f"+1 1:1\n\n# comment\n{line}\n-1 2:1\n")
+    with pytest.raises(ConfigError, match=r"bad\.svm, line 4\b"):
+        load_libsvm(path)
+
+
+def test_libsvm_more_than_two_labels_is_refused(tmp_path):
+    path = _write(tmp_path / "multi.svm", "1 1:1\n2 2:1\n3 1:1\n")
+    with pytest.raises(ConfigError, match="binary"):
+        load_libsvm(path)
+
+
+@pytest.mark.parametrize(("labels", "expected"), [
+    (["0", "1", "0"], [0, 1, 0]),
+    (["2", "1", "1"], [1, 0, 0]),
+    (["+1", "+1", "+1"], [1, 1, 1]),
+    (["-1", "-1", "-1"], [0, 0, 0]),
+    (["7", "3", "7"], [1, 0, 1]),
+])
+def test_libsvm_label_conventions(tmp_path, labels, expected):
+    text = "".join(f"{label} 1:1\n" for label in labels)
+    _, y = load_libsvm(_write(tmp_path / "labels.svm", text))
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_libsvm_n_features(tmp_path):
+    path = _write(tmp_path / "small.svm", SMALL)
+    x, _ = load_libsvm(path, n_features=10)
+    assert x.shape == (4, 10)
+    np.testing.assert_array_equal(x.toarray()[:, :4], SMALL_DENSE)
+    with pytest.raises(ConfigError, match=r"line 6: feature index 4 > n_features=3"):
+        load_libsvm(path, n_features=3)
+
+
+def test_libsvm_unreadable_files_and_qid(tmp_path):
+    with pytest.raises(ConfigError, match="cannot open"):
+        load_libsvm(tmp_path / "missing.svm")
+    corrupt = tmp_path / "corrupt.svm.bz2"
+    corrupt.write_bytes(bz2.compress(SMALL.encode())[:40])
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_libsvm(corrupt)
+    x, y = load_libsvm(_write(tmp_path / "rank.svm", "2 qid:1 1:3\n1 qid:1 2:4\n"))
+    np.testing.assert_array_equal(x.toarray(), [[3, 0], [0, 4]])
+    np.testing.assert_array_equal(y, [1, 0])
+
+
+def test_libsvm_split_with_and_without_test_file(tmp_path):
+    train = _write(tmp_path / "train.svm.bz2", SMALL)
+    test = _write(tmp_path / "test.svm", "+1 6:1\n")
+    both = load_libsvm_split(train, test)
+    assert both.name == "train.svm" and both.n_classes == 2 and both.shape == (6,)
+    assert both.x_train.shape == (4, 6) and both.x_test.shape == (1, 6)
+    np.testing.assert_array_equal(both.y_test, [1])
+    lines = "".join(f"{1 if i % 3 else -1} {i % 7 + 1}:{i}\n" for i in range(50))
+    one = load_libsvm_split(_write(tmp_path / "one.svm", lines), test_fraction=0.2, seed=3)
+    assert len(one.x_train) == 40 and len(one.x_test) == 10
+    again = load_libsvm_split(tmp_path / "one.svm", test_fraction=0.2, seed=3)
+    np.testing.assert_array_equal(one.x_test.toarray(), again.x_test.toarray())
+    # The split is a partition of the rows: each row's single value is its line number.
+    values = np.concatenate([one.x_train.toarray().sum(1), one.x_test.toarray().sum(1)])
+    assert sorted(values.tolist()) == list(range(50))
+    assert not np.array_equal(one.x_test.toarray().sum(1), np.arange(10))  # shuffled
+
+
+# ------------------------------------------------------------------------------------------
+# CSR
+# ------------------------------------------------------------------------------------------
+
+def _random_csr(rng, n_rows=40, n_cols=30):
+    dense = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+    dense[rng.random((n_rows, n_cols)) < 0.8] = 0
+    dense[[3, 17]] = 0  # empty rows
+    rows, cols = np.nonzero(dense)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_rows))])
+    return CSR(indptr, cols, dense[rows, cols], n_cols), dense
+
+
+def test_csr_rows_and_take_match_dense():
+    rng = np.random.default_rng(1)
+    x, dense = _random_csr(rng)
+    assert len(x) == 40 and x.shape == (40, 30) and x.nnz == np.count_nonzero(dense)
+    index = np.array([5, 3, 5, 39, 0, -1, 17])
+    np.testing.assert_array_equal(x.rows(index), dense[index])
+    assert x.rows(index).dtype == np.float32
+    sub = x.take(index)
+    assert sub.shape == (7, 30)
+    np.testing.assert_array_equal(sub.toarray(), dense[index])
+    np.testing.assert_array_equal(x.rows(np.array([], dtype=np.int64)), np.zeros((0, 30)))
+    with pytest.raises(IndexError):
+        x.rows([40])
+
+
+# ------------------------------------------------------------------------------------------
+# Synthetic sparse problem
+# ------------------------------------------------------------------------------------------
+
+def _same_csr(a, b):
+    return (np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
+            and np.array_equal(a.data, b.data) and a.n_cols == b.n_cols)
+
+
+def test_synthetic_svm_is_deterministic():
+    a = synthetic_svm(n_train=600, n_test=200, n_features=300, seed=5)
+    b = synthetic_svm(n_train=600, n_test=200, n_features=300, seed=5)
+    c = synthetic_svm(n_train=600, n_test=200, n_features=300, seed=6)
+    assert _same_csr(a.x_train, b.x_train) and _same_csr(a.x_test, b.x_test)
+    assert np.array_equal(a.y_train, b.y_train) and np.array_equal(a.y_test, b.y_test)
+    assert not _same_csr(a.x_train, c.x_train)
+    assert a.x_train.shape == (600, 300) and a.shape == (300,) and a.n_classes == 2
+    assert a.x_train.data.dtype == np.float32 and (a.x_train.data > 0).all()
+    norms = np.sqrt(np.bincount(np.repeat(np.arange(600), np.diff(a.x_train.indptr)),
+                                weights=a.x_train.data.astype(np.float64) ** 2))
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+
+
+def _sparse_ops(x):
+    """x @ w and x.T @ g for a CSR, via bincount."""
+    rows = np.repeat(np.arange(len(x)), np.diff(x.indptr))
+    values = x.data.astype(np.float64)
+
+    def matvec(w):
+        return np.bincount(rows, weights=values * w[x.indices], minlength=len(x))
+
+    def rmatvec(g):
+        return np.bincount(x.indices, weights=values * g[rows], minlength=x.n_cols)
+
+    return matvec, rmatvec
+
+
+def test_synthetic_svm_is_learnable_by_a_linear_model():
+    d = synthetic_svm()
+    assert d.x_train.shape == (16384, 2000) and d.x_test.shape == (4096, 2000)
+    assert 18 <= d.x_train.nnz / len(d.x_train) <= 60  # about density * n_features per row
+    constant = max(d.y_test.mean(), 1 - d.y_test.mean())
+    assert constant <= 0.60
+    # Logistic regression by full-batch gradient descent (rows are unit-norm: a big step
+    # is stable).
+    matvec, rmatvec = _sparse_ops(d.x_train)
+    w, b = np.zeros(2000), 0.0
+    for _ in range(200):
+        residual = 1.0 / (1.0 + np.exp(-(matvec(w) + b))) - d.y_train
+        w -= 30.0 * rmatvec(residual) / len(residual)
+        b -= 30.0 * residual.mean()
+    test_matvec, _ = _sparse_ops(d.x_test)
+    accuracy = ((test_matvec(w) + b > 0) == d.y_test).mean()
+    assert accuracy >= 0.80
+
+
+# ------------------------------------------------------------------------------------------
+# Images
+# ------------------------------------------------------------------------------------------
+
+def test_glyph_templates_are_ten_distinct_8x8_bitmaps():
+    assert len(data.GLYPHS) == 10
+    assert all(len(g) == 8 and all(len(row) == 8 and set(row) <= {"#", "."} for row in g)
+               for g in data.GLYPHS)
+    flat = data.glyph_templates().reshape(10, 64)
+    assert len({row.tobytes() for row in flat}) == 10
+
+
+def test_synthetic_images_deterministic_shaped_and_learnable():
+    a = synthetic_images(n_train=500, n_test=300, seed=2)
+    b = synthetic_images(n_train=500, n_test=300, seed=2)
+    c = synthetic_images(n_train=500, n_test=300, seed=3)
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_test, b.y_test)
+    assert not np.array_equal(a.x_train, c.x_train)
+    assert a.x_train.shape == (500, 1, 8, 8) and a.x_test.shape == (300, 1, 8, 8)
+    assert a.x_train.dtype == np.float32 and a.y_train.dtype == np.int64
+    assert a.shape == (1, 8, 8) and a.n_classes == 10
+    assert a.x_train.min() >= 0.0 and a.x_train.max() <= 1.0
+    assert (np.bincount(a.y_train, minlength=10) == 50).all()
+    assert (np.bincount(a.y_test, minlength=10) == 30).all()
+    # The nearest training image mostly has the right class; the noise keeps it imperfect.
+    train, test = a.x_train.reshape(-1, 64), a.x_test.reshape(-1, 64)
+    nearest = ((test[:, None] - train[None]) ** 2).sum(-1).argmin(1)
+    accuracy = (a.y_train[nearest] == a.y_test).mean()
+    assert 0.85 <= accuracy < 1.0
+
+
+def _fake_sklearn(monkeypatch):
+    """Install a stand-in sklearn.datasets.load_digits: 10 classes of 30 images."""
+    rng = np.random.default_rng(0)
+    target = np.repeat(np.arange(10), 30)
+    images = rng.integers(0, 17, size=(300, 64)).astype(np.float64)
+    datasets = types.ModuleType("sklearn.datasets")
+    datasets.load_digits = lambda: types.SimpleNamespace(data=images, target=target)
+    package = types.ModuleType("sklearn")
+    package.datasets = datasets
+    monkeypatch.setitem(sys.modules, "sklearn", package)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", datasets)
+    return images, target
+
+
+def test_digits_scales_and_splits_stratified(monkeypatch):
+    images, _ = _fake_sklearn(monkeypatch)
+    d = digits(test_fraction=0.2, seed=4)
+    assert d.x_train.shape == (240, 1, 8, 8) and d.x_test.shape == (60, 1, 8, 8)
+    assert (np.bincount(d.y_test, minlength=10) == 6).all()
+    # Every image appears once, scaled by 1/16.
+    rows = np.concatenate([d.x_train, d.x_test]).reshape(300, 64) * 16
+    assert sorted(map(bytes, rows.astype(np.uint8))) == sorted(map(bytes,
+                                                                   images.astype(np.uint8)))
+    again = digits(test_fraction=0.2, seed=4)
+    assert np.array_equal(d.x_train, again.x_train) and np.array_equal(d.y_test, again.y_test)
+
+
+def test_digits_without_sklearn_says_what_to_do(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(ConfigError, match="pip install scikit-learn"):
+        digits()
+
+
+def test_digits_from_scikit_learn():
+    pytest.importorskip("sklearn")
+    d = digits()
+    assert len(d.x_train) + len(d.x_test) == 1797
+    assert d.x_train.shape[1:] == (1, 8, 8) and d.x_train.dtype == np.float32
+    assert d.x_train.min() == 0.0 and d.x_train.max() == 1.0 and d.n_classes == 10
+    assert abs(len(d.x_test) / 1797 - 0.25) < 0.01
+
+
+# ------------------------------------------------------------------------------------------
+# Shards and batches
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("n", "size"), [(10, 1), (10, 3), (12, 4), (7, 7), (1000, 6)])
+def test_shards_partition_the_examples(n, size):
+    shards = [shard(n, rank, size) for rank in range(size)]
+    assert sorted(np.concatenate(shards).tolist()) == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_shard_errors():
+    with pytest.raises(ConfigError, match="fewer ranks"):
+        shard(3, 0, 4)
+    with pytest.raises(ConfigError, match="rank"):
+        shard(10, 4, 4)
+
+
+def test_batches_are_a_pure_function_of_their_arguments():
+    indices = shard(1000, 1, 4)
+    first = batch_indices(indices, 32, 17, seed=9, rank=1)
+    for iteration in range(40):  # fill the cache with other epochs
+        batch_indices(indices, 32, iteration, seed=9, rank=1)
+    data._PERMUTATIONS.clear()
+    again = batch_indices(indices, 32, 17, seed=9, rank=1)
+    np.testing.assert_array_equal(first, again)
+    assert len(first) == 32 and set(first.tolist()) <= set(indices.tolist())
+    assert not np.array_equal(first, batch_indices(indices, 32, 17, seed=10, rank=1))
+    assert not np.array_equal(first, batch_indices(indices, 32, 17, seed=9, rank=2))
+
+
+def test_batches_cover_each_epoch_once():
+    indices = shard(400, 0, 2)  # 200 examples
+    epochs = [np.concatenate([batch_indices(indices, 50, 4 * e + i, 0, 0) for i in range(4)])
+              for e in range(3)]
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == indices.tolist()
+    assert not np.array_equal(epochs[0], epochs[1])  # reshuffled every epoch
+
+
+def test_batches_wrap_into_the_next_epoch():
+    indices = np.arange(10) * 3
+    batches = [batch_indices(indices, 4, i, 1, 0) for i in range(5)]  # 20 = two epochs
+    assert all(len(b) == 4 for b in batches)
+    stream = np.concatenate(batches)
+    assert sorted(stream[:10].tolist()) == indices.tolist()
+    assert sorted(stream[10:].tolist()) == indices.tolist()
+    with pytest.raises(ConfigError, match="batch_size"):
+        batch_indices(indices, 11, 0, 1, 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Dispatch and the container
+# ------------------------------------------------------------------------------------------
+
+def test_load_dispatches_by_name_and_path(tmp_path):
+    images = load("synthetic-images", n_train=20, n_test=10, seed=1)
+    assert images.name == "synthetic-images" and len(images.x_train) == 20
+    svm = load("synthetic-svm", n_train=50, n_test=10, n_features=100)
+    assert svm.x_train.shape == (50, 100)
+    path = _write(tmp_path / "small.svm", SMALL)
+    from_file = load(str(path), test_path=str(path))
+    np.testing.assert_array_equal(from_file.x_test.toarray(), SMALL_DENSE)
+    with pytest.raises(ConfigError, match="synthetic-svm, digits, synthetic-images"):
+        load("mnist")
+    with pytest.raises(ConfigError, match="no option batch"):
+        load("synthetic-images", batch=3)
+
+
+def test_dataset_checks_lengths():
+    x = np.zeros((3, 2), dtype=np.float32)
+    with pytest.raises(ConfigError, match="y_train"):
+        Dataset(x, np.zeros(2, dtype=np.int64), x, np.zeros(3, dtype=np.int64), 2, "t", (2,))
