@@ -16,7 +16,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("serial", "parallel")
 #: what each demo trains on by default, and its learning rate and target accuracy
 DEFAULTS = {
-    "svm": {"data": "synthetic-svm", "lr": 0.5, "optimizer": "sgd", "target": 0.85,
+    "svm": {"data": "synthetic-svm", "lr": 0.5, "optimizer": "sgd", "target": 0.90,
             "batch_size": 32},
     "cnn": {"data": "digits", "lr": 0.05, "optimizer": "momentum", "target": 0.90,
             "batch_size": 32},

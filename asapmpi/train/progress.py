@@ -30,8 +30,9 @@ class ProgressBar:
         done = min(max(iteration, 0), self.total)
         filled = self.width * done // self.total
         acc = "  acc   -  " if accuracy is None else f"  acc {100 * accuracy:5.1f}%"
+        shown = "  -   " if loss != loss else f"{loss:.4f}"      # NaN: nothing trained yet
         return (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{done}/{self.total}  {rate:7.1f} it/s  loss {loss:.4f}{acc}")
+                f"{done}/{self.total}  {rate:7.1f} it/s  loss {shown}{acc}")
 
     def update(self, iteration: int, rate: float, loss: float,
                accuracy: Optional[float] = None, force: bool = False) -> None:

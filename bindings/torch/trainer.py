@@ -119,7 +119,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         **cfg.policy_options)
     ckpts = CheckpointDir(os.path.join(cfg.out, "checkpoints", cfg.run_label()), rank,
                           cfg.keep)
-    log, elapsed = MetricsLog(), 0.0
+    log, elapsed, resumed_loop = MetricsLog(), 0.0, None
     if cfg.resume:
         start = ckpts.latest_common(comm)
         if start is not None:
@@ -130,12 +130,15 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
             state.set_rng_state(tree["rng"]["torch"])
             log = MetricsLog.from_arrays(tree["metrics"])
             elapsed = float(tree["elapsed_s"])
+            resumed_loop = tree["loop"]
         elif rank == 0:
             print(f"asapmpi: no checkpoint of {cfg.label!r} under {ckpts.root} that every "
                   f"rank has; starting from iteration 0", flush=True)
 
     bar = ProgressBar(cfg.iters, cfg.label) if progress and rank == 0 else None
     loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar)
+    if resumed_loop:
+        loop.restore(resumed_loop)
     comm.Barrier()                      # the clocks of all ranks start together
     try:
         loop.run(elapsed)
@@ -160,7 +163,17 @@ class _Loop:
         self.cfg, self.opt, self.model, self.data = cfg, opt, model, data
         self.log, self.ckpts, self.slow, self.rank, self.bar = log, ckpts, slow, rank, bar
         self.loss_sum, self.loss_n = 0.0, 0
-        self.last_eval = (opt.iteration, 0.0)
+        self.last_eval = (opt.iteration, 0.0)       # (iteration, training seconds)
+
+    def state(self) -> dict:
+        """The loop's own state: the running loss and the last evaluation."""
+        return {"loss_sum": self.loss_sum, "loss_n": self.loss_n,
+                "last_eval": list(self.last_eval)}
+
+    def restore(self, state: dict) -> None:
+        """Continue from state()."""
+        self.loss_sum, self.loss_n = float(state["loss_sum"]), int(state["loss_n"])
+        self.last_eval = tuple(state["last_eval"])
 
     def now(self) -> float:
         """Training seconds so far (pauses excluded)."""
@@ -170,7 +183,6 @@ class _Loop:
         """Iterate to cfg.iters, evaluating at every crossed mark."""
         cfg, opt = self.cfg, self.opt
         self.t0 = time.perf_counter() - elapsed
-        self.last_eval = (opt.iteration, elapsed)
         if not self.log.rows:
             self.evaluate(0)
         while opt.iteration < cfg.iters:
@@ -239,6 +251,7 @@ class _Loop:
                     "trainer": trainer,
                     "rng": {"torch": state.rng_state()},
                     "metrics": self.log.arrays(),
+                    "loop": self.state(),
                     "elapsed_s": self.now(),
                     "iteration": self.opt.iteration,
                     "config": self.cfg.as_dict()}
