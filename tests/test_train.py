@@ -127,3 +127,24 @@ def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
     assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
     proc = train("cnn", "-n", "2", "--data", "synthetic-svm", "--out", str(tmp_path))
     assert proc.returncode == 2 and "the CNN demo needs images" in proc.stderr
+
+
+def test_training_on_the_network_path(tmp_path):
+    proc = train("svm", "-n", "4", "--network", "--iters", "100", "--out", str(tmp_path),
+                 "--json", str(tmp_path / "s.json"), "--compare", "notify_ack,hop:backup=1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in json.loads((tmp_path / "s.json").read_text())["runs"]:
+        assert r["iterations"] == 100 and r["final_test_accuracy"] > 0.8
+
+
+def test_the_main_job_ends_with_the_summary_table(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(["bash", os.path.join(root, "dev", "demo.sh"), "--iters", "60",
+                           "--no-progress", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    table = lines[lines.index(next(x for x in lines if x.startswith("run "))):]
+    assert [row.split()[0] for row in table[2:5]] == ["allreduce", "notify_ack",
+                                                       "hop:backup=1"]
+    assert lines[-1].startswith("metrics: ")
