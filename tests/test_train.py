@@ -148,3 +148,24 @@ def test_the_main_job_ends_with_the_summary_table(tmp_path):
     assert [row.split()[0] for row in table[2:5]] == ["allreduce", "notify_ack",
                                                        "hop:backup=1"]
     assert lines[-1].startswith("metrics: ")
+
+
+def test_svm_on_a_wide_libsvm_file_uses_sparse_batches(tmp_path):
+    # 10000 columns > SPARSE_COLUMNS: batches and the test set are sparse tensors
+    from asapmpi.train import data
+
+    ds = data.synthetic_svm(n_train=8192, n_test=1024, n_features=10000, density=0.004, seed=3)
+    for name, x, y in (("w.train", ds.x_train, ds.y_train), ("w.test", ds.x_test, ds.y_test)):
+        with open(tmp_path / name, "w") as f:
+            for i in range(len(x)):
+                lo, hi = x.indptr[i], x.indptr[i + 1]
+                pairs = " ".join(f"{c + 1}:{v:.7g}" for c, v in zip(x.indices[lo:hi],
+                                                                   x.data[lo:hi]))
+                f.write(f"{'+1' if y[i] else '-1'} {pairs}  # row {i}\n")
+    proc = train("svm", "-n", "2", "--iters", "300", "--lr", "2", "--data",
+                 str(tmp_path / "w.train"), "--test-data", str(tmp_path / "w.test"),
+                 "--out", str(tmp_path / "o"), "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["final_test_accuracy"] > 0.8
+    assert s["model_bytes"] == 4 * (10000 + 16)          # weights, bias padded to 64 B

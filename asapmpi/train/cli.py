@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "as is); cnn: 'digits' (default, ships with "
                                        "scikit-learn) or 'synthetic-images'")
     parser.add_argument("--test-data", help="a LIBSVM test file (default: hold out 20%%)")
+    parser.add_argument("--data-option", dest="data_options", action="append", default=[],
+                        metavar="OPTION=VALUE",
+                        help="an option of the dataset, e.g. n_features=1000000 "
+                             "density=0.0001 for synthetic-svm")
     parser.add_argument("--sync", default="notify_ack", choices=TRAINABLE)
     parser.add_argument("--graph", default="root-expander", choices=sorted(GRAPHS))
     parser.add_argument("--hop", "--option", dest="options", action="append", default=[],
@@ -89,12 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
 
 
-def _options(pairs: List[str]) -> dict:
+def _options(pairs: List[str], flag: str = "--hop", example: str = "backup=1") -> dict:
     options = {}
     for pair in pairs:
         key, eq, val = pair.partition("=")
         if not eq or not key:
-            raise ConfigError(f"--hop {pair!r} is not OPTION=VALUE (e.g. --hop backup=1)")
+            raise ConfigError(f"{flag} {pair!r} is not OPTION=VALUE (e.g. {flag} {example})")
         options[key.replace("-", "_")] = _value(val)
     return options
 
@@ -102,7 +106,9 @@ def _options(pairs: List[str]) -> dict:
 def configs(args: argparse.Namespace) -> List[TrainConfig]:
     """The checked configuration of every run the command asks for (no MPI needed)."""
     base = TrainConfig(
-        model=args.model, data=args.data, test_data=args.test_data, sync=args.sync,
+        model=args.model, data=args.data, test_data=args.test_data,
+        data_options=_options(args.data_options, "--data-option", "n_features=100000"),
+        sync=args.sync,
         graph=args.graph, policy_options=_options(args.options), period=args.period,
         mode=args.mode, iters=args.iters, batch_size=args.batch_size, lr=args.lr,
         lam=args.lam, optimizer=args.optimizer, eval_every=args.eval_every,

@@ -69,6 +69,7 @@ class TrainConfig:
     model: str = "svm"
     data: Optional[str] = None
     test_data: Optional[str] = None
+    data_options: Dict[str, Any] = field(default_factory=dict)
     sync: str = "notify_ack"
     graph: str = "root-expander"
     policy_options: Dict[str, Any] = field(default_factory=dict)

@@ -94,6 +94,12 @@ class CSR:
         out[row_ids, self.indices[positions]] = self.data[positions]
         return out
 
+    def coo(self, index) -> tuple:
+        """The rows ``index`` as coordinates: (row numbers 0..len(index)-1, columns,
+        values), row by row (for sparse tensors)."""
+        row_ids, positions, _ = self._gather(index)
+        return row_ids, self.indices[positions].astype(np.int64), self.data[positions]
+
     def take(self, index) -> CSR:
         """The rows ``index`` (an array of row numbers) as a new CSR."""
         _, positions, counts = self._gather(index)

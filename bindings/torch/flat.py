@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Iterable, List, Tuple
 
 import numpy as np
-
 import torch
+
 from asapmpi.errors import ConfigError
 
 #: each parameter starts on a 64-byte boundary (a cache line, an AVX-512 vector)

@@ -18,7 +18,9 @@ class LogLossSVM(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Scores f(x), shape (batch,)."""
+        """Scores f(x), shape (batch,); x dense or sparse (COO)."""
+        if x.is_sparse:
+            return torch.sparse.mm(x, self.linear.weight.t()).squeeze(-1) + self.linear.bias
         return self.linear(x).squeeze(-1)
 
     @staticmethod

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
 
+import torch
 from mpi4py import MPI
 
 import asapmpi
-import torch
 from asapmpi.errors import ConfigError
 
 from .flat import FlatParameters

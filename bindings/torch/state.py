@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Dict
 
 import numpy as np
-
 import torch
 
 

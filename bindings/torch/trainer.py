@@ -3,15 +3,17 @@
 checkpoints, resume, slowdown injection; returns the gathered metrics on rank 0."""
 from __future__ import annotations
 
+import collections
 import os
 import signal
+import statistics
 import time
 from typing import Optional
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
-import torch
 from asapmpi.errors import ConfigError
 from asapmpi.slowdown import from_options
 from asapmpi.train import data as datasets
@@ -22,6 +24,9 @@ from asapmpi.train.report import MetricsLog, RunResult
 
 from . import models, state
 from .optimizer import DecentralizedOptimizer
+
+#: sparse data with more columns than this is fed to the model as sparse tensors
+SPARSE_COLUMNS = 8192
 
 
 def threads_per_rank(comm: MPI.Comm, requested: int) -> int:
@@ -60,7 +65,9 @@ class _Data:
     """A rank's view of the dataset: its shard of the training set, the test set."""
 
     def __init__(self, cfg: TrainConfig, rank: int, size: int):
-        options = {"test_path": cfg.test_data} if cfg.test_data else {}
+        options = dict(cfg.data_options)
+        if cfg.test_data:
+            options["test_path"] = cfg.test_data
         self.ds = datasets.load(cfg.data, **options)
         if cfg.model == "svm" and self.ds.n_classes != 2:
             raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
@@ -77,6 +84,13 @@ class _Data:
         self.y_test = torch.from_numpy(np.asarray(self.ds.y_test, dtype=np.int64))
 
     def _dense(self, x, index) -> torch.Tensor:
+        """Examples `index` as a tensor: dense, or sparse (COO) for wide sparse data,
+        whose dense batches would cost more than the model (RCV1: 47k columns)."""
+        if isinstance(x, datasets.CSR) and x.n_cols > SPARSE_COLUMNS:
+            rows, cols, values = x.coo(index)
+            where = torch.from_numpy(np.stack([rows, cols]))
+            return torch.sparse_coo_tensor(where, torch.from_numpy(values),
+                                           (len(index), x.n_cols), check_invariants=False)
         rows = x.rows(index) if isinstance(x, datasets.CSR) else x[index]
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
 
@@ -164,6 +178,7 @@ class _Loop:
         self.log, self.ckpts, self.slow, self.rank, self.bar = log, ckpts, slow, rank, bar
         self.loss_sum, self.loss_n = 0.0, 0
         self.last_eval = (opt.iteration, 0.0)       # (iteration, training seconds)
+        self.computes = collections.deque(maxlen=64)  # recent compute times (slowdown)
 
     def state(self) -> dict:
         """The loop's own state: the running loss and the last evaluation."""
@@ -212,10 +227,13 @@ class _Loop:
         opt.zero_grad()
         loss = model.loss(model(x), y)
         loss.backward()
+        self.computes.append(time.perf_counter() - started)
         factor = self.slow.factor_for(self.rank, iteration + 1)
         if factor > 1.0:
-            # a slowed worker computes `factor` times as long as it just did
-            time.sleep((time.perf_counter() - started) * (factor - 1.0))
+            # a slowed worker computes `factor` times as long as it usually does: the
+            # median of recent computes, not this one, which a context switch on an
+            # oversubscribed host may have stretched already
+            time.sleep(statistics.median(self.computes) * (factor - 1.0))
         opt.step()
         self.loss_sum += float(loss.detach())
         self.loss_n += 1
