@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import consistency as bench_consistency
     from .bench import core as bench_core
     from .bench import stragglers as bench_stragglers
+    from .bench import zipline as bench_zipline
     from .train import cli as train_cli
 
     parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--network", action="store_true",
                        help="force MPICH's network path (TCP on loopback), not shared memory")
         p.add_argument("--job-timeout", type=float, default=600,
-                       help="kill the launched job after this many seconds (default 600)")
+                       help="kill the launched job after this many seconds (default 600; "
+                            "train: 0, no limit)")
 
     p_demo = sub.add_parser("demo", help="mix vectors across ranks with NOTIFY-ACK and report")
     ranks_options(p_demo)
@@ -40,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_train = sub.add_parser("train", help="train an SVM or a CNN across ranks; report "
                                            "accuracy, time, bytes; --compare policies")
     ranks_options(p_train)
+    # training may run for hours: no job limit unless asked (neighbour waits time out)
+    p_train.set_defaults(job_timeout=0)
     train_cli.add_arguments(p_train)
 
     p_graph = sub.add_parser("graph", help="a graph's degree, bytes on the wire, "
@@ -68,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     ranks_options(p_strag)
     p_strag.set_defaults(ranks=8)
     bench_stragglers.add_arguments(p_strag)
+    p_zip = bench_sub.add_parser("zipline", help="ElasticBSP Table II: ZipLine, GridScan "
+                                                 "and FullGridScan barrier selection "
+                                                 "times (one process, no MPI)")
+    bench_zipline.add_arguments(p_zip)
     return parser
 
 
@@ -77,6 +85,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "bench" and args.bench == "zipline":
+            from .bench import zipline as bench_zipline
+
+            return bench_zipline.run(args)      # one process: no mpiexec, no -n
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
         if args.command == "graph":

@@ -220,14 +220,16 @@ class Exchange:
         sent from and reduced into in place: no copies.
     graph: a graph name ("root-expander", "ring", "complete", ...: asapmpi.reduce.GRAPHS),
         a Graph (asapmpi.graph(...), asapmpi.graph_from(...)), an edge list or adjacency
-        matrix, or this rank's neighbours as {"in": [...], "out": [...]}.
+        matrix, or this rank's neighbours as {"in": [...], "out": [...]}.  Default: the
+        root expander, or the graph the policy fixes (backup_ps: a star).
         "hierarchical" by name finds the hosts with MPI's shared-memory split.
     sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph); "bsp" and "async" (ASAP's
         baselines: barrier, or no wait at all; whole versions only, renormalized);
         "allreduce" (the same averaging by MPI_Allreduce over all ranks; graph must be
-        left out or "complete"); "hop" (Hop's update and token queues; options max_gap,
-        backup); "notify_ack_ignore_acks" (deliberately broken, for the consistency
-        harness).
+        left out or "complete"); "backup_ps" (a parameter server averaging the first N
+        of N + b workers' updates; options backup, server); "hop" (Hop's update and
+        token queues; options max_gap, backup, ...); "notify_ack_ignore_acks"
+        (deliberately broken, for the consistency harness).
     comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
     weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
         ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
@@ -240,7 +242,7 @@ class Exchange:
     rank: freeing is collective.
     """
 
-    def __init__(self, buffer, graph: GraphSpec = "root-expander", sync: str = "notify_ack",
+    def __init__(self, buffer, graph: Optional[GraphSpec] = None, sync: str = "notify_ack",
                  comm: Optional[MPI.Comm] = None, *,
                  weights: Union[str, Mapping[int, float], Any] = "auto",
                  timeout: Optional[float] = None, checksum: bool = False, **options):
@@ -307,12 +309,20 @@ class Exchange:
             out["dtype"], out["nbytes"] = _buffer_info(buffer)
             out["policy"] = make_policy(sync, **options)
             meta["options"] = repr(sorted(out["policy"].options().items()))
-            if not out["policy"].uses_window and graph not in (None, "root-expander",
-                                                                "complete"):
+            pol = out["policy"]
+            if not pol.uses_window and graph not in (None, "root-expander", "complete"):
                 raise ConfigError(f"sync={sync!r} averages over all ranks; leave graph out "
                                   f"or pass 'complete'")
-            spec = _graph_spec("complete" if not out["policy"].uses_window else graph,
-                               rank, size)
+            if hasattr(pol, "topology"):
+                # the policy fixes the graph (a parameter server's star)
+                fixed = pol.topology(size)
+                if graph not in (None, "root-expander", fixed.name):
+                    raise ConfigError(f"sync={sync!r} runs on a {fixed.name} around rank "
+                                      f"{getattr(pol, 'server', 0)}; leave graph out")
+                graph = fixed
+            elif graph is None:
+                graph = "root-expander"
+            spec = _graph_spec("complete" if not pol.uses_window else graph, rank, size)
             wspec = _weight_spec("uniform" if not out["policy"].uses_window else weights,
                                  size)
             out["timeout"] = _positive_seconds(rc.timeout if timeout is None else timeout)
@@ -415,6 +425,9 @@ class Exchange:
         new window starts empty, so the ranks restart its versions together."""
         if self._window_version or self._sending:
             raise ConfigError("load_state_dict() must come before the first step()")
+        if "version" not in state:
+            raise ConfigError("exchange state has no 'version'; pass what "
+                              "Exchange.state_dict() returned")
         for key, mine in (("sync", self.sync), ("size", self.size),
                           ("options", dict(self._policy.options())),
                           ("edges", [list(e) for e in self.graph.edges()])):
@@ -434,6 +447,12 @@ class Exchange:
         self.version = self._base
         self._carried = {"bytes_sent": int(state.get("bytes_sent", 0)),
                          "wait_seconds": float(state.get("wait_seconds", 0.0))}
+
+    @property
+    def role(self) -> str:
+        """"server" or "worker" under a parameter-server policy, else "peer"."""
+        role = getattr(self._policy, "role", None)
+        return role(self.rank) if role else "peer"
 
     @property
     def weights(self) -> Dict[int, float]:

@@ -72,15 +72,16 @@ def test_cnn_on_digits_learns_in_parallel_mode_with_a_period(tmp_path):
     assert s["bytes_sent_per_rank"] == 60 * s["model_bytes"]
 
 
-def _final_models(folder, ranks, iters):
-    return [load_tree(os.path.join(folder, "checkpoints", "notify_ack", f"rank{r:05d}",
+def _final_models(folder, ranks, iters, label="svm-notify_ack"):
+    return [load_tree(os.path.join(folder, "checkpoints", label, f"rank{r:05d}",
                                    f"iter_{iters:09d}.h5")) for r in range(ranks)]
 
 
-@pytest.mark.parametrize("ranks", [1, 4])
-def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks):
+@pytest.mark.parametrize("ranks,extra", [(1, []), (4, []),
+                                         (4, ["--mode", "parallel", "--period", "2"])])
+def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks, extra):
     common = ["svm", "-n", str(ranks), "--iters", "60", "--eval-every", "10",
-              "--checkpoint-every", "20", "--graph", "ring"]
+              "--checkpoint-every", "20", "--graph", "ring", *extra]
     whole = train(*common, "--out", str(tmp_path / "a"))
     assert whole.returncode == 0, whole.stderr
     killed = train(*common, "--out", str(tmp_path / "b"), "--kill-rank", str(ranks - 1),
@@ -89,6 +90,9 @@ def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks):
     assert not (tmp_path / "b" / "metrics.h5").exists()
     resumed = train(*common, "--out", str(tmp_path / "b"), "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    # it continued from the killed run's checkpoint (a restart from 0 would also end in
+    # the same state: these runs are deterministic)
+    assert "'notify_ack' resumes from iteration 40" in resumed.stdout
     for a, b in zip(_final_models(tmp_path / "a", ranks, 60),
                     _final_models(tmp_path / "b", ranks, 60)):
         assert b["trainer"]["iteration"] == 60
@@ -98,6 +102,44 @@ def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks):
             assert np.array_equal(a["metrics"][column], b["metrics"][column],
                                   equal_nan=True), column
         assert a["trainer"]["exchange"]["version"] == b["trainer"]["exchange"]["version"]
+        assert a["trainer"]["exchange"]["bytes_sent"] == \
+            b["trainer"]["exchange"]["bytes_sent"]
+
+
+def test_resume_refuses_another_configuration_and_fresh_runs_clear_old_ones(tmp_path):
+    common = ["svm", "-n", "2", "--iters", "20", "--out", str(tmp_path)]
+    assert train(*common).returncode == 0
+    other = train(*common, "--lr", "0.25", "--resume")
+    assert other.returncode == 2
+    lines = other.stderr.strip().splitlines()
+    assert len(lines) == 1 and "was written with lr=0.5, this run has lr=0.25" in lines[0]
+    again = train(*common, "--seed", "3")
+    assert again.returncode == 0
+    assert "starting 'notify_ack' afresh (no --resume): removed" in again.stdout
+    folder = tmp_path / "checkpoints" / "svm-notify_ack" / "rank00000"
+    assert sorted(os.listdir(folder)) == ["iter_000000020.h5"]
+    assert load_tree(str(folder / "iter_000000020.h5"))["config"]["seed"] == 3
+
+
+def test_the_last_evaluation_has_its_own_mark(tmp_path):
+    proc = train("svm", "-n", "2", "--iters", "25", "--eval-every", "10", "--out",
+                 str(tmp_path), "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "metrics.h5") as f:
+        assert list(f["notify_ack/rank_0/mark"][()]) == [0, 1, 2, 3]
+        assert list(f["notify_ack/rank_1/iteration"][()]) == [0, 10, 20, 25]
+
+
+def test_hop_skipping_counts_the_iterations_it_jumped(tmp_path):
+    proc = train("svm", "-n", "4", "--graph", "ring-based", "--iters", "120", "--sync",
+                 "hop", "--hop", "backup=1", "--hop", "skip_trigger=1", "--hop",
+                 "max_jump=3", "--slowdown", "deterministic", "--slow-factor", "8",
+                 "--slow-ranks", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(tmp_path / "metrics.h5") as f:
+        for r in range(4):
+            iterations = f[f"hop/rank_{r}/iteration"][()]
+            assert iterations[-1] >= 120 and np.all(np.diff(iterations) > 0)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -109,6 +151,10 @@ def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks):
     (["--data", "/no/such/file.svm"], "/no/such/file.svm"),
     (["--target", "1.5"], "--target is an accuracy"),
     (["--compare", "notify_ack,notify_ack"], "lists 'notify_ack' twice"),
+    (["--seed", "-1"], "--seed must be an integer >= 0"),
+    (["--json", "/no/such/folder/s.json"], "folder /no/such/folder does not exist"),
+    (["--sync", "hop", "--hop", "backup=1", "--hop", "skip_trigger=1",
+      "--checkpoint-every", "10"], "skip_trigger lets ranks jump over them"),
 ])
 def test_bad_input_is_one_line_before_any_rank_starts(args, message):
     proc = train("svm", "-n", "2", *args)
@@ -127,6 +173,9 @@ def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
     assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
     proc = train("cnn", "-n", "2", "--data", "synthetic-svm", "--out", str(tmp_path))
     assert proc.returncode == 2 and "the CNN demo needs images" in proc.stderr
+    proc = train("svm", "-n", "2", "--data-option", "n_train=abc", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "bad option value" in proc.stderr
+    assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
 
 
 def test_training_on_the_network_path(tmp_path):

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from .allreduce import Allreduce
+from .backup_ps import BackupPS
 from .base import Policy, StepContext
 from .baselines import BSP, Async
 from .hop import Hop
 from .notify_ack import NotifyAck, NotifyAckIgnoringAcks
 
-POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, NotifyAckIgnoringAcks)}
+POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, BackupPS,
+                                NotifyAckIgnoringAcks)}
 
 
 def policy(name: str, **options) -> Policy:
@@ -26,6 +28,7 @@ def policy(name: str, **options) -> Policy:
 
 
 __all__ = [
-    "BSP", "POLICIES", "Allreduce", "Async", "Hop", "NotifyAck", "NotifyAckIgnoringAcks",
+    "BSP", "POLICIES", "Allreduce", "Async", "BackupPS", "Hop", "NotifyAck",
+    "NotifyAckIgnoringAcks",
     "Policy", "StepContext", "policy",
 ]

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import ConfigError
 
 _NAME = re.compile(r"^iter_(\d{9})\.h5$")
+_TMP = re.compile(r"^iter_\d{9}\.h5\.tmp\d+$")
 _LEAF = "__value__"      # attribute holding a JSON leaf
 _KEYS = "__keys__"       # attribute holding a group's key order
 
@@ -110,6 +111,20 @@ class CheckpointDir:
         for old in self.iterations()[:-self.keep]:
             os.remove(self.path(old))
         return path
+
+    def clear(self) -> int:
+        """Delete this rank's checkpoints (and temporary files a killed job left);
+        return how many checkpoints there were."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return 0
+        found = 0
+        for name in names:
+            if _NAME.match(name) or _TMP.match(name):
+                found += bool(_NAME.match(name))
+                os.remove(os.path.join(self.folder, name))
+        return found
 
     def load(self, iteration: int) -> Dict[str, Any]:
         """This rank's checkpoint at `iteration`."""

@@ -120,6 +120,11 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     if args.compare and args.options:
         raise ConfigError("with --compare, put policy options in each run "
                           "(hop:backup=1), not in --hop")
+    for flag, path in (("--json", args.json), ("--png", args.png), ("--h5", args.h5)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise ConfigError(f"{flag} {path}: folder {folder} does not exist; create it "
+                              f"or choose another path")
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got "
                           f"{args.timeout}")

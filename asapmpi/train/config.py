@@ -137,13 +137,24 @@ class TrainConfig:
         if self.graph not in GRAPHS:
             raise ConfigError(f"unknown graph {self.graph!r}; choose one of {sorted(GRAPHS)}")
         make_policy(self.sync, **self.policy_options)    # option names and values
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        if self.policy_options.get("skip_trigger") is not None and (
+                self.checkpoint_every or self.resume):
+            raise ConfigError("checkpoints need every rank to pass the same iterations, "
+                              "but hop's skip_trigger lets ranks jump over them; drop "
+                              "--checkpoint-every/--resume or skip_trigger")
+        if self.mode == "parallel" and self.sync in ("backup_ps",):
+            raise ConfigError("backup_ps runs the serial computation graph (workers send "
+                              "their updated parameters); drop --mode parallel")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0 (0: cores / ranks on the host), got "
                               f"{self.threads}")
 
     def run_label(self) -> str:
-        """A folder-safe name of this run (checkpoints, HDF5 groups)."""
-        return "".join(c if c.isalnum() or c in "-_=." else "_" for c in self.label)
+        """A folder-safe name of this run's checkpoints: the model and the label."""
+        return "".join(c if c.isalnum() or c in "-_=." else "_"
+                       for c in f"{self.model}-{self.label}")
 
     def as_dict(self) -> Dict[str, Any]:
         """JSON-friendly copy (for HDF5 attributes and the summary)."""

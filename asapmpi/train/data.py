@@ -664,7 +664,12 @@ def _call(loader: Callable, what: str, options: dict, **fixed) -> Dataset:
     if unknown:
         raise ConfigError(f"dataset {what} has no option {', '.join(unknown)}: use "
                           f"{', '.join(allowed)}")
-    return loader(**fixed, **options)
+    try:
+        return loader(**fixed, **options)
+    except (TypeError, ValueError) as exc:
+        # a value of the wrong type from --data-option (n_train=abc, n_features=2.5)
+        raise ConfigError(f"dataset {what}: bad option value ({exc}); check "
+                          f"{', '.join(f'{k}={v!r}' for k, v in options.items())}") from None
 
 
 def load(name: str, **options) -> Dataset:

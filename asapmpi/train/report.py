@@ -84,7 +84,7 @@ class RunResult:
             "final_test_accuracy": float(np.mean([r["test_accuracy"] for r in last])),
             "final_test_accuracy_min": float(min(r["test_accuracy"] for r in last)),
             "final_test_accuracy_max": float(max(r["test_accuracy"] for r in last)),
-            "final_loss": float(np.mean([r["loss"] for r in last])),
+            "final_loss": float(np.nanmean([r["loss"] for r in last])),
             "wall_time_s": float(wall),
             "iterations": int(self.config.get("iters", max(r["iteration"] for r in last))),
             "iters_per_s": float(np.median([r["iteration"] / max(r["time_s"], 1e-9)

@@ -34,6 +34,10 @@ from .flat import FlatParameters
 MODES = ("serial", "parallel")
 
 
+def _no_step(closure=None):
+    return None
+
+
 def broadcast_parameters(flat: FlatParameters, comm: Optional[MPI.Comm] = None,
                          root: int = 0) -> None:
     """Give every rank `root`'s parameters (one MPI_Bcast of the flat buffer)."""
@@ -46,16 +50,19 @@ class DecentralizedOptimizer:
 
     optimizer: any torch.optim.Optimizer; its parameters (all groups) are exchanged.
     graph, sync, weights, timeout, checksum, policy options: as asapmpi.Exchange.
+        sync="backup_ps": the server rank only averages (its optimizer never steps);
+        the workers' steps are averaged at the server.
     period: mix every `period` optimizer steps (1 = every step).
     mode: "serial" or "parallel" (module docstring).
     broadcast: start every rank from rank 0's parameters (default True).
     comm: the communicator (default COMM_WORLD).
 
     Creating, freeing and the first step are collective.  `iteration` counts optimizer
-    steps, including those a Hop worker skipped when it jumped ahead.
+    steps, including those a Hop worker skipped when it jumped ahead.  It is not a
+    torch.optim.Optimizer: give learning-rate schedulers `opt.optimizer`.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, graph="root-expander",
+    def __init__(self, optimizer: torch.optim.Optimizer, graph=None,
                  sync: str = "notify_ack", *, period: int = 1, mode: str = "serial",
                  broadcast: bool = True, comm: Optional[MPI.Comm] = None, **exchange_options):
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -69,13 +76,28 @@ class DecentralizedOptimizer:
         self.period = period
         self.mode = mode
         self.comm = MPI.COMM_WORLD if comm is None else comm
-        self.flat = FlatParameters(p for g in optimizer.param_groups for p in g["params"])
+        problem = None
+        try:
+            self.flat = FlatParameters(p for g in optimizer.param_groups for p in g["params"])
+        except ConfigError as exc:
+            problem = str(exc)
+        # one rank's bad parameters or a period that differs across ranks must fail on
+        # every rank, before the Exchange's own collective checks could wait for it
+        seen = self.comm.allgather((problem, period, mode))
+        for r, (p, _, _) in enumerate(seen):
+            if p:
+                raise ConfigError(p if r == self.comm.Get_rank() else f"rank {r}: {p}")
+        if len({(per, m) for _, per, m in seen}) > 1:
+            shown = ", ".join(f"rank {r}: period={per} mode={m}"
+                              for r, (_, per, m) in enumerate(seen))
+            raise ConfigError(f"every rank must pass the same period and mode; got {shown}")
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
                                          **exchange_options)
         if broadcast:
             broadcast_parameters(self.flat, self.exchange.comm)
         self.iteration = 0
         self._sent = False
+        self._bytes_before_send = 0
 
     # ------------------------------------------------------------------ training
 
@@ -99,9 +121,12 @@ class DecentralizedOptimizer:
     def step(self, closure=None):
         """One optimizer step (iteration + 1); on every `period`-th, the exchange too.
         Returns what the wrapped optimizer's step returned (the closure's loss)."""
+        self.flat.check()       # a parameter re-homed since (p.data = ...) would not mix
         target = self.iteration + 1
+        # a parameter server only averages what its workers send: no optimizer step
+        apply = self.optimizer.step if self.exchange.role != "server" else _no_step
         if self.mode == "serial":
-            loss = self.optimizer.step(closure)
+            loss = apply(closure)
             if self._mixes(target):
                 self.exchange.step()
         else:
@@ -110,9 +135,10 @@ class DecentralizedOptimizer:
                     self.exchange.send()
                 self.exchange.receive()
                 self._sent = False
-            loss = self.optimizer.step(closure)
+            loss = apply(closure)
             if self._mixes(target + 1):
                 # Send(k+1) at the start of the next iteration, before its Compute
+                self._bytes_before_send = self.exchange.bytes_sent
                 self.exchange.send()
                 self._sent = True
         self.iteration = target
@@ -126,8 +152,12 @@ class DecentralizedOptimizer:
     def state_dict(self) -> Dict[str, Any]:
         """The wrapped optimizer's state_dict plus the iteration and the exchange state
         (the parameters themselves are the model's: save model.state_dict() too)."""
-        return {"optimizer": self.optimizer.state_dict(),
-                "exchange": self.exchange.state_dict(),
+        exchange = self.exchange.state_dict()
+        if self._sent:
+            # parallel mode: Send(k+1) is out already; a resumed run sends it again
+            # (it restarts from these parameters), so it is not counted here
+            exchange["bytes_sent"] = self._bytes_before_send
+        return {"optimizer": self.optimizer.state_dict(), "exchange": exchange,
                 "iteration": self.iteration, "period": self.period, "mode": self.mode}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

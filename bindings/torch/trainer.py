@@ -121,33 +121,29 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         model = models.build(cfg.model, data.ds.shape, data.ds.n_classes)
         slow = from_options(cfg.slowdown, cfg.slow_factor, cfg.slow_probability,
                             cfg.slow_ranks, cfg.seed, size)
-    except ConfigError as exc:
+    except (ConfigError, TypeError, ValueError) as exc:
         problem = str(exc)
     # a file missing on one host must not leave the other ranks waiting in the Exchange
-    for r, p in enumerate(comm.allgather(problem)):
-        if p:
-            raise ConfigError(p if r == rank else f"rank {r}: {p}")
+    _agree(comm, problem)
     opt = DecentralizedOptimizer(
-        make_optimizer(cfg, model), None if cfg.sync == "allreduce" else cfg.graph,
+        make_optimizer(cfg, model), None if cfg.sync in ("allreduce", "backup_ps")
+        else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
         **cfg.policy_options)
     ckpts = CheckpointDir(os.path.join(cfg.out, "checkpoints", cfg.run_label()), rank,
                           cfg.keep)
     log, elapsed, resumed_loop = MetricsLog(), 0.0, None
     if cfg.resume:
-        start = ckpts.latest_common(comm)
-        if start is not None:
-            tree = ckpts.load(start)
-            state.load_module_state(model, tree["model"])
-            opt.load_state_dict({**tree["trainer"],
-                                 "optimizer": state.load_optimizer_state(tree["optimizer"])})
-            state.set_rng_state(tree["rng"]["torch"])
+        tree = _load_checkpoint(cfg, ckpts, comm, model, opt)
+        if tree is not None:
             log = MetricsLog.from_arrays(tree["metrics"])
             elapsed = float(tree["elapsed_s"])
             resumed_loop = tree["loop"]
-        elif rank == 0:
-            print(f"asapmpi: no checkpoint of {cfg.label!r} under {ckpts.root} that every "
-                  f"rank has; starting from iteration 0", flush=True)
+    else:
+        removed = ckpts.clear()
+        if removed and rank == 0:
+            print(f"asapmpi: starting {cfg.label!r} afresh (no --resume): removed the old "
+                  f"checkpoints under {ckpts.root}", flush=True)
 
     bar = ProgressBar(cfg.iters, cfg.label) if progress and rank == 0 else None
     loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar)
@@ -164,9 +160,53 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     if rank != 0:
         return None
     return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target,
-                     extra={"sync": cfg.sync, "graph": cfg.graph if cfg.sync != "allreduce"
-                            else "complete (allreduce)",
+                     extra={"sync": cfg.sync, "graph": opt.exchange.graph.name,
                             "model_bytes": opt.flat.nbytes})
+
+
+def _agree(comm: MPI.Comm, problem: Optional[str]) -> None:
+    """Collective: raise the same ConfigError on every rank if any rank had a problem."""
+    for r, p in enumerate(comm.allgather(problem)):
+        if p:
+            raise ConfigError(p if r == comm.Get_rank() else f"rank {r}: {p}")
+
+
+#: settings a resumed run may change (everything else must match the checkpoint)
+RESUMABLE_CHANGES = {"iters", "resume", "kill_rank", "kill_at", "out", "threads", "timeout",
+                     "eval_every", "checkpoint_every", "keep", "target"}
+
+
+def _load_checkpoint(cfg: TrainConfig, ckpts: CheckpointDir, comm: MPI.Comm, model,
+                     opt: DecentralizedOptimizer) -> Optional[dict]:
+    """Collective: restore every rank from the newest iteration all of them saved, or
+    return None (nothing common: start afresh).  A checkpoint that cannot be read or was
+    written by another configuration is a ConfigError on every rank."""
+    start = ckpts.latest_common(comm)
+    if start is None:
+        if comm.Get_rank() == 0:
+            print(f"asapmpi: no checkpoint of {cfg.label!r} under {ckpts.root} that every "
+                  f"rank has; starting from iteration 0", flush=True)
+        return None
+    problem, tree = None, None
+    try:
+        tree = ckpts.load(start)
+        saved, mine = tree["config"], cfg.as_dict()
+        for key in sorted(set(saved) | set(mine)):
+            if key not in RESUMABLE_CHANGES and saved.get(key) != mine.get(key):
+                raise ConfigError(f"the checkpoint at iteration {start} under {ckpts.root} "
+                                  f"was written with {key}={saved.get(key)!r}, this run has "
+                                  f"{key}={mine.get(key)!r}; resume with the same settings "
+                                  f"or write to another --out")
+        state.load_module_state(model, tree["model"])
+        opt.load_state_dict({**tree["trainer"],
+                             "optimizer": state.load_optimizer_state(tree["optimizer"])})
+        state.set_rng_state(tree["rng"]["torch"])
+    except (ConfigError, KeyError, RuntimeError, ValueError) as exc:
+        problem = f"cannot resume from {ckpts.path(start)}: {exc}"
+    _agree(comm, problem)
+    if comm.Get_rank() == 0:
+        print(f"asapmpi: {cfg.label!r} resumes from iteration {start}", flush=True)
+    return tree
 
 
 class _Loop:
@@ -180,7 +220,7 @@ class _Loop:
         self.last_eval = (opt.iteration, 0.0)       # (iteration, training seconds)
         self.computes = collections.deque(maxlen=64)  # recent compute times (slowdown)
 
-    def state(self) -> dict:
+    def loop_state(self) -> dict:
         """The loop's own state: the running loss and the last evaluation."""
         return {"loss_sum": self.loss_sum, "loss_n": self.loss_n,
                 "last_eval": list(self.last_eval)}
@@ -204,8 +244,11 @@ class _Loop:
             before = opt.iteration
             self.one_iteration(before)
             after = opt.iteration
-            if after // cfg.eval_every > before // cfg.eval_every or after >= cfg.iters:
-                self.evaluate(min(after, cfg.iters) // cfg.eval_every)
+            if after >= cfg.iters:
+                # the last evaluation gets a mark of its own when iters is not a multiple
+                self.evaluate(-(-cfg.iters // cfg.eval_every))
+            elif after // cfg.eval_every > before // cfg.eval_every:
+                self.evaluate(after // cfg.eval_every)
             if cfg.checkpoint_every and (after // cfg.checkpoint_every
                                          > before // cfg.checkpoint_every):
                 self.checkpoint()
@@ -223,6 +266,9 @@ class _Loop:
         lr = learning_rate(cfg, iteration)
         for group in opt.param_groups:
             group["lr"] = lr
+        if opt.exchange.role == "server":
+            opt.step()          # a parameter server computes nothing: it averages
+            return
         started = time.perf_counter()
         opt.zero_grad()
         loss = model.loss(model(x), y)
@@ -269,7 +315,7 @@ class _Loop:
                     "trainer": trainer,
                     "rng": {"torch": state.rng_state()},
                     "metrics": self.log.arrays(),
-                    "loop": self.state(),
+                    "loop": self.loop_state(),
                     "elapsed_s": self.now(),
                     "iteration": self.opt.iteration,
                     "config": self.cfg.as_dict()}

@@ -578,3 +578,45 @@ def notify_ack_trace(comm, trace_file, iters=100):
         trace.save(trace_file, ex, comm)
         comm.Barrier()
     return {}
+
+
+def _ps_delta(rank, k, n):
+    # a worker's local update at iteration k: exact in binary floating point
+    return np.full(n, (rank * 7 + k % 5) / 64.0)
+
+
+def backup_ps_never_applies_late(comm, iters=60, backup=1, slow_rank=None, n=1000,
+                                 base_s=0.0005, slow_s=0.02):
+    """Server 0 and workers 1..; every worker adds a known update per iteration, one is
+    slow.  The server's every reduce is replayed from its trace: theta(k) must be
+    theta(k-1) plus the mean of the updates of iteration k of the workers it chose, and
+    no version other than k may appear: a late contribution is never applied."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    slow_rank = size - 1 if slow_rank is None else slow_rank
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, sync="backup_ps", comm=comm, backup=backup, timeout=30)
+    mismatch = 0.0
+    while ex.version < iters:
+        k = ex.version + 1
+        if ex.role == "server":
+            before = buf.copy()
+            ex.step()
+            row = ex.trace["reduced"][-1]
+            chosen = [ex.in_neighbours[i] for i in np.flatnonzero(row[1:])]
+            assert row[0] == k and set(row[1:]) <= {0, k}, row
+            assert len(chosen) == size - 1 - backup
+            expected = before + np.mean([_ps_delta(r, k, n) for r in chosen], axis=0)
+            mismatch = max(mismatch, float(np.max(np.abs(buf - expected))))
+        else:
+            time.sleep(slow_s if rank == slow_rank else base_s)
+            buf += _ps_delta(rank, k, n)
+            ex.step()
+            assert ex.version >= k
+    trace = ex.trace["reduced"]
+    ex.free()
+    if rank == 0:
+        slow_index = [r for r in range(size) if r != 0].index(slow_rank)
+        return {"mismatch": mismatch, "iterations": len(trace),
+                "slow_chosen": int(np.count_nonzero(trace[:, 1 + slow_index]))}
+    return {"jumps": int(np.count_nonzero(trace[:, 1] > trace[:, 0])),
+            "iterations": len(trace)}

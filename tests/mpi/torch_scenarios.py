@@ -1,7 +1,6 @@
 """Multi-rank scenarios of the PyTorch bindings (run by run.py, names start with torch_)."""
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from asapmpi.torch import DecentralizedOptimizer
 
@@ -32,7 +31,7 @@ def _grads(model, x, y):
 
 
 def torch_wrapper_replays(comm, optimizer="momentum", mode="serial", steps=6, graph="ring",
-                          sync="notify_ack", period=1):
+                          sync="notify_ack", period=1, options=None):
     """Every step of the wrapper equals a replay: a shadow copy of the model runs the
     plain optimizer; the mix is W @ (everyone's parameters), gathered with allgather.
     serial: Appl, then mix.  parallel: mix the pre-step parameters, then Appl the
@@ -40,7 +39,8 @@ def torch_wrapper_replays(comm, optimizer="momentum", mode="serial", steps=6, gr
     rank = comm.Get_rank()
     model, shadow = _model(rank), _model(rank)        # different starts: broadcast off
     opt = DecentralizedOptimizer(_make(optimizer, model.parameters()), graph, sync,
-                                 period=period, mode=mode, broadcast=False, comm=comm)
+                                 period=period, mode=mode, broadcast=False, comm=comm,
+                                 **(options or {}))
     shadow_opt = _make(optimizer, shadow.parameters())
     flat_lo = opt.flat.tensor.data_ptr()
     flat_hi = flat_lo + opt.flat.nbytes
@@ -116,16 +116,3 @@ def torch_state_dict_has_exchange(comm, steps=5):
               "bytes_after": opt2.exchange.bytes_sent}
     opt2.free()
     return result
-
-
-def torch_parallel_overlaps(comm):
-    """In parallel mode a send is outstanding between steps (Send(k+1) before Compute)."""
-    model = _model(0)
-    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "ring",
-                                 "notify_ack", mode="parallel", comm=comm)
-    _grads(model, *_batch(comm.Get_rank(), 0))
-    opt.step()
-    pending = opt.exchange._sending
-    comm.Barrier()
-    opt.free()
-    return {"pending": bool(pending), "size": MPI.COMM_WORLD.Get_size()}

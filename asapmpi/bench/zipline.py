@@ -1,0 +1,308 @@
+"""ElasticBSP barrier selection benchmark (Zhao et al., ICDM'19, Table II).
+
+    asapmpi bench zipline [--workers 10,100,1000] [--R 15,150] [--repeats 10] [--seed 0]
+                          [--budget 20] [--json FILE]
+
+One process, no MPI.  For every n (workers) x R (predicted iterations) of the grid it
+generates predicted iteration end times like the paper's "realistic scenarios" (per
+worker a base interval uniform in [0.8, 1.2] s times a speed factor uniform in [1, 3],
+each iteration jittered by up to +-10 %, all workers starting together after the last
+barrier) and times ZipLine, FullGridScan and GridScan of asapmpi.sync.elastic on the
+same matrix: the median over --repeats calls after one untimed warm-up call, in
+microseconds, next to the paper's Table II (average of 10 trials on a Xeon E5-2620 v3).
+It also reports the spread each algorithm found against the optimum (ZipLine is exact:
+GridScan's heuristic gap, and FullGridScan's when it misses), and checks the goal
+"ZipLine at n=1000, R=150 in under 10 ms".
+
+A configuration whose single call is estimated (from the previous size, with the
+implementation's complexity) to exceed --budget seconds is skipped and the estimate
+reported; otherwise calls are repeated while they fit in the budget, so FullGridScan at
+the largest sizes may be timed on fewer repeats (the table says how many).
+
+Exit status: 0; 1 if the goal was measured and missed, or if an algorithm found a
+smaller spread than ZipLine (ZipLine would not be optimal).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..sync.elastic import Choice, full_gridscan, gridscan, zipline
+
+#: (key, name in the table, function, work model used to extrapolate a call's time)
+ALGORITHMS: Tuple[Tuple[str, str, Callable, Callable[[int, int], float]], ...] = (
+    ("zipline", "ZipLine", zipline, lambda n, r: n * r * math.log2(n * r + 1)),
+    ("full_gridscan", "FullGridScan", full_gridscan,
+     lambda n, r: n * n * r * math.log2(r + 1)),
+    ("gridscan", "GridScan", gridscan, lambda n, r: n * r * math.log2(r + 1)),
+)
+
+#: The paper's Table II ("computation time of algorithms in microseconds/µs"), in
+#: microseconds, per (workers, R): average of 10 trials on a 24x Xeon E5-2620 v3.
+PAPER_US: Dict[str, Dict[Tuple[int, int], float]] = {
+    "zipline": {(10, 15): 1.49e2, (10, 150): 1.32e3, (100, 15): 6.37e3,
+                (100, 150): 4.99e4, (1000, 15): 2.53e5, (1000, 150): 2.38e6},
+    "full_gridscan": {(10, 15): 1.54e3, (10, 150): 4.67e4, (100, 15): 8.13e4,
+                      (100, 150): 2.15e6, (1000, 15): 4.04e6, (1000, 150): 2.07e8},
+    "gridscan": {(10, 15): 1.68e2, (10, 150): 5.50e3, (100, 15): 1.11e3,
+                 (100, 150): 4.38e4, (1000, 15): 7.45e3, (1000, 150): 2.57e5},
+}
+
+#: the goal: ZipLine at this many workers and R under this many seconds (median)
+GOAL_WORKERS, GOAL_R, GOAL_SECONDS = 1000, 150, 10e-3
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got "
+                                         f"{text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `asapmpi bench zipline`."""
+    parser.add_argument("--workers", type=_int_list, default=[10, 100, 1000],
+                        help="comma-separated worker counts n (default 10,100,1000)")
+    parser.add_argument("--R", type=_int_list, default=[15, 150],
+                        help="comma-separated predicted iterations per worker "
+                             "(default 15,150)")
+    parser.add_argument("--repeats", type=int, default=10,
+                        help="timed calls per algorithm and size; the median is reported "
+                             "(default 10)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="seconds per algorithm and size: fewer repeats beyond it, "
+                             "skipped if one call would exceed it (default 20)")
+    parser.add_argument("--json", metavar="FILE", help="write every number here")
+
+
+def generate_ends(n: int, r: int, rng: np.random.Generator) -> np.ndarray:
+    """Predicted end times (n x r, seconds since the last barrier) of n workers of
+    different speeds: base interval U[0.8, 1.2] s x speed factor U[1, 3], each iteration
+    jittered by U[0.9, 1.1]."""
+    interval = rng.uniform(0.8, 1.2, n) * rng.uniform(1.0, 3.0, n)
+    jitter = rng.uniform(0.9, 1.1, (n, r))
+    return np.cumsum(interval[:, None] * jitter, axis=1)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("workers", "R"):
+        values = getattr(args, name)
+        if not values or any(int(v) < 1 for v in values):
+            raise ConfigError(f"--{name} needs integers >= 1, got {values!r}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if not args.budget > 0:
+        raise ConfigError(f"--budget must be a positive number of seconds, got "
+                          f"{args.budget}")
+
+
+def _time_calls(fn: Callable, ends: np.ndarray, repeats: int, budget: float,
+                estimate: Optional[float]) -> Dict[str, Any]:
+    """Time ``fn(ends)``: skipped if ``estimate`` (s) exceeds the budget; else a warm-up
+    call (which is also a sample when it is long enough for warm-up not to matter), then
+    calls while they fit in the budget."""
+    if estimate is not None and estimate > budget:
+        return {"status": "skipped", "estimated_us": estimate * 1e6, "repeats": 0,
+                "choice": None}
+    start = time.perf_counter()
+    choice = fn(ends)
+    first = time.perf_counter() - start
+    samples = [first] if first > 0.5 else []    # long calls: warm-up is negligible
+    spent = first
+    while len(samples) < repeats and spent + first <= budget:
+        start = time.perf_counter()
+        fn(ends)
+        took = time.perf_counter() - start
+        samples.append(took)
+        spent += took
+    if not samples:                             # the budget allows the warm-up only
+        samples = [first]
+    us = [s * 1e6 for s in samples]
+    return {"status": "ok", "median_us": float(np.median(us)), "min_us": min(us),
+            "mean_us": float(np.mean(us)), "runs_us": us, "repeats": len(us),
+            "estimated_us": None if estimate is None else estimate * 1e6,
+            "choice": choice}
+
+
+def measure(workers: List[int], rs: List[int], repeats: int, seed: int,
+            budget: float) -> List[Dict[str, Any]]:
+    """Every configuration of the grid (n ascending, then R): timings and spreads."""
+    results = []
+    last_seen: Dict[str, Tuple[float, float]] = {}     # key -> (seconds, work) measured
+    for n in sorted({int(w) for w in workers}):
+        for r in sorted({int(x) for x in rs}):
+            ends = generate_ends(n, r, np.random.default_rng([seed, n, r]))
+            row: Dict[str, Any] = {"workers": n, "R": r, "algorithms": {}}
+            for key, _, fn, work in ALGORITHMS:
+                estimate = None
+                if key in last_seen:
+                    seconds, seen_work = last_seen[key]
+                    estimate = seconds * work(n, r) / seen_work
+                res = _time_calls(fn, ends, repeats, budget, estimate)
+                if res["status"] == "ok":
+                    last_seen[key] = (res["median_us"] * 1e-6, work(n, r))
+                res["paper_us"] = PAPER_US[key].get((n, r))
+                row["algorithms"][key] = res
+            optimum = row["algorithms"]["zipline"]["choice"].spread
+            row["optimal_spread"] = optimum
+            for res in row["algorithms"].values():
+                choice: Optional[Choice] = res.pop("choice")
+                if choice is None:
+                    res.update(spread=None, barrier=None, gap=None, ratio=None,
+                               optimal=None)
+                    continue
+                res.update(spread=choice.spread, barrier=choice.barrier,
+                           gap=choice.spread - optimum,
+                           ratio=choice.spread / optimum if optimum > 0 else None,
+                           optimal=bool(choice.spread == optimum))
+            results.append(row)
+    return results
+
+
+def _fmt_us(x: Optional[float]) -> str:
+    """Like the paper: 3 significant digits, 1.49e2 style from 1000 up."""
+    if x is None:
+        return "-"
+    if x < 1000:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _fmt_ratio(x: float) -> str:
+    return f"{x:.3g}x" if x < 1000 else f"{x:.0f}x"
+
+
+def format_report(results: List[Dict[str, Any]], goal: Dict[str, Any],
+                  repeats: int) -> str:
+    """The tables: times (ours vs the paper), spreads and gaps, the goal."""
+    width = 11
+    heads = [f"n={row['workers']}" for row in results]
+    heads2 = [f"R={row['R']}" for row in results]
+    lines = ["ElasticBSP barrier selection (Zhao et al. Table II): time per call, "
+             "microseconds",
+             f"ours: median of up to {repeats} calls on this machine; paper: mean of 10 "
+             "trials on a Xeon E5-2620 v3;",
+             "paper/ours: how many times faster ours is",
+             " " * 24 + "".join(h.rjust(width) for h in heads),
+             " " * 24 + "".join(h.rjust(width) for h in heads2)]
+    notes = []
+    for key, name, _, _ in ALGORITHMS:
+        ours, paper, ratio = [], [], []
+        for row in results:
+            res = row["algorithms"][key]
+            if res["status"] == "skipped":
+                ours.append("skip")
+                notes.append(f"{name} at n={row['workers']}, R={row['R']} skipped: one "
+                             f"call estimated at {res['estimated_us'] / 1e6:.0f} s")
+            else:
+                mark = "" if res["repeats"] == repeats else f"[{res['repeats']}]"
+                ours.append(_fmt_us(res["median_us"]) + mark)
+                if mark:
+                    notes.append(f"{name} at n={row['workers']}, R={row['R']}: "
+                                 f"{res['repeats']} call(s) within the budget")
+            paper.append(_fmt_us(res["paper_us"]))
+            ratio.append("-" if res["status"] == "skipped" or res["paper_us"] is None
+                         else _fmt_ratio(res["paper_us"] / res["median_us"]))
+        lines.append(f"{name:<14}{'ours':<10}" + "".join(v.rjust(width) for v in ours))
+        lines.append(f"{'':<14}{'paper':<10}" + "".join(v.rjust(width) for v in paper))
+        lines.append(f"{'':<14}{'paper/ours':<10}" + "".join(v.rjust(width) for v in ratio))
+    lines += [f"  ({note})" for note in notes]
+    lines += ["", "Spread max - min of the chosen ends, seconds (ZipLine is optimal); "
+              "others: gap to the optimum (ratio)",
+              " " * 24 + "".join(h.rjust(width + 6) for h in heads),
+              " " * 24 + "".join(h.rjust(width + 6) for h in heads2)]
+    for key, name, _, _ in ALGORITHMS:
+        cells = []
+        for row in results:
+            res = row["algorithms"][key]
+            if res["spread"] is None:
+                cells.append("skip")
+            elif key == "zipline":
+                cells.append(f"{res['spread']:.4g}")
+            elif res["gap"] == 0:
+                cells.append("=opt")
+            else:
+                ratio = "" if res["ratio"] is None else f" ({res['ratio']:.2f}x)"
+                cells.append(f"+{res['gap']:.3g}{ratio}")
+        lines.append(f"{name:<24}" + "".join(c.rjust(width + 6) for c in cells))
+    lines.append("")
+    if goal["status"] == "not measured":
+        lines.append(f"Goal ZipLine at n={GOAL_WORKERS}, R={GOAL_R} under "
+                     f"{GOAL_SECONDS * 1e3:g} ms: not measured (not in the grid)")
+    else:
+        lines.append(f"Goal ZipLine at n={GOAL_WORKERS}, R={GOAL_R} under "
+                     f"{GOAL_SECONDS * 1e3:g} ms: {goal['zipline_ms']:.2f} ms median "
+                     f"(min {goal['zipline_min_ms']:.2f} ms): {goal['status']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the grid, print the tables, write --json; 0 unless the goal was missed or an
+    algorithm beat ZipLine."""
+    _check_args(args)
+    results = measure(list(args.workers), list(args.R), int(args.repeats), int(args.seed),
+                      float(args.budget))
+    goal: Dict[str, Any] = {"workers": GOAL_WORKERS, "R": GOAL_R,
+                            "limit_ms": GOAL_SECONDS * 1e3, "zipline_ms": None,
+                            "zipline_min_ms": None, "status": "not measured"}
+    for row in results:
+        if (row["workers"], row["R"]) == (GOAL_WORKERS, GOAL_R):
+            res = row["algorithms"]["zipline"]
+            goal["zipline_ms"] = res["median_us"] / 1e3
+            goal["zipline_min_ms"] = res["min_us"] / 1e3
+            goal["status"] = "PASS" if res["median_us"] * 1e-6 < GOAL_SECONDS else "FAIL"
+    # ZipLine is exact: nothing may beat it (a failure here is a bug)
+    beaten = [(row["workers"], row["R"], key) for row in results
+              for key, res in row["algorithms"].items()
+              if res["spread"] is not None and res["gap"] < 0]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(format_report(results, goal, int(args.repeats)))
+    if load is not None:
+        print(f"Load average {load:.1f} on {os.cpu_count()} cores (other jobs inflate "
+              "the medians)")
+    for n, r, key in beaten:
+        print(f"ERROR: {key} found a smaller spread than ZipLine at n={n}, R={r}")
+    if args.json:
+        report = {"benchmark": "zipline", "units": "microseconds", "seed": int(args.seed),
+                  "repeats": int(args.repeats), "budget_s": float(args.budget),
+                  "load_average": load, "cpu_count": os.cpu_count(),
+                  "paper_us": {key: {f"n={n},R={r}": v for (n, r), v in table.items()}
+                               for key, table in PAPER_US.items()},
+                  "results": results, "goal": goal,
+                  "full_gridscan_suboptimal": sum(
+                      1 for row in results
+                      if row["algorithms"]["full_gridscan"]["spread"] is not None
+                      and row["algorithms"]["full_gridscan"]["gap"] > 0),
+                  "ok": not beaten and goal["status"] != "FAIL"}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if beaten or goal["status"] == "FAIL" else 0
+
+
+def main() -> int:
+    """`python -m asapmpi.bench.zipline [options]`."""
+    parser = argparse.ArgumentParser(prog="asapmpi bench zipline",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args())
+    except ConfigError as exc:
+        parser.error(str(exc))
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Synchronous SGD with backup workers (Chen et al., "Revisiting Distributed Synchronous
+SGD", Algorithms 3 and 4) on slot windows.
+
+One server rank holds the parameters; the other N + b ranks are workers.  Iteration k:
+
+  worker: start from the server's theta(k-1) (in its buffer), take a local optimizer
+          step, put the resulting parameters into its slot at the server tagged k
+          (ordered write, then notify k); wait until the server publishes a version
+          >= k, read the newest whole one into its buffer (seqlock-verified), and
+          continue from it;
+  server: wait until at least N workers notified k, pick N of them (the arrivals at
+          that poll, ties drawn at random), theta(k) = mean of their parameters, read
+          with version checks (a slot whose version is not k is never read: late
+          contributions are dropped, Algorithm 4); publish theta(k) to every worker
+          (seqlock write + notify k).
+
+Averaging the workers' parameters is Algorithm 4's update: every chosen worker started
+iteration k from the same theta(k-1) (it tags its contribution with the version it
+read, plus one), so mean_i theta_i = theta(k-1) + mean_i delta_i, which for SGD is
+theta(k-1) - lr * mean_i g_i.  With momentum or Adam each worker's optimizer keeps its
+own state (the update it sends includes it).
+
+Slot safety: a worker writes its slot at the server only after reading theta(k-1),
+which the server publishes only after its reduce of k-1 finished reading; the server
+never waits for slow workers, so it writes their parameter slots with the seqlock
+sequence and a worker that reads during a write retries (and may get a newer version:
+it then skips ahead, as a late worker in Algorithm 3 fetches the current parameters).
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
+from ..reduce.graphs import star
+from .base import Policy, StepContext
+from .baselines import NEWEST
+
+
+class BackupPS(Policy):
+    """Parameter server with b backup workers.  Options: backup (b >= 0), server (the
+    server's rank, default 0), seed (tie-breaking among simultaneous arrivals)."""
+
+    name = "backup_ps"
+
+    def __init__(self, backup: int = 0, server: int = 0, seed: int = 0):
+        for label, value in (("backup", backup), ("server", server), ("seed", seed)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < 0:
+                raise ConfigError(f"backup_ps option {label} must be an integer >= 0, got "
+                                  f"{value!r}")
+        self.backup, self.server, self.seed = int(backup), int(server), int(seed)
+        self._rng = np.random.default_rng(seed)
+        self._reduced: List[np.ndarray] = []
+        self.dropped = 0            # contributions of iterations reduced without them
+
+    def options(self) -> Dict[str, object]:
+        """The options, as every rank must have given them."""
+        return {"backup": self.backup, "server": self.server, "seed": self.seed}
+
+    def topology(self, n: int):
+        """The graph this policy runs on: a star around the server."""
+        if not 0 <= self.server < n:
+            raise ConfigError(f"backup_ps server={self.server} is outside the communicator "
+                              f"(ranks 0..{n - 1})")
+        if n < 2:
+            raise ConfigError("backup_ps needs a server and at least one worker: run on 2 "
+                              "or more ranks")
+        if self.backup >= n - 1:
+            raise ConfigError(f"backup_ps backup={self.backup} must be smaller than the "
+                              f"number of workers ({n - 1}): the server averages "
+                              f"N = workers - backup >= 1 of them")
+        return star(n, root=self.server)
+
+    def role(self, rank: int) -> str:
+        """"server" or "worker"."""
+        return "server" if rank == self.server else "worker"
+
+    # ------------------------------------------------------------------ one iteration
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Worker: the parameters after its local step, tagged `version`.  Server:
+        nothing (it publishes after its reduce)."""
+        if win.rank != self.server:
+            win.put(buf, version, version, checksum=ctx.checksum)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> int:
+        """Worker: the newest theta >= version; server: reduce and publish version."""
+        if win.rank == self.server:
+            self._serve(win, buf, version, ctx)
+            return version
+        return self._fetch(win, buf, version, ctx)
+
+    def _serve(self, win, buf, k: int, ctx: StepContext) -> None:
+        need = win.n_in - self.backup
+        win.wait_notifies_count(k, need, ctx.timeout)
+        arrived = np.flatnonzero(win.newest_versions(k) == k)
+        chosen = self._rng.permutation(arrived)[:need]
+        versions = np.zeros(win.n_in, dtype=np.int64)
+        versions[chosen] = k
+        weights = np.where(versions > 0, 1.0 / need, 0.0)
+        got = win.reduce_versions(buf, 0.0, weights, versions, checksum=ctx.checksum,
+                                  renormalize=False)
+        if got != need:
+            raise ProtocolError(f"rank {win.rank}: {need - got} of the {need} notified "
+                                f"contributions to iteration {k} failed their version "
+                                f"check; a worker broke the protocol")
+        self.dropped += win.n_in - need
+        self._reduced.append(np.concatenate([[k], versions]))
+        # workers may be reading the previous version: seqlock write
+        win.put(buf, k, k, seqlock=True, checksum=ctx.checksum)
+
+    def _fetch(self, win, buf, k: int, ctx: StepContext) -> int:
+        start = time.monotonic()
+        while True:
+            win.wait_notifies(k, max(ctx.timeout - (time.monotonic() - start), 1e-3),
+                              at_least=True)
+            if win.reduce(buf, 0.0, np.ones(1), k, k, NEWEST, seqlock=True,
+                          checksum=ctx.checksum, renormalize=False) == 1:
+                got = int(win.last_versions[0])
+                self._reduced.append(np.array([k, got]))
+                return got
+            # the server was writing a newer version as we read: read again
+            if time.monotonic() - start > ctx.timeout:
+                raise NeighbourTimeoutError(win.rank, f"a whole copy of parameters >= {k}",
+                                            [self.server], [k], [0], ctx.timeout)
+
+    @property
+    def trace(self) -> Dict[str, np.ndarray]:
+        """Per iteration: the server's row [k, version read from each worker (0: not
+        reduced)]; a worker's row [k, version of theta it continued from]."""
+        if not self._reduced:
+            return {}
+        return {"reduced": np.array(self._reduced, dtype=np.int64)}
