@@ -227,7 +227,9 @@ class Exchange:
         baselines: barrier, or no wait at all; whole versions only, renormalized);
         "allreduce" (the same averaging by MPI_Allreduce over all ranks; graph must be
         left out or "complete"); "backup_ps" (a parameter server averaging the first N
-        of N + b workers' updates; options backup, server); "hop" (Hop's update and
+        of N + b workers' updates; options backup, server); "elastic" (ElasticBSP: a
+        server picks each worker's next barrier with ZipLine; options R, algorithm);
+        "hop" (Hop's update and
         token queues; options max_gap, backup, ...); "notify_ack_ignore_acks"
         (deliberately broken, for the consistency harness).
     comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
@@ -340,8 +342,12 @@ class Exchange:
 
     def _make_window(self, comm: MPI.Comm):
         g, rank, depth = self.graph, self.rank, self._policy.depth
-        layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, self.nbytes)
+        publish = 1 if getattr(self._policy, "publishes", False) else 0
+        layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, self.nbytes,
+                                self._policy.user_words(r, g.n), publish)
                    for r in range(g.n)]
+        # a policy that writes control words into other ranks' windows needs their offsets
+        self._policy.layouts = layouts
         out_slot = [layouts[j].slot_disp(g.in_neighbours(j).index(rank))
                     for j in self.out_neighbours]
         out_notify = [layouts[j].notify_disp(g.in_neighbours(j).index(rank))
@@ -447,6 +453,12 @@ class Exchange:
         self.version = self._base
         self._carried = {"bytes_sent": int(state.get("bytes_sent", 0)),
                          "wait_seconds": float(state.get("wait_seconds", 0.0))}
+
+    @property
+    def global_iterations(self) -> bool:
+        """True when `version` counts global iterations that a step may leave unchanged
+        (sync="elastic": local steps between supersteps)."""
+        return bool(getattr(self._policy, "global_iterations", False))
 
     @property
     def role(self) -> str:

@@ -40,6 +40,8 @@ class Layout:
     depth: int
     nbytes: int
     n_user: int = 0
+    #: slots a rank publishes for others to read with MPI_Get (pull gossip): 0 or 1
+    n_publish: int = 0
 
     @property
     def off_notify(self) -> int:
@@ -66,8 +68,13 @@ class Layout:
         return HEADER_BYTES + self.payload_stride + FOOTER_BYTES
 
     @property
-    def total(self) -> int:
+    def off_publish(self) -> int:
+        """Offset of the header of this rank's published slot (pull gossip)."""
         return self.off_slots + self.n_in * self.depth * self.slot_stride
+
+    @property
+    def total(self) -> int:
+        return self.off_publish + self.n_publish * self.slot_stride
 
     def notify_disp(self, in_index: int, slot: int = 0) -> int:
         """Offset of the notify word in-neighbour `in_index` writes for `slot`."""

@@ -57,7 +57,8 @@ cdef class SlotWindow:
     cdef MPI_Comm comm
     cdef readonly int rank, size, n_in, n_out, depth, itemsize
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
-    cdef Py_ssize_t off_notify, off_ack, off_user, off_slots
+    cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
+    cdef bint has_publish
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -94,7 +95,7 @@ cdef class SlotWindow:
     cdef readonly long long suppressed
     # traffic and idle time, for training reports: payload bytes put (headers, footers
     # and control words excluded) and seconds spent backing off in waits and barriers
-    cdef readonly long long bytes_put
+    cdef readonly long long bytes_put, bytes_got
     cdef readonly double wait_seconds
     cdef int64_t[:, ::1] _stats
     cdef int64_t[::1] _last_version
@@ -125,6 +126,8 @@ cdef class SlotWindow:
         self.off_ack = layout.off_ack
         self.off_user = layout.off_user
         self.off_slots = layout.off_slots
+        self.off_publish = layout.off_publish
+        self.has_publish = layout.n_publish > 0
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
         if not flush_timeout > 0:
@@ -422,6 +425,86 @@ cdef class SlotWindow:
             done += chunk
         return 0
 
+    cdef int _get_bytes(self, char *dst, Py_ssize_t n, int target, MPI_Aint disp) except -1 nogil:
+        cdef Py_ssize_t done = 0
+        cdef int chunk
+        while done < n:
+            chunk = <int>(n - done if n - done < MAX_PUT_CHUNK else MAX_PUT_CHUNK)
+            CHKERR(MPI_Get(dst + done, chunk, MPI_BYTE, target, disp + done, chunk, MPI_BYTE,
+                           self.win), "MPI_Get")
+            done += chunk
+        return 0
+
+    # ------------------------------------------------------------------ pull (gossip)
+
+    def publish(self, buf, int64_t version):
+        """Write `buf` as `version` into this rank's own published slot for others to
+        pull: header, flush, payload, flush, footer, flush (the seqlock order, so that a
+        pull overlapping this write sees header != footer).  Puts to self: every access
+        stays an MPI RMA operation."""
+        cdef Py_buffer view
+        cdef MPI_Aint d = self.off_publish
+        self._check_alive()
+        if not self.has_publish:
+            raise ConfigError("this window has no published slot (Layout.n_publish = 0)")
+        self._check_version(version)
+        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but the published slot "
+                                  f"holds {self.nbytes}")
+            with nogil:
+                self.hdr[0] = version
+                self.hdr[1] = version
+                self.hdr[2] = self.rank
+                self.hdr[3] = self.nbytes
+                self.ftr[0] = version
+                self.ftr[1] = 0
+                CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self.rank, d, 4, MPI_INT64_T,
+                               self.win), "MPI_Put")
+                self._flush(self.rank, b"MPI_Win_flush after the published header")
+                self._put_bytes(<const char *>view.buf, self.nbytes, self.rank,
+                                d + HEADER_BYTES)
+                self._flush(self.rank, b"MPI_Win_flush after the published payload")
+                CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self.rank,
+                               d + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
+                               self.win), "MPI_Put")
+                self._flush(self.rank, b"MPI_Win_flush after the published footer")
+        finally:
+            PyBuffer_Release(&view)
+
+    def pull(self, int target, Py_ssize_t disp, out):
+        """Read `target`'s published slot (header at `disp` in its window) into `out`
+        with MPI_Get, no work by the target's CPU: footer, flush, payload, flush, header,
+        flush, the reverse of publish's order.  Returns the version read, or 0 if the
+        slot is empty or a publish overlapped the read (`out` then holds garbage)."""
+        cdef Py_buffer view
+        cdef int64_t got_hdr[4]
+        cdef int64_t got_ftr[2]
+        self._check_alive()
+        self._check_target(target, disp)
+        self._check_target(target, disp + HEADER_BYTES + self.payload_stride + 8)
+        PyObject_GetBuffer(out, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but slots hold {self.nbytes}")
+            with nogil:
+                CHKERR(MPI_Get(got_ftr, 2, MPI_INT64_T, target,
+                               disp + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
+                               self.win), "MPI_Get")
+                self._flush(target, b"MPI_Win_flush after getting a footer")
+                self._get_bytes(<char *>view.buf, self.nbytes, target, disp + HEADER_BYTES)
+                self._flush(target, b"MPI_Win_flush after getting a payload")
+                CHKERR(MPI_Get(got_hdr, 4, MPI_INT64_T, target, disp, 4, MPI_INT64_T,
+                               self.win), "MPI_Get")
+                self._flush(target, b"MPI_Win_flush after getting a header")
+                self.bytes_got += self.nbytes
+        finally:
+            PyBuffer_Release(&view)
+        if got_hdr[0] > 0 and got_hdr[0] == got_ftr[0] and got_hdr[3] == self.nbytes:
+            return got_hdr[0]
+        return 0
+
     cdef int _notify(self, int64_t version, Py_ssize_t slot) except -1 nogil:
         cdef int j
         self.word_out = version
@@ -470,6 +553,38 @@ cdef class SlotWindow:
             CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, target, disp, 1,
                                   MPI_INT64_T, mop, self.win), "MPI_Accumulate")
             self._flush(target, b"MPI_Win_flush after an accumulate")
+
+    def allgather_doubles(self, values):
+        """Collective over the window's communicator: every rank's `values` (the same
+        count on every rank), as an array (size, count)."""
+        cdef double[::1] mine = np.ascontiguousarray(values, dtype=np.float64)
+        cdef int n = <int>mine.shape[0]
+        self._check_alive()
+        out = np.empty((self.size, max(n, 1)), dtype=np.float64)
+        cdef double[:, ::1] o = out
+        if n == 0:
+            return out[:, :0]
+        with nogil:
+            CHKERR(MPI_Allgather(&mine[0], n, MPI_DOUBLE, &o[0, 0], n, MPI_DOUBLE,
+                                 self.comm), "MPI_Allgather")
+        return out
+
+    def compare_and_swap_word(self, int target, Py_ssize_t disp, int64_t compare,
+                              int64_t value):
+        """Atomically set the int64 word at `disp` in `target`'s window to `value` if it
+        equals `compare` (MPI_Compare_and_swap); return the word's old value."""
+        cdef int64_t old = 0
+        self._check_alive()
+        self._check_target(target, disp)
+        with nogil:
+            self.word_out = value
+            CHKERR(MPI_Compare_and_swap(&self.word_out, &compare, &old, MPI_INT64_T, target,
+                                        disp, self.win), "MPI_Compare_and_swap")
+            if target == self.rank:
+                CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+            else:
+                self._flush(target, b"MPI_Win_flush after a compare-and-swap")
+        return old
 
     def fetch_word(self, int target, Py_ssize_t disp):
         """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP)."""

@@ -6,11 +6,13 @@ from .allreduce import Allreduce
 from .backup_ps import BackupPS
 from .base import Policy, StepContext
 from .baselines import BSP, Async
+from .elastic_bsp import ElasticBSP
+from .gossip import Gossip
 from .hop import Hop
 from .notify_ack import NotifyAck, NotifyAckIgnoringAcks
 
 POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, BackupPS,
-                                NotifyAckIgnoringAcks)}
+                                ElasticBSP, Gossip, NotifyAckIgnoringAcks)}
 
 
 def policy(name: str, **options) -> Policy:
@@ -28,7 +30,8 @@ def policy(name: str, **options) -> Policy:
 
 
 __all__ = [
-    "BSP", "POLICIES", "Allreduce", "Async", "BackupPS", "Hop", "NotifyAck",
+    "BSP", "POLICIES", "Allreduce", "Async", "BackupPS", "ElasticBSP", "Gossip", "Hop",
+    "NotifyAck",
     "NotifyAckIgnoringAcks",
     "Policy", "StepContext", "policy",
 ]

@@ -35,6 +35,10 @@ class Policy:
         """The policy's options (compared across ranks at creation)."""
         return {}
 
+    def user_words(self, rank: int, n: int) -> int:
+        """Control words the policy needs in `rank`'s window (default none)."""
+        return 0
+
     def validate(self, graph, rank: int) -> None:
         """Refuse options that do not fit the graph (ConfigError); same on every rank."""
 

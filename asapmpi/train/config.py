@@ -26,6 +26,12 @@ TRAINABLE = tuple(sorted(set(POLICIES) - {"notify_ack_ignore_acks"}))
 
 
 def _value(text: str) -> Any:
+    """An option value from text: None, a bool, an int, a float, a list of numbers
+    written with '/' ("4/5/6/7": commas separate the runs of --compare), else text."""
+    if "/" in text:
+        parts = [_value(p) for p in text.split("/")]
+        if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
+            return parts
     low = text.lower()
     if low in ("none", "null"):
         return None
@@ -144,9 +150,10 @@ class TrainConfig:
             raise ConfigError("checkpoints need every rank to pass the same iterations, "
                               "but hop's skip_trigger lets ranks jump over them; drop "
                               "--checkpoint-every/--resume or skip_trigger")
-        if self.mode == "parallel" and self.sync in ("backup_ps",):
-            raise ConfigError("backup_ps runs the serial computation graph (workers send "
-                              "their updated parameters); drop --mode parallel")
+        if self.sync in ("backup_ps", "elastic") and (self.mode != "serial"
+                                                       or self.period != 1):
+            raise ConfigError(f"{self.sync} runs the serial computation graph and decides "
+                              f"when workers synchronize; drop --mode/--period")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0 (0: cores / ranks on the host), got "
                               f"{self.threads}")

@@ -93,6 +93,10 @@ class DecentralizedOptimizer:
             raise ConfigError(f"every rank must pass the same period and mode; got {shown}")
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
                                          **exchange_options)
+        if self.exchange.global_iterations and (period != 1 or mode != "serial"):
+            self.exchange.free()
+            raise ConfigError(f"sync={sync!r} decides itself when each worker synchronizes: "
+                              f"use period=1 and mode='serial'")
         if broadcast:
             broadcast_parameters(self.flat, self.exchange.comm)
         self.iteration = 0
@@ -142,7 +146,10 @@ class DecentralizedOptimizer:
                 self.exchange.send()
                 self._sent = True
         self.iteration = target
-        if self._mixes(target):
+        if self.exchange.global_iterations:
+            # between supersteps the global count stands still while workers step on
+            self.iteration = self.exchange.version
+        elif self._mixes(target):
             # a Hop worker that jumped ahead has completed more exchanges than steps
             self.iteration = max(self.iteration, self.exchange.version * self.period)
         return loss

@@ -125,9 +125,10 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         problem = str(exc)
     # a file missing on one host must not leave the other ranks waiting in the Exchange
     _agree(comm, problem)
+    # policies that fix their own topology take no graph
+    fixed = cfg.sync in ("allreduce", "backup_ps", "elastic", "gossip")
     opt = DecentralizedOptimizer(
-        make_optimizer(cfg, model), None if cfg.sync in ("allreduce", "backup_ps")
-        else cfg.graph,
+        make_optimizer(cfg, model), None if fixed else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
         **cfg.policy_options)
     ckpts = CheckpointDir(os.path.join(cfg.out, "checkpoints", cfg.run_label()), rank,
@@ -219,16 +220,18 @@ class _Loop:
         self.loss_sum, self.loss_n = 0.0, 0
         self.last_eval = (opt.iteration, 0.0)       # (iteration, training seconds)
         self.computes = collections.deque(maxlen=64)  # recent compute times (slowdown)
+        self.steps = opt.iteration                    # optimizer steps this rank took
 
     def loop_state(self) -> dict:
         """The loop's own state: the running loss and the last evaluation."""
         return {"loss_sum": self.loss_sum, "loss_n": self.loss_n,
-                "last_eval": list(self.last_eval)}
+                "last_eval": list(self.last_eval), "steps": self.steps}
 
     def restore(self, state: dict) -> None:
         """Continue from state()."""
         self.loss_sum, self.loss_n = float(state["loss_sum"]), int(state["loss_n"])
         self.last_eval = tuple(state["last_eval"])
+        self.steps = int(state["steps"])
 
     def now(self) -> float:
         """Training seconds so far (pauses excluded)."""
@@ -242,7 +245,8 @@ class _Loop:
             self.evaluate(0)
         while opt.iteration < cfg.iters:
             before = opt.iteration
-            self.one_iteration(before)
+            self.one_iteration(self.steps)
+            self.steps += 1
             after = opt.iteration
             if after >= cfg.iters:
                 # the last evaluation gets a mark of its own when iters is not a multiple
@@ -260,7 +264,9 @@ class _Loop:
             self.checkpoint()
 
     def one_iteration(self, iteration: int) -> None:
-        """Compute, (slowdown), Appl and the exchange (DecentralizedOptimizer.step)."""
+        """Compute, (slowdown), Appl and the exchange (DecentralizedOptimizer.step).
+        `iteration` is this rank's own step count: it picks the batch and the learning
+        rate (the global iteration may jump (hop) or stand still (elastic))."""
         cfg, opt, model = self.cfg, self.opt, self.model
         x, y = self.data.batch(cfg, iteration, self.rank)
         lr = learning_rate(cfg, iteration)

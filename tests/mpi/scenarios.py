@@ -7,6 +7,8 @@ import random
 import time
 
 import numpy as np
+from mpi4py.MPI import MAX as MPI_MAX
+from mpi4py.MPI import MIN as MPI_MIN
 
 import asapmpi
 from asapmpi import _core
@@ -620,3 +622,59 @@ def backup_ps_never_applies_late(comm, iters=60, backup=1, slow_rank=None, n=100
                 "slow_chosen": int(np.count_nonzero(trace[:, 1 + slow_index]))}
     return {"jumps": int(np.count_nonzero(trace[:, 1] > trace[:, 0])),
             "iterations": len(trace)}
+
+
+def elastic_assigns_by_speed(comm, iters=40, n=64, base_s=0.002, slow=4.0):
+    """ElasticBSP: workers step at different speeds (rank 1 `slow` times slower); the
+    server's every superstep is replayed (theta(s) = theta(s-1) + mean of count_w *
+    delta_w over the workers) and the counts it assigns follow the speeds."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, sync="elastic", comm=comm, R=8, timeout=30)
+    delta = (rank + 1) / 32.0
+    counts = np.ones(size - 1, dtype=int)
+    mismatch = 0.0
+    versions = []
+    while ex.version < iters:
+        if ex.role == "server":
+            before = buf.copy()
+            ex.step()
+            row = ex.trace["supersteps"][-1]
+            workers = [r for r in range(size) if r != rank]
+            step = np.mean([c * (r + 1) / 32.0 for c, r in zip(counts, workers)])
+            mismatch = max(mismatch, float(np.max(np.abs(buf - (before + step)))))
+            counts = row[4:].astype(int)
+        else:
+            time.sleep(base_s * (slow if rank == 1 else 1.0))
+            buf += delta
+            ex.step()
+        versions.append(ex.version)
+    rows = ex.trace["supersteps"]
+    ex.free()
+    out = {"version": ex.version, "supersteps": len(rows),
+           "monotonic": bool(np.all(np.diff(versions) >= 0))}
+    if rank == 0:
+        out.update(mismatch=mismatch, last_counts=rows[-1][4:].astype(int).tolist(),
+                   mean_counts=rows[2:, 4:].mean(axis=0).tolist())
+    return out
+
+
+def gossip_pulls_whole_models(comm, iters=60, n=20000, **options):
+    """Every rank starts from a constant vector (its rank) and only gossips: every model
+    pulled must be one a peer published whole (a constant vector), pulls happen on
+    multiples of the period, disagreement shrinks; returns the pull trace."""
+    rank = comm.Get_rank()
+    buf = np.full(n, float(rank), dtype=np.float32)
+    ex = asapmpi.Exchange(buf, sync="gossip", comm=comm, timeout=60, **options)
+    torn = 0
+    for _ in range(iters):
+        ex.step()
+        torn += int(buf.max() != buf.min())
+    pulls = ex.trace.get("pulls", np.zeros((0, 4)))
+    report = ex._policy.report
+    got = ex.window.bytes_got
+    spread = comm.allreduce(float(buf[0]), op=MPI_MAX) - comm.allreduce(float(buf[0]),
+                                                                         op=MPI_MIN)
+    ex.free()
+    return {"torn": torn, "pulls": pulls.tolist(), "report": report, "spread": spread,
+            "bytes_got": int(got)}

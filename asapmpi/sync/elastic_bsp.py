@@ -1,0 +1,161 @@
+"""ElasticBSP (Zhao et al., ICDM'19) on a parameter server: the server picks every
+worker's next barrier with ZipLine so that the workers arrive together.
+
+Superstep s on a star around the server:
+
+  worker: runs `assigned` local optimizer steps (no communication), timing each; then
+          reports its mean iteration interval (an int64 of nanoseconds, one word at the
+          server) and puts its parameters tagged s (ordered write, notify s); waits for
+          theta(s), reads it (verified) and the two words the server wrote into its
+          window before that put: its next `assigned` count and the global iteration
+          count G;
+  server: waits for every worker's s (a barrier: this is BSP), theta(s) = their mean;
+          predicts each worker's next R iteration ends from its interval (all start
+          together when theta(s) arrives: ends[w] = interval[w] * (1..R)) and runs
+          ZipLine: worker w gets index[w] + 1 local iterations; writes them and G into
+          every worker's words, then puts theta(s) (notify s).
+
+G counts iterations as the mean number of local steps per worker (total // workers);
+every rank's exchange version is G, so a loop `while version < iters` ends on every
+rank after the same superstep.  No slot can be overwritten while read: a worker writes
+s + 1 only after reading theta(s), which the server publishes only after reading all
+of s; the server writes theta(s + 1) only after every worker sent s + 1.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Dict, List
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..reduce.graphs import star
+from . import elastic
+from .base import Policy, StepContext
+
+ALGORITHMS = {"zipline": elastic.zipline, "gridscan": elastic.gridscan,
+              "full_gridscan": elastic.full_gridscan}
+#: the server's words: one interval per rank; a worker's: [assigned count, G]
+_COUNT, _GLOBAL = 0, 1
+
+
+class ElasticBSP(Policy):
+    """Options: R (lookahead, >= 1, default 15), server (rank, default 0), algorithm
+    ("zipline", "gridscan" or "full_gridscan"), window (intervals averaged, >= 1)."""
+
+    name = "elastic"
+    #: the exchange's version is the global iteration count G, also between supersteps
+    global_iterations = True
+
+    def __init__(self, R: int = 15, server: int = 0, algorithm: str = "zipline",
+                 window: int = 5):
+        for label, value, low in (("R", R, 1), ("server", server, 0), ("window", window, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < low:
+                raise ConfigError(f"elastic option {label} must be an integer >= {low}, "
+                                  f"got {value!r}")
+        if algorithm not in ALGORITHMS:
+            raise ConfigError(f"elastic option algorithm must be one of {sorted(ALGORITHMS)}, "
+                              f"got {algorithm!r}")
+        self.R, self.server, self.algorithm, self.window = int(R), int(server), algorithm, \
+            int(window)
+        self.layouts = None                 # every rank's window layout (set by Exchange)
+        self._rows: List[list] = []
+
+    def options(self) -> Dict[str, object]:
+        """The options, as every rank must have given them."""
+        return {"R": self.R, "server": self.server, "algorithm": self.algorithm,
+                "window": self.window}
+
+    def topology(self, n: int):
+        """A star around the server."""
+        if not 0 <= self.server < n:
+            raise ConfigError(f"elastic server={self.server} is outside the communicator "
+                              f"(ranks 0..{n - 1})")
+        if n < 2:
+            raise ConfigError("elastic needs a server and at least one worker: run on 2 or "
+                              "more ranks")
+        return star(n, root=self.server)
+
+    def role(self, rank: int) -> str:
+        """"server" or "worker"."""
+        return "server" if rank == self.server else "worker"
+
+    def user_words(self, rank: int, n: int) -> int:
+        """Words of control data in `rank`'s window (see the module docstring)."""
+        return n if rank == self.server else 2
+
+    def start(self) -> None:
+        """Superstep 1 is plain BSP: one local step each (no interval is known yet)."""
+        self._ends = deque([time.monotonic()], maxlen=self.window + 1)
+        self._local, self._assigned, self._superstep = 0, 1, 0
+        self._global, self._total, self._pending = 0, 0, False
+
+    # ------------------------------------------------------------------ worker
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """A local step ended; at the assigned count, report and put (superstep s)."""
+        if win.rank == self.server:
+            return
+        self._ends.append(time.monotonic())
+        self._local += 1
+        if self._local < self._assigned:
+            return
+        interval = float(np.mean(np.diff(np.array(self._ends))))
+        win.accumulate_word(self.server, self.layouts[self.server].user_disp(win.rank),
+                            max(1, int(interval * 1e9)))
+        self._superstep += 1
+        win.put(buf, self._superstep, self._superstep, checksum=ctx.checksum)
+        self._pending = True
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> int:
+        """Worker: after a put, theta(s), the next count and G.  Server: a superstep."""
+        if win.rank == self.server:
+            return self._serve(win, buf, ctx)
+        if not self._pending:
+            return self._global
+        s = self._superstep
+        win.wait_notifies(s, ctx.timeout)
+        win.reduce(buf, 0.0, np.ones(1), s, s, s, checksum=ctx.checksum, require_all=True)
+        own = self.layouts[win.rank]
+        self._assigned = int(win.local_word(own.user_disp(_COUNT)))
+        self._global = int(win.local_word(own.user_disp(_GLOBAL)))
+        self._local, self._pending = 0, False
+        self._ends = deque([time.monotonic()], maxlen=self.window + 1)
+        self._rows.append([s, self._global, self._assigned])
+        return self._global
+
+    # ------------------------------------------------------------------ server
+
+    def _serve(self, win, buf, ctx: StepContext) -> int:
+        s = self._superstep = self._superstep + 1
+        waited = time.monotonic()
+        win.wait_notifies(s, ctx.timeout)
+        waited = time.monotonic() - waited
+        workers = win.n_in
+        win.reduce(buf, 0.0, np.full(workers, 1.0 / workers), s, s, s,
+                   checksum=ctx.checksum, require_all=True)
+        # the counts of superstep s were assigned at s - 1 (1 each for the first)
+        self._total += int(np.sum(self._counts)) if s > 1 else workers
+        self._global = self._total // workers
+        own = self.layouts[win.rank]
+        ranks = win.in_ranks
+        intervals = np.array([win.local_word(own.user_disp(r)) for r in ranks], float) / 1e9
+        ends = intervals[:, None] * np.arange(1, self.R + 1)[None, :]
+        choice = ALGORITHMS[self.algorithm](ends)
+        self._counts = np.asarray(choice.index) + 1
+        for r, count in zip(ranks, self._counts):
+            theirs = self.layouts[r]
+            win.accumulate_word(r, theirs.user_disp(_COUNT), int(count))
+            win.accumulate_word(r, theirs.user_disp(_GLOBAL), self._global)
+        win.put(buf, s, s, checksum=ctx.checksum)
+        self._rows.append([s, self._global, waited, float(choice.spread),
+                           *self._counts.tolist()])
+        return self._global
+
+    @property
+    def trace(self) -> Dict[str, np.ndarray]:
+        """Server: per superstep [s, G, seconds waited for the workers, predicted spread,
+        next count per worker]; worker: per superstep [s, G, next count]."""
+        return {"supersteps": np.array(self._rows, dtype=float)} if self._rows else {}

@@ -1,0 +1,245 @@
+"""Pull-gossip SGD with a communication period and the warm-up of Oguni and Shudo
+("Addressing the Heterogeneity of a Wide Area Network for DNNs", Algorithm 2).
+
+Every rank publishes its model in a slot of its own window.  Every T iterations a rank
+publishes, picks one peer, pulls the peer's published model with MPI_Get (footer,
+payload, header: version-checked, no work by the peer's CPU; a read that overlapped a
+publish is retried) and averages: w = (w + w_peer) / 2.
+
+Peer choice: uniformly at random; or, during the first `warmup` iterations, with
+probability inversely proportional to the communication time this rank believes each
+peer has (its time table c_i).  After every pull c_i[j] = UPDATE_TIME(c_i[j], measured)
+and the peer's own table, read from its window, is merged entry by entry with
+UPDATE_TIME (UPDATE_TIMES); each rank publishes its table in its window.
+
+UPDATE_TIME(c, new) (the paper's text is garbled; our reading, tested): a much smaller
+time (new < (1 - threshold) c) replaces c; a much larger one (new > (1 + threshold) c)
+moves c half way, (c + new) / 2; otherwise c stays.  Unknown entries start at INF, so
+the first measurement replaces them.  Peers still unknown get the probability of the
+fastest known one, so that they are tried.
+
+At the first communication every rank measures E[G] (compute time per iteration so
+far) and E[C] (one pull from every peer, the emulated link delay included), and the
+ranks exchange them (one allgather) to evaluate the paper's congestion condition
+eq. (1), (1/(K-1)) sum_{j != i} (T E[G_j] + E[C_j]) < E[C_i], and the smallest T
+that avoids it, eq. (2): `policy.report`.
+
+Bandwidth emulation (asapmpi.links.LinkModel, options wide_mbps, narrow_mbps, narrow,
+latency_ms): a pull from j takes at least links.seconds(i, j, bytes); the serving
+node's link is reserved in a "busy until" word of its window (compare-and-swap), so
+pulls from a narrow node queue as on a congested link.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..errors import ConfigError, NeighbourTimeoutError
+from ..links import LinkModel
+from ..reduce.graphs import graph as make_graph
+from .base import Policy, StepContext
+
+INF_NS = (1 << 62)
+_BUSY = 0                      # user word 0: the link's busy-until time (ns)
+_TABLE = 1                     # user words 1..K: this rank's time table (ns)
+
+
+def update_time(c: float, new: float, threshold: float) -> float:
+    """UPDATE_TIME of Algorithm 2 (module docstring)."""
+    if (1.0 - threshold) * c > new:
+        return new
+    if (1.0 + threshold) * c < new:
+        return (c + new) / 2.0
+    return c
+
+
+class Gossip(Policy):
+    """Options: period (T >= 1), warmup (iterations with the warm-up choice, >= 0),
+    threshold (UPDATE_TIME, in (0, 1)), seed, and the link emulation wide_mbps,
+    narrow_mbps, narrow (ranks), latency_ms."""
+
+    name = "gossip"
+    depth = 0                  # no receive slots: peers are pulled, not pushed to
+    publishes = True
+
+    def __init__(self, period: int = 1, warmup: int = 0, threshold: float = 0.1,
+                 seed: int = 0, wide_mbps: float = 0.0, narrow_mbps: float = 0.0,
+                 narrow=(), latency_ms: float = 0.0):
+        for label, value, low in (("period", period, 1), ("warmup", warmup, 0),
+                                  ("seed", seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < low:
+                raise ConfigError(f"gossip option {label} must be an integer >= {low}, "
+                                  f"got {value!r}")
+        if not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+            raise ConfigError(f"gossip option threshold must be in (0, 1), got {threshold!r}")
+        if isinstance(narrow, (int, np.integer)):
+            narrow = (narrow,)
+        self.period, self.warmup, self.threshold, self.seed = int(period), int(warmup), \
+            float(threshold), int(seed)
+        self.links = LinkModel(float(wide_mbps), float(narrow_mbps), tuple(narrow),
+                               float(latency_ms))
+        self.layouts = None
+        self.report: Optional[Dict[str, object]] = None
+        self._rows: List[list] = []
+
+    def options(self) -> Dict[str, object]:
+        """The options, as every rank must have given them."""
+        return {"period": self.period, "warmup": self.warmup, "threshold": self.threshold,
+                "seed": self.seed, "wide_mbps": self.links.wide_mbps,
+                "narrow_mbps": self.links.narrow_mbps, "narrow": list(self.links.narrow),
+                "latency_ms": self.links.latency_ms}
+
+    def topology(self, n: int):
+        """Any rank may pull from any other: the complete graph (no slots: depth 0)."""
+        if n < 2:
+            raise ConfigError("gossip needs at least 2 ranks")
+        bad = [r for r in self.links.narrow if not 0 <= r < n]
+        if bad:
+            raise ConfigError(f"gossip narrow ranks {bad} are outside 0..{n - 1}")
+        return make_graph("complete", n)
+
+    def user_words(self, rank: int, n: int) -> int:
+        """The busy-until word and the time table."""
+        return 1 + n
+
+    def start(self) -> None:
+        """Empty time table (INF), the clock of E[G]."""
+        self._started = time.monotonic()
+        self._table: Optional[np.ndarray] = None
+        self._rng = None
+        self._tmp = None
+        self._comm_seconds = 0.0
+
+    # ------------------------------------------------------------------ one iteration
+
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """On a communication iteration: publish the model."""
+        if version % self.period == 0:
+            win.publish(buf, version)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        """On a communication iteration: pull one peer and average."""
+        if version % self.period:
+            return
+        n = win.size
+        if self._table is None:
+            self._table = np.full(n, float(INF_NS))
+            self._rng = np.random.default_rng([self.seed, win.rank])
+            self._tmp = np.empty_like(np.frombuffer(buf, dtype=np.uint8))
+            self._congestion(win, ctx)
+        peers = [r for r in range(n) if r != win.rank]
+        peer = self._choose(peers, version)
+        start = time.monotonic()
+        got = self._pull(win, peer, ctx)
+        took = time.monotonic() - start
+        self._comm_seconds += took
+        self._table[peer] = update_time(self._table[peer], took * 1e9, self.threshold)
+        theirs = self._peer_table(win, peer)
+        for k in range(n):
+            # 0: the peer has not published that entry (windows start zeroed)
+            if k != win.rank and 0 < theirs[k] < INF_NS:
+                self._table[k] = update_time(self._table[k], float(theirs[k]),
+                                             self.threshold)
+        self._publish_table(win)
+        array = np.frombuffer(buf, dtype=self._dtype(win))
+        peer_model = np.frombuffer(self._tmp, dtype=array.dtype)
+        np.add(array, peer_model, out=array)
+        array *= 0.5
+        self._rows.append([version, peer, got, took])
+
+    def _dtype(self, win):
+        return np.float32 if win.itemsize == 4 else np.float64
+
+    def _choose(self, peers: List[int], version: int) -> int:
+        if version > self.warmup:
+            return int(self._rng.choice(peers))
+        times = self._table[peers]
+        known = times < INF_NS
+        if not known.any():
+            return int(self._rng.choice(peers))
+        times = np.where(known, times, times[known].min())
+        p = (1.0 / times) / np.sum(1.0 / times)
+        return int(self._rng.choice(peers, p=p))
+
+    def _pull(self, win, peer: int, ctx: StepContext) -> int:
+        """The peer's newest whole model into self._tmp (emulated link time included);
+        returns its version."""
+        disp = self.layouts[peer].off_publish
+        deadline = time.monotonic() + ctx.timeout
+        while True:
+            self._wait_for_link(win, peer)
+            got = win.pull(peer, disp, self._tmp)
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                raise NeighbourTimeoutError(win.rank, "a whole published model", [peer],
+                                            [1], [got], ctx.timeout)
+            time.sleep(1e-4)       # empty (not yet published) or overwritten meanwhile
+
+    def _wait_for_link(self, win, peer: int) -> None:
+        """Reserve the serving peer's link for this transfer, then let the time pass."""
+        if not self.links.active:
+            return
+        seconds = self.links.seconds(win.rank, peer, win.nbytes)
+        disp = self.layouts[peer].user_disp(_BUSY)
+        while True:
+            busy = win.fetch_word(peer, disp)
+            now = time.monotonic_ns()
+            until = max(now, busy) + int(seconds * 1e9)
+            if win.compare_and_swap_word(peer, disp, busy, until) == busy:
+                break
+        delay = until / 1e9 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _peer_table(self, win, peer: int) -> np.ndarray:
+        own = self.layouts[peer]
+        return np.array([win.fetch_word(peer, own.user_disp(_TABLE + k))
+                         for k in range(win.size)], dtype=float)
+
+    def _publish_table(self, win) -> None:
+        own = self.layouts[win.rank]
+        for k, value in enumerate(self._table):
+            win.accumulate_word(win.rank, own.user_disp(_TABLE + k), int(min(value, INF_NS)))
+
+    def _congestion(self, win, ctx: StepContext) -> None:
+        """E[G] and E[C] of every rank (one pull from each peer, one allgather) and the
+        paper's eq. (1)-(2)."""
+        g = (time.monotonic() - self._started) / self.period
+        times = []
+        for peer in range(win.size):
+            if peer != win.rank:
+                start = time.monotonic()
+                self._pull_any(win, peer, ctx)
+                times.append(time.monotonic() - start)
+        c = float(np.mean(times))
+        every = win.allgather_doubles([g, c])       # (K, 2)
+        self.report = congestion_report(every[:, 0], every[:, 1], self.period)
+
+    def _pull_any(self, win, peer: int, ctx: StepContext) -> None:
+        # the calibration pull: the peer may not have published yet (its first
+        # communication iteration is now too), so an empty slot counts as read
+        self._wait_for_link(win, peer)
+        win.pull(peer, self.layouts[peer].off_publish, self._tmp)
+
+    @property
+    def trace(self) -> Dict[str, np.ndarray]:
+        """Per pull: [iteration, peer, version read, seconds]."""
+        return {"pulls": np.array(self._rows, dtype=float)} if self._rows else {}
+
+
+def congestion_report(g: np.ndarray, c: np.ndarray, period: int) -> Dict[str, object]:
+    """Eq. (1) per node i: congested when mean_{j != i}(T G_j + C_j) < C_i; eq. (2): the
+    smallest T with no congested node."""
+    k = len(g)
+    lhs = np.array([(period * (g.sum() - g[i]) + (c.sum() - c[i])) / (k - 1)
+                    for i in range(k)])
+    congested = lhs < c
+    need = [((k - 1) * c[i] - (c.sum() - c[i])) / max(g.sum() - g[i], 1e-12)
+            for i in range(k)]
+    return {"period": period, "compute_s": g.tolist(), "comm_s": c.tolist(),
+            "interval_s": lhs.tolist(), "congested": congested.tolist(),
+            "min_period": max(1, int(np.ceil(max(need))))}

@@ -1,0 +1,74 @@
+"""sync="gossip": pull gossip with a period, the warm-up's peer choice, the congestion
+condition, and emulated link bandwidth."""
+import numpy as np
+import pytest
+
+from asapmpi.errors import ConfigError
+from asapmpi.links import LinkModel
+from asapmpi.sync import Gossip
+from asapmpi.sync.gossip import congestion_report, update_time
+
+from mpilaunch import PATHS, run
+
+
+def test_update_time_follows_algorithm_2():
+    assert update_time(float("inf"), 5.0, 0.1) == 5.0          # first measurement
+    assert update_time(10.0, 8.0, 0.1) == 8.0                  # much faster: replace
+    assert update_time(10.0, 20.0, 0.1) == 15.0                # much slower: half way
+    assert update_time(10.0, 10.5, 0.1) == 10.0                # within threshold: keep
+
+
+def test_congestion_condition_and_smallest_period():
+    # 4 nodes, compute 1 s each; node 3 communicates in 5 s, the others in 1 s
+    report = congestion_report(np.ones(4), np.array([1.0, 1.0, 1.0, 5.0]), period=1)
+    assert report["congested"] == [False, False, False, True]
+    # eq. (2) for node 3: ((K-1) C_3 - sum_j C_j) / sum_j G_j = (15 - 3) / 3 = 4
+    assert report["min_period"] == 4
+    assert not any(congestion_report(np.ones(4), np.array([1.0, 1, 1, 5]), 4)["congested"])
+
+
+def test_link_model_and_options():
+    links = LinkModel(wide_mbps=1000, narrow_mbps=100, narrow=(2,), latency_ms=1)
+    assert links.seconds(0, 1, 125_000) == pytest.approx(0.001 + 0.001)
+    assert links.seconds(0, 2, 125_000) == pytest.approx(0.001 + 0.01)
+    with pytest.raises(ConfigError, match="narrow ranks need narrow_mbps"):
+        LinkModel(narrow=(1,))
+    with pytest.raises(ConfigError, match="period must be an integer >= 1"):
+        Gossip(period=0)
+    with pytest.raises(ConfigError, match=r"outside 0\.\.3"):
+        Gossip(narrow_mbps=10, narrow=(7,)).topology(4)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("period", [1, 4])
+def test_pulled_models_are_whole_and_disagreement_shrinks(period, path):
+    results = run("gossip_pulls_whole_models", 4, path, timeout=300, period=period)
+    for res in results:
+        assert res["torn"] == 0
+        pulls = np.array(res["pulls"])
+        assert len(pulls) == 60 // period
+        assert np.all(pulls[:, 0] % period == 0) and np.all(pulls[:, 2] > 0)
+        assert res["report"]["period"] == period and len(res["report"]["congested"]) == 4
+    assert results[0]["spread"] < 0.05 * 3
+
+
+@pytest.mark.mpi
+def test_warm_up_prefers_wide_peers_and_narrow_links_are_slow():
+    opts = {"period": 1, "warmup": 1000, "wide_mbps": 2000.0, "narrow_mbps": 40.0,
+            "narrow": [2, 3]}
+    results = run("gossip_pulls_whole_models", 4, "shm", timeout=300, iters=40, **opts)
+    narrow_seconds = 20000 * 4 * 8 / 40e6               # 16 ms per pull from a narrow rank
+    for rank, res in enumerate(results):
+        pulls = np.array(res["pulls"])
+        to_narrow = np.isin(pulls[:, 1], [2, 3])
+        # every pull involving a narrow rank took at least its emulated transfer time
+        involves = to_narrow | (rank in (2, 3))
+        assert np.all(pulls[involves, 3] >= 0.95 * narrow_seconds)
+        if rank in (0, 1):
+            # uniform choice would pull a narrow peer 2/3 of the time
+            assert to_narrow.mean() < 0.5, to_narrow.mean()
+    # the congestion report has every node's measured times: a narrow node's pulls all
+    # cross its own narrow link
+    comm = results[0]["report"]["comm_s"]
+    assert min(comm[2], comm[3]) >= 0.95 * narrow_seconds and min(comm) > 0
