@@ -398,12 +398,14 @@ class Exchange:
 
     @property
     def bytes_sent(self) -> int:
-        """Payload bytes this rank has sent (slot headers, footers and control words not
-        counted).  sync="allreduce": 2(n-1)/n of the buffer per call, what a ring or
+        """Payload bytes this rank's one-sided operations moved: its puts, and the gets
+        of pull gossip (slot headers, footers and control words not counted).
+        sync="allreduce": an estimate, 2(n-1)/n of the buffer per call, what a ring or
         reduce-scatter + allgather all-reduce sends."""
         win = self._alive()
         if win is not None:
-            sent = win.bytes_put
+            # pull gossip moves its bytes with gets: count them on the rank that pulls
+            sent = win.bytes_put + win.bytes_got
         else:
             n = self.size
             sent = self._policy.calls * (2 * (n - 1) * self.nbytes // n)
@@ -415,6 +417,8 @@ class Exchange:
         and barriers; sync="allreduce": inside MPI_Allreduce)."""
         win = self._alive()
         spent = win.wait_seconds if win is not None else self._policy.seconds
+        # policies whose communication is not a wait (gossip's pulls) add their own
+        spent += getattr(self._policy, "extra_wait_seconds", 0.0)
         return self._carried["wait_seconds"] + float(spent)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -453,6 +457,12 @@ class Exchange:
         self.version = self._base
         self._carried = {"bytes_sent": int(state.get("bytes_sent", 0)),
                          "wait_seconds": float(state.get("wait_seconds", 0.0))}
+
+    @property
+    def report(self):
+        """What the policy measured about the run, if anything (gossip: the congestion
+        condition of its eq. (1)-(2)), else None."""
+        return getattr(self._policy, "report", None)
 
     @property
     def global_iterations(self) -> bool:

@@ -33,8 +33,8 @@ def test_link_model_and_options():
     assert links.seconds(0, 2, 125_000) == pytest.approx(0.001 + 0.01)
     with pytest.raises(ConfigError, match="narrow ranks need narrow_mbps"):
         LinkModel(narrow=(1,))
-    with pytest.raises(ConfigError, match="period must be an integer >= 1"):
-        Gossip(period=0)
+    with pytest.raises(ConfigError, match="every must be an integer >= 1"):
+        Gossip(every=0)
     with pytest.raises(ConfigError, match=r"outside 0\.\.3"):
         Gossip(narrow_mbps=10, narrow=(7,)).topology(4)
 
@@ -43,7 +43,7 @@ def test_link_model_and_options():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("period", [1, 4])
 def test_pulled_models_are_whole_and_disagreement_shrinks(period, path):
-    results = run("gossip_pulls_whole_models", 4, path, timeout=300, period=period)
+    results = run("gossip_pulls_whole_models", 4, path, timeout=300, every=period)
     for res in results:
         assert res["torn"] == 0
         pulls = np.array(res["pulls"])
@@ -55,7 +55,7 @@ def test_pulled_models_are_whole_and_disagreement_shrinks(period, path):
 
 @pytest.mark.mpi
 def test_warm_up_prefers_wide_peers_and_narrow_links_are_slow():
-    opts = {"period": 1, "warmup": 1000, "wide_mbps": 2000.0, "narrow_mbps": 40.0,
+    opts = {"every": 1, "warmup": 1000, "wide_mbps": 2000.0, "narrow_mbps": 40.0,
             "narrow": [2, 3]}
     results = run("gossip_pulls_whole_models", 4, "shm", timeout=300, iters=40, **opts)
     narrow_seconds = 20000 * 4 * 8 / 40e6               # 16 ms per pull from a narrow rank

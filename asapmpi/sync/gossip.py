@@ -18,9 +18,10 @@ moves c half way, (c + new) / 2; otherwise c stays.  Unknown entries start at IN
 the first measurement replaces them.  Peers still unknown get the probability of the
 fastest known one, so that they are tried.
 
-At the first communication every rank measures E[G] (compute time per iteration so
-far) and E[C] (one pull from every peer, the emulated link delay included), and the
-ranks exchange them (one allgather) to evaluate the paper's congestion condition
+At the first communication at least CALIBRATION_STEPS iterations after the first step,
+every rank measures E[G] (compute time per iteration since its first step) and E[C]
+(one pull from every peer, the emulated link delay included), and the ranks exchange
+them (one allgather) to evaluate the paper's congestion condition
 eq. (1), (1/(K-1)) sum_{j != i} (T E[G_j] + E[C_j]) < E[C_i], and the smallest T
 that avoids it, eq. (2): `policy.report`.
 
@@ -56,18 +57,18 @@ def update_time(c: float, new: float, threshold: float) -> float:
 
 
 class Gossip(Policy):
-    """Options: period (T >= 1), warmup (iterations with the warm-up choice, >= 0),
-    threshold (UPDATE_TIME, in (0, 1)), seed, and the link emulation wide_mbps,
-    narrow_mbps, narrow (ranks), latency_ms."""
+    """Options: every (the period T >= 1: communicate every T iterations), warmup
+    (iterations with the warm-up choice, >= 0), threshold (UPDATE_TIME, in (0, 1)),
+    seed, and the link emulation wide_mbps, narrow_mbps, narrow (ranks), latency_ms."""
 
     name = "gossip"
     depth = 0                  # no receive slots: peers are pulled, not pushed to
     publishes = True
 
-    def __init__(self, period: int = 1, warmup: int = 0, threshold: float = 0.1,
+    def __init__(self, every: int = 1, warmup: int = 0, threshold: float = 0.1,
                  seed: int = 0, wide_mbps: float = 0.0, narrow_mbps: float = 0.0,
                  narrow=(), latency_ms: float = 0.0):
-        for label, value, low in (("period", period, 1), ("warmup", warmup, 0),
+        for label, value, low in (("every", every, 1), ("warmup", warmup, 0),
                                   ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
                     or value < low:
@@ -77,7 +78,7 @@ class Gossip(Policy):
             raise ConfigError(f"gossip option threshold must be in (0, 1), got {threshold!r}")
         if isinstance(narrow, (int, np.integer)):
             narrow = (narrow,)
-        self.period, self.warmup, self.threshold, self.seed = int(period), int(warmup), \
+        self.period, self.warmup, self.threshold, self.seed = int(every), int(warmup), \
             float(threshold), int(seed)
         self.links = LinkModel(float(wide_mbps), float(narrow_mbps), tuple(narrow),
                                float(latency_ms))
@@ -87,7 +88,7 @@ class Gossip(Policy):
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""
-        return {"period": self.period, "warmup": self.warmup, "threshold": self.threshold,
+        return {"every": self.period, "warmup": self.warmup, "threshold": self.threshold,
                 "seed": self.seed, "wide_mbps": self.links.wide_mbps,
                 "narrow_mbps": self.links.narrow_mbps, "narrow": list(self.links.narrow),
                 "latency_ms": self.links.latency_ms}
@@ -105,9 +106,12 @@ class Gossip(Policy):
         """The busy-until word and the time table."""
         return 1 + n
 
+    #: iterations timed before the congestion condition is evaluated
+    CALIBRATION_STEPS = 5
+
     def start(self) -> None:
-        """Empty time table (INF), the clock of E[G]."""
-        self._started = time.monotonic()
+        """Empty time table (INF); E[G] is timed from the first step on."""
+        self._started = None
         self._table: Optional[np.ndarray] = None
         self._rng = None
         self._tmp = None
@@ -115,8 +119,15 @@ class Gossip(Policy):
 
     # ------------------------------------------------------------------ one iteration
 
+    @property
+    def extra_wait_seconds(self) -> float:
+        """Seconds spent pulling (emulated link time included): time not computing."""
+        return self._comm_seconds
+
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """On a communication iteration: publish the model."""
+        if self._started is None:
+            self._started = (time.monotonic(), version)
         if version % self.period == 0:
             win.publish(buf, version)
 
@@ -129,7 +140,9 @@ class Gossip(Policy):
             self._table = np.full(n, float(INF_NS))
             self._rng = np.random.default_rng([self.seed, win.rank])
             self._tmp = np.empty_like(np.frombuffer(buf, dtype=np.uint8))
-            self._congestion(win, ctx)
+        if self.report is None and version - self._started[1] >= self.CALIBRATION_STEPS:
+            # every rank passes the same communication iterations: one allgather
+            self._congestion(win, ctx, version)
         peers = [r for r in range(n) if r != win.rank]
         peer = self._choose(peers, version)
         start = time.monotonic()
@@ -205,10 +218,11 @@ class Gossip(Policy):
         for k, value in enumerate(self._table):
             win.accumulate_word(win.rank, own.user_disp(_TABLE + k), int(min(value, INF_NS)))
 
-    def _congestion(self, win, ctx: StepContext) -> None:
-        """E[G] and E[C] of every rank (one pull from each peer, one allgather) and the
-        paper's eq. (1)-(2)."""
-        g = (time.monotonic() - self._started) / self.period
+    def _congestion(self, win, ctx: StepContext, version: int) -> None:
+        """E[G] (compute seconds per iteration since the first step) and E[C] (one pull
+        from each peer) of every rank, one allgather, and the paper's eq. (1)-(2)."""
+        since, first = self._started
+        g = (time.monotonic() - since - self._comm_seconds) / (version - first)
         times = []
         for peer in range(win.size):
             if peer != win.rank:

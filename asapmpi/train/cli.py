@@ -15,6 +15,8 @@ import os
 import sys
 from typing import List
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..reduce.graphs import GRAPHS
 from ..slowdown import KINDS
@@ -174,7 +176,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_report(s: dict) -> None:
+    report = s.get("policy_report")
+    if not report or "congested" not in report:
+        return
+    slow = [i for i, c in enumerate(report["congested"]) if c]
+    print(f"{s['label']}: congestion condition (gossip eq. 1) at T={report['period']}: "
+          f"{'nodes ' + str(slow) + ' congested' if slow else 'no node congested'}; "
+          f"smallest T without congestion (eq. 2): {report['min_period']}; measured "
+          f"compute {1e3 * float(np.mean(report['compute_s'])):.2f} ms/iteration, "
+          f"communication {', '.join(f'{1e3 * c:.1f}' for c in report['comm_s'])} ms",
+          flush=True)
+
+
 def _say_one(s: dict) -> None:
+    _say_report(s)
     reached = "not reached" if s["time_to_target_s"] is None else \
         f"{s['time_to_target_s']:.2f} s"
     print(f"{s['label']}: test accuracy {100 * s['final_test_accuracy']:.2f}% after "

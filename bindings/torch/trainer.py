@@ -162,7 +162,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         return None
     return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target,
                      extra={"sync": cfg.sync, "graph": opt.exchange.graph.name,
-                            "model_bytes": opt.flat.nbytes})
+                            "model_bytes": opt.flat.nbytes,
+                            "policy_report": opt.exchange.report})
 
 
 def _agree(comm: MPI.Comm, problem: Optional[str]) -> None:
