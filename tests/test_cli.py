@@ -188,3 +188,11 @@ def test_demo_bad_hop_option_is_one_line_from_rank_zero():
     assert lines == ["asapmpi: error: hop backup=1 must be smaller than the smallest "
                      "in-degree of the graph (1): every rank must wait for at least one "
                      "in-neighbour"], proc.stderr
+
+
+def test_bench_zipline_runs_in_one_process(tmp_path):
+    proc = asapmpi("bench", "zipline", "--workers", "5,20", "--R", "4", "--repeats", "2",
+                   "--json", str(tmp_path / "z.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ZipLine" in proc.stdout and "GridScan" in proc.stdout
+    assert (tmp_path / "z.json").stat().st_size > 0

@@ -218,3 +218,20 @@ def test_svm_on_a_wide_libsvm_file_uses_sparse_batches(tmp_path):
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["final_test_accuracy"] > 0.8
     assert s["model_bytes"] == 4 * (10000 + 16)          # weights, bias padded to 64 B
+
+
+def test_backup_ps_elastic_and_gossip_train(tmp_path):
+    proc = train("svm", "-n", "5", "--iters", "150", "--out", str(tmp_path), "--json",
+                 str(tmp_path / "s.json"), "--compare",
+                 "backup_ps:backup=1,elastic,gossip:every=2:warmup=50:narrow=3/4:"
+                 "narrow_mbps=50:wide_mbps=1000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["label"].split(":")[0]: r for r in
+            json.loads((tmp_path / "s.json").read_text())["runs"]}
+    for r in runs.values():
+        assert r["final_test_accuracy"] > 0.85 and r["iterations"] == 150
+        assert r["bytes_sent_per_rank"] > 0
+    # the server's parameters are every replica's after a backup_ps or elastic superstep
+    assert runs["backup_ps"]["final_test_accuracy_min"] == \
+        runs["backup_ps"]["final_test_accuracy_max"]
+    assert "congestion condition (gossip eq. 1) at T=2" in proc.stdout
