@@ -112,8 +112,10 @@ def test_read_only_buffer_and_bad_options():
         asapmpi.Exchange(np.zeros(4), graph="ring", sync="nope", comm=MPI.COMM_SELF)
     with pytest.raises(ConfigError, match="timeout must be"):
         asapmpi.Exchange(np.zeros(4), graph="ring", comm=MPI.COMM_SELF, timeout=-1)
-    with pytest.raises(ConfigError, match="pass graph="):
-        asapmpi.Exchange(np.zeros(4), graph=None, comm=MPI.COMM_SELF)
+    with pytest.raises(ConfigError, match="unknown graph 'nope'"):
+        asapmpi.Exchange(np.zeros(4), graph="nope", comm=MPI.COMM_SELF)
+    with pytest.raises(ConfigError, match="needs a server and at least one worker"):
+        asapmpi.Exchange(np.zeros(4), sync="backup_ps", comm=MPI.COMM_SELF)
 
 
 def test_window_word_access_checks_offsets_and_ranks():
