@@ -12,9 +12,11 @@ from .errors import (
                      MPIError,
                      MPIMismatchError,
                      NeighbourTimeoutError,
+                     NonFiniteError,
                      ProtocolError,
 )
 from .exchange import Exchange
+from .faults import abort_job
 from .rc import rc
 from .reduce import Graph, graph, graph_from, spectral_gap
 from .slowdown import Slowdown
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsapError", "ConfigError", "Exchange", "FreedError", "Graph", "MPIError",
-    "MPIMismatchError", "NeighbourTimeoutError", "ProtocolError", "Slowdown", "__version__",
-    "errors", "graph", "graph_from", "rc", "spectral_gap",
+    "MPIMismatchError", "NeighbourTimeoutError", "NonFiniteError", "ProtocolError",
+    "Slowdown", "__version__", "abort_job", "errors", "graph", "graph_from", "rc",
+    "spectral_gap",
 ]

@@ -14,17 +14,25 @@ from .errors import AsapError, ConfigError
 MULTI_RANK = {"demo", "bench", "train"}
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (what to change), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    from . import demo, graph_cli, trace_cli
+    from . import demo, doctor, graph_cli, trace_cli
     from .bench import consistency as bench_consistency
     from .bench import core as bench_core
     from .bench import stragglers as bench_stragglers
     from .bench import zipline as bench_zipline
     from .train import cli as train_cli
 
-    parser = argparse.ArgumentParser(prog="asapmpi", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineErrorParser(prog="asapmpi", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True,
+                                parser_class=OneLineErrorParser)
 
     def ranks_options(p):
         p.add_argument("-n", "--ranks", type=int, default=4,
@@ -45,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     # training may run for hours: no job limit unless asked (neighbour waits time out)
     p_train.set_defaults(job_timeout=0)
     train_cli.add_arguments(p_train)
+
+    p_doctor = sub.add_parser("doctor", help="check the installation: MPI library and "
+                                             "ABI, RMA path, progress, a 2-rank smoke test")
+    doctor.add_arguments(p_doctor)
 
     p_graph = sub.add_parser("graph", help="a graph's degree, bytes on the wire, "
                                            "connectivity and spectral gaps; --png draws it")
@@ -99,6 +111,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from . import trace_cli
 
             return trace_cli.run(args)
+        if args.command == "doctor":
+            from . import doctor
+
+            return doctor.run(args)
     except ConfigError as exc:
         if _is_rank_zero():     # every rank raised the same error: say it once
             print(f"asapmpi: error: {exc}", file=sys.stderr)
@@ -115,10 +131,15 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
+    # bad input fails here, before any rank starts
     if args.command == "train":
         from .train import cli as train_cli
 
-        train_cli.configs(args)      # bad input fails here, before any rank starts
+        train_cli.configs(args)
+    elif args.command == "demo":
+        from . import demo
+
+        demo.check(args)
     if not inside_mpi_job():
         return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
     try:

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from .exchange import Exchange
 from .reduce.graphs import GRAPHS
-from .slowdown import KINDS, from_options
+from .slowdown import KINDS, from_environment, from_options
 from .sync import POLICIES
 
 
@@ -47,6 +47,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hop/notify_ack: write the iteration trace to HDF5")
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse bad options before any rank starts (ConfigError, one line)."""
+    from .errors import ConfigError
+    from .sync import policy
+
+    for flag, value in (("--size", args.size), ("--steps", args.steps)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if args.compute_ms < 0:
+        raise ConfigError(f"--compute-ms must be >= 0, got {args.compute_ms}")
+    if args.sync == "hop":
+        policy("hop", **{key: getattr(args, key) for key in
+                         ("max_gap", "backup", "staleness", "skip_trigger", "max_jump")
+                         if getattr(args, key, None) is not None})
+
+
 def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
     """Run the demo on `comm`; rank 0 prints; returns rank 0's summary (others: {})."""
     rank, size = comm.rank, comm.size
@@ -58,7 +74,8 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
                ("max_gap", "backup", "staleness", "skip_trigger", "max_jump")
                if getattr(args, key, None) is not None}
     slow = from_options(args.slowdown, args.slow_factor, args.slow_probability,
-                        args.slow_ranks, args.slow_seed, size)
+                        args.slow_ranks, args.slow_seed, size) if args.slowdown != "none" \
+        else from_environment(size)         # asapmpi-run --slowdown
     with Exchange(buf, graph=args.graph, sync=args.sync, comm=comm, checksum=args.checksum,
                   **options) as ex:
         say(f"asapmpi demo: {size} ranks, graph {args.graph}, sync {ex.sync}, "

@@ -67,3 +67,8 @@ class FreedError(AsapError, RuntimeError):
 
 class MPIMismatchError(AsapError, ImportError):
     """The compiled core and mpi4py use different MPI libraries or ABIs."""
+
+
+class NonFiniteError(AsapError, ValueError):
+    """A buffer held NaN or Inf when an Exchange created with reject_nonfinite=True was
+    asked to send it; nothing was sent."""

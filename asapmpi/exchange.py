@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from .errors import ConfigError, FreedError
+from .errors import ConfigError, FreedError, NonFiniteError
+from .faults import install_abort_hook
+from .launch import check_world_size
 from .rc import rc
 from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
@@ -32,6 +36,8 @@ from .sync import policy as make_policy
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
                   Any]
 WEIGHT_NAMES = ("auto", "uniform", "metropolis")
+#: steps timed before the default timeout follows the measured step times
+STEPS_MEASURED = 16
 _DTYPES = {"f": ("float32", 4), "d": ("float64", 8)}
 
 
@@ -236,7 +242,11 @@ class Exchange:
     weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
         ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
         rank's {rank: weight} row.  The result must be doubly stochastic.
-    timeout: seconds any wait on a neighbour may take (default asapmpi.rc.timeout).
+    timeout: seconds any wait on a neighbour may take.  Default: derived from measured
+        step times (asapmpi.rc: timeout_factor x median step, within [timeout_min,
+        timeout]; rc.timeout until enough steps are timed).
+    reject_nonfinite: refuse to send a buffer holding NaN or Inf (NonFiniteError on the
+        rank that has it, before anything is sent).
     checksum: put a checksum of the payload in every slot footer and verify it.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
@@ -247,13 +257,16 @@ class Exchange:
     def __init__(self, buffer, graph: Optional[GraphSpec] = None, sync: str = "notify_ack",
                  comm: Optional[MPI.Comm] = None, *,
                  weights: Union[str, Mapping[int, float], Any] = "auto",
-                 timeout: Optional[float] = None, checksum: bool = False, **options):
+                 timeout: Optional[float] = None, checksum: bool = False,
+                 reject_nonfinite: bool = False, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
         self._win = None
         self._comm = None
+        if comm == MPI.COMM_WORLD:
+            check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, options,
                                     rank, size)
         meta = comm.allgather(local["meta"])
@@ -279,6 +292,12 @@ class Exchange:
         self.out_neighbours = g.out_neighbours(rank)
         self.sync = sync
         self.timeout = local["timeout"]
+        self._adaptive = timeout is None
+        self._step_seconds: Deque[float] = deque(maxlen=64)
+        self._send_seconds = 0.0
+        self.reject_nonfinite = bool(reject_nonfinite)
+        if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
+            install_abort_hook()
         self.version = 0            # steps completed, earlier runs (load_state_dict) included
         self._base = 0              # steps completed before this window existed
         self._window_version = 0    # steps completed on this window (versions start at 1)
@@ -369,8 +388,10 @@ class Exchange:
         if self._sending:
             raise ConfigError("send() was called without its receive(); call receive() "
                               "before step()")
-        self._advance(self._policy.step(win, self.buffer, self._window_version + 1,
-                                        self._ctx))
+        self._check_finite()
+        started = time.perf_counter()
+        done = self._policy.step(win, self.buffer, self._window_version + 1, self._ctx)
+        self._advance(done, time.perf_counter() - started)
 
     def send(self) -> None:
         """The first half of step(): publish the buffer.  Until receive() the buffer may
@@ -379,7 +400,10 @@ class Exchange:
         win = self._alive()
         if self._sending:
             raise ConfigError("send() twice without receive(); call receive() first")
+        self._check_finite()
+        started = time.perf_counter()
         self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
+        self._send_seconds = time.perf_counter() - started
         self._sending = True
 
     def receive(self) -> None:
@@ -388,13 +412,40 @@ class Exchange:
         if not self._sending:
             raise ConfigError("receive() without send(); call send() first (or step())")
         self._sending = False
-        self._advance(self._policy.receive(win, self.buffer, self._window_version + 1,
-                                           self._ctx))
+        started = time.perf_counter()
+        done = self._policy.receive(win, self.buffer, self._window_version + 1, self._ctx)
+        self._advance(done, self._send_seconds + time.perf_counter() - started)
 
-    def _advance(self, done: Optional[int]) -> None:
+    def _advance(self, done: Optional[int], seconds: float) -> None:
         # a policy that skips iterations (hop) reports the last one it completed
         self._window_version = self._window_version + 1 if done is None else done
         self.version = self._base + self._window_version
+        if self._adaptive:
+            self._step_seconds.append(seconds)
+            if len(self._step_seconds) >= STEPS_MEASURED:
+                derived = rc.timeout_factor * float(np.median(self._step_seconds))
+                self._ctx.timeout = min(max(derived, rc.timeout_min), self.timeout)
+
+    @property
+    def current_timeout(self) -> float:
+        """The seconds the next wait on a neighbour may take (see `timeout` above)."""
+        return self._ctx.timeout
+
+    def _check_finite(self) -> None:
+        if not self.reject_nonfinite:
+            return
+        array = self._ctx.array if self._ctx.array is not None else \
+            np.frombuffer(self.buffer, dtype=self.dtype)
+        # one pass without a temporary: NaN and Inf survive a float64 sum
+        if np.isfinite(np.add.reduce(array, dtype=np.float64)):
+            return
+        bad = np.flatnonzero(~np.isfinite(array))
+        if len(bad) == 0:
+            return                              # only the float64 sum overflowed
+        raise NonFiniteError(f"rank {self.rank}: the buffer holds {len(bad)} NaN/Inf "
+                             f"value(s) (first at element {bad[0]}) before step "
+                             f"{self.version + 1}; nothing was sent: lower the learning "
+                             f"rate or clip gradients")
 
     @property
     def bytes_sent(self) -> int:

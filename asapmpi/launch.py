@@ -7,6 +7,8 @@ import subprocess
 import sys
 from typing import List, Optional
 
+from .errors import ConfigError
+
 #: variables a process manager sets in every rank it starts (MPICH hydra, Open MPI,
 #: PMIx, Slurm's srun)
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -46,3 +48,28 @@ def relaunch(ranks: int, argv: List[str], network: bool = False,
         env["MPIEXEC_TIMEOUT"] = str(int(timeout))
     cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "asapmpi", *argv]
     return subprocess.call(cmd, env=env)
+
+
+def expected_size() -> Optional[int]:
+    """The number of ranks the launcher announced: asapmpi-run's ASAPMPI_EXPECTED_SIZE,
+    else Slurm's SLURM_NTASKS (inside a step started by srun), else None."""
+    for var in ("ASAPMPI_EXPECTED_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(var)
+        if var == "SLURM_NTASKS" and "SLURM_STEP_ID" not in os.environ:
+            continue            # sbatch's own shell: srun has not started the ranks yet
+        if value and value.isdigit():
+            return int(value)
+    return None
+
+
+def check_world_size(size: int) -> None:
+    """ConfigError when the job has another number of ranks than its launcher started:
+    typically every process is a singleton because mpi4py's MPI is not the launcher's."""
+    want = expected_size()
+    if want is not None and want != size:
+        from mpi4py import MPI
+
+        library = MPI.Get_library_version().strip().splitlines()[0]
+        raise ConfigError(f"this job has {size} rank(s) but its launcher started {want}: "
+                          f"the processes did not join one MPI job; launch with the mpiexec "
+                          f"of the MPI mpi4py uses ({library}), e.g. asapmpi-run")

@@ -13,6 +13,9 @@ from .errors import ConfigError
 #: environment variable -> rc field
 ENVIRONMENT = {
     "ASAPMPI_TIMEOUT": "timeout",
+    "ASAPMPI_TIMEOUT_MIN": "timeout_min",
+    "ASAPMPI_TIMEOUT_FACTOR": "timeout_factor",
+    "ASAPMPI_ABORT_ON_ERROR": "abort_on_error",
     "ASAPMPI_POLL_YIELDS": "poll_yields",
     "ASAPMPI_POLL_MAX_SLEEP_US": "poll_max_sleep_us",
 }
@@ -22,12 +25,23 @@ ENVIRONMENT = {
 class RC:
     """Defaults for every Exchange; change them with ``asapmpi.rc.timeout = ...``.
 
-    timeout: seconds a wait on a neighbour may last before NeighbourTimeoutError.
+    timeout: the longest a wait on a neighbour may last (seconds) before
+        NeighbourTimeoutError; an Exchange created without timeout= starts with it and,
+        once it has timed STEPS_MEASURED steps, waits timeout_factor times its median
+        step time, at least timeout_min and at most timeout (ASAP section 5: a timeout
+        that is a function of the reduce time).
+    timeout_min: the floor of that derived timeout, seconds.
+    timeout_factor: how many median steps a wait may last.
+    abort_on_error: an uncaught exception in a job of several ranks calls MPI_Abort
+        (asapmpi.faults), so that a failing rank ends the job instead of hanging it.
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.
     poll_max_sleep_us: longest sleep between two polls, microseconds.
     """
 
     timeout: float = 60.0
+    timeout_min: float = 10.0
+    timeout_factor: float = 100.0
+    abort_on_error: bool = True
     poll_yields: int = 32
     poll_max_sleep_us: int = 100
 
@@ -35,8 +49,13 @@ class RC:
         known = {f.name: f.type for f in fields(self)}
         if name not in known:
             raise ConfigError(f"asapmpi.rc has no option {name!r}; known: {sorted(known)}")
-        value = float(value) if name == "timeout" else int(value)
-        if (value <= 0 and name != "poll_yields") or value < 0:
+        if name == "abort_on_error":
+            if isinstance(value, str):
+                value = value.strip().lower() not in ("0", "false", "no", "off", "")
+            object.__setattr__(self, name, bool(value))
+            return
+        value = float(value) if name.startswith("timeout") else int(value)
+        if (value <= 0 and name != "poll_yields") or value < 0 or value != value:
             raise ConfigError(f"asapmpi.rc.{name} must be positive, got {value}")
         object.__setattr__(self, name, value)
 

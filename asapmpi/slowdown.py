@@ -79,3 +79,24 @@ def from_options(kind: str, factor: float, probability: float, ranks: Sequence[i
     if kind == "random" and not probability:
         probability = 1.0 / n
     return Slowdown(kind, factor, probability, tuple(ranks), seed)
+
+
+#: set by asapmpi-run --slowdown: kind:factor:probability:ranks(/-separated):seed
+ENVIRONMENT = "ASAPMPI_SLOWDOWN"
+
+
+def from_environment(n: int) -> Slowdown:
+    """The slowdown asapmpi-run asked for (ASAPMPI_SLOWDOWN), or none."""
+    import os
+
+    text = os.environ.get(ENVIRONMENT, "")
+    if not text:
+        return Slowdown()
+    try:
+        kind, factor, probability, ranks, seed = text.split(":")
+        return from_options(kind, float(factor), float(probability),
+                            [int(r) for r in ranks.split("/") if r], int(seed), n)
+    except ValueError:
+        raise ConfigError(f"{ENVIRONMENT}={text!r} is not kind:factor:probability:ranks:"
+                          f"seed (e.g. random:6:0:0:1); set it with asapmpi-run "
+                          f"--slowdown") from None

@@ -19,6 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every file keeps every bound, 1 otherwise."""
+    import os
+
+    from .errors import ConfigError
+
+    for path in args.files if args.trace_command == "check" else [args.file]:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: no such trace file; write one with `asapmpi demo "
+                              f"--trace FILE` or asapmpi.trace.save")
     if args.trace_command == "plot":
         trace.plot(args.file, args.png)
         print(f"drawn to {args.png}")

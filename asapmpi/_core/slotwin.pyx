@@ -27,6 +27,7 @@ cdef extern from "watchdog.h" nogil:
     void asap_watchdog_arm(double seconds, const char *call, long long version,
                            const char *ranks)
     void asap_watchdog_disarm()
+    void asap_watchdog_waiting(const char *what, long long version, const char *ranks)
 
 # Status of one input of a reduce, as counted in `stats`.
 cpdef enum:
@@ -64,6 +65,7 @@ cdef class SlotWindow:
     cdef bint _locked
     cdef Py_ssize_t _exports
     cdef readonly double flush_timeout
+    cdef readonly str memory_model
     cdef char out_desc[256]
     cdef char in_desc[256]
     cdef char what[512]
@@ -177,6 +179,7 @@ cdef class SlotWindow:
             self.free()  # not locked yet: free() skips the unlock
             raise ConfigError("this MPI gives a separate (not unified) memory model for "
                               "RMA windows; asapmpi needs MPI_WIN_UNIFIED")
+        self.memory_model = "MPI_WIN_UNIFIED"
         # Version 0 everywhere means "never written".  No rank can leave the allgather
         # below before every rank entered it, so no remote write precedes these stores.
         memset(self.base, 0, self.total_bytes)
@@ -689,7 +692,9 @@ cdef class SlotWindow:
             self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
             self.wait_expected[i] = version
         with nogil:
+            asap_watchdog_waiting(b"the notify", version, self.in_desc)
             r = self._wait_local(self.n_in, at_least, timeout)
+            asap_watchdog_waiting(NULL, 0, NULL)
         if r:
             self._raise_timeout(f"the notify of version {version}", self.n_in,
                                 self._in, timeout, at_least)
@@ -706,7 +711,9 @@ cdef class SlotWindow:
             self.wait_offs[j] = self.off_ack + 8 * j
             self.wait_expected[j] = version
         with nogil:
+            asap_watchdog_waiting(b"the ack", version, self.out_desc)
             r = self._wait_local(self.n_out, at_least, timeout)
+            asap_watchdog_waiting(NULL, 0, NULL)
         if r:
             self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
                                 timeout, at_least)
@@ -723,7 +730,9 @@ cdef class SlotWindow:
             raise ConfigError(f"min_count {min_count} outside 0..{self.n_in}")
         slot = version % self.depth
         with nogil:
+            asap_watchdog_waiting(b"the notify", version, self.in_desc)
             r = self._wait_count(version, slot, min_count, timeout, &got)
+            asap_watchdog_waiting(NULL, 0, NULL)
         if r:
             self._raise_timeout(f"the notify of version {version} (at least {min_count} of "
                                 f"{self.n_in})", self.n_in, self._in, timeout)
@@ -748,14 +757,34 @@ cdef class SlotWindow:
             if self._idle(&polls, t0, timeout):
                 return 1
 
-    def barrier(self):
-        """MPI_Barrier on the window's communicator (the BSP baseline's global barrier)."""
-        cdef double t
+    def barrier(self, double timeout=-1.0, int64_t version=0):
+        """The BSP baseline's global barrier on the window's communicator: MPI_Ibarrier
+        polled with backoff, so that a rank that never arrives is a timeout
+        (NeighbourTimeoutError after `timeout` seconds; < 0: flush_timeout), not a hang.
+        A barrier that timed out leaves its request pending: end the job."""
+        cdef MPI_Request req
+        cdef int done = 0
+        cdef int r = 0
+        cdef long polls = 0
+        cdef double t0
         self._check_alive()
+        if timeout < 0:
+            timeout = self.flush_timeout
         with nogil:
-            t = asap_now()
-            CHKERR(MPI_Barrier(self.comm), "MPI_Barrier")
-            self.wait_seconds += asap_now() - t
+            t0 = asap_now()
+            CHKERR(MPI_Ibarrier(self.comm, &req), "MPI_Ibarrier")
+            while True:
+                CHKERR(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test")
+                if done:
+                    break
+                if self._idle(&polls, t0, timeout):
+                    r = 1
+                    break
+        if r:
+            others = [i for i in range(self.size) if i != self.rank]
+            raise NeighbourTimeoutError(self.rank, f"the barrier of version {version} (some "
+                                        f"rank never arrived)", others, [version] * len(others),
+                                        [-1] * len(others), timeout)
 
     def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
         """Wait until the local word at `disp`, read atomically, is >= `at_least`."""

@@ -18,10 +18,15 @@
 #include <time.h>
 #include <unistd.h>
 #include <mpi.h>
+#include <signal.h>
+#include <stdlib.h>
 
 #define ASAP_WATCHDOG_TICK 0.05
 
 typedef struct {
+  const char *wait_what;    /* the wait in progress, for a crash report (NULL: none) */
+  long long wait_version;
+  const char *wait_ranks;
   long generation;     /* the call armed last (0: none yet) */
   long armed;          /* generation of the call running now, 0 = idle */
   long long start_ns;  /* CLOCK_MONOTONIC nanoseconds when it was armed */
@@ -75,6 +80,40 @@ static void *asap_watchdog_main(void *unused) {
   return NULL;
 }
 
+/* MPI libraries end the process from inside a call that failed fatally (MPICH's
+ * network module when a peer's connection drops: "OFI poll failed").  If that call was
+ * an armed flush, say which ranks it was for: the dead neighbour is among them. */
+static void asap_watchdog_at_exit(void) {
+  long armed = __atomic_load_n(&asap_wd.armed, __ATOMIC_ACQUIRE);
+  const char *waiting = __atomic_load_n(&asap_wd.wait_what, __ATOMIC_ACQUIRE);
+  if (!armed && waiting) {
+    fprintf(stderr, "asapmpi: rank %d: the process ended while waiting for %s of version "
+            "%lld from rank(s) %s: MPI failed there, a dead or unreachable rank among "
+            "them\n", asap_wd.rank, waiting, asap_wd.wait_version, asap_wd.wait_ranks);
+    fflush(stderr);
+    return;
+  }
+  if (!armed) return;
+  const char *call = __atomic_load_n(&asap_wd.call, __ATOMIC_RELAXED);
+  const char *ranks = __atomic_load_n(&asap_wd.ranks, __ATOMIC_RELAXED);
+  long long version = __atomic_load_n(&asap_wd.version, __ATOMIC_RELAXED);
+  if (version >= 0)
+    fprintf(stderr, "asapmpi: rank %d: the process ended inside %s of version %lld to "
+            "rank(s) %s: MPI failed there, a dead or unreachable rank among them\n",
+            asap_wd.rank, call, version, ranks);
+  else
+    fprintf(stderr, "asapmpi: rank %d: the process ended inside %s to rank(s) %s: MPI "
+            "failed there, a dead or unreachable rank among them\n", asap_wd.rank, call,
+            ranks);
+  fflush(stderr);
+}
+
+static void asap_watchdog_on_abort(int sig) {
+  asap_watchdog_at_exit();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 /* Start the thread once per process; returns 0 or an errno value. */
 static int asap_watchdog_start(void) {
   int rc = 0;
@@ -91,7 +130,13 @@ static int asap_watchdog_start(void) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     rc = pthread_create(&thread, &attr, asap_watchdog_main, NULL);
     pthread_attr_destroy(&attr);
-    if (rc == 0) asap_wd.started = 1;
+    if (rc == 0) {
+      asap_wd.started = 1;
+      atexit(asap_watchdog_at_exit);
+      signal(SIGABRT, asap_watchdog_on_abort);
+      signal(SIGSEGV, asap_watchdog_on_abort);
+      signal(SIGBUS, asap_watchdog_on_abort);
+    }
   }
   pthread_mutex_unlock(&asap_wd_start_mu);
   return rc;
@@ -110,6 +155,14 @@ static inline void asap_watchdog_arm(double seconds, const char *call, long long
   __atomic_store_n(&asap_wd.ranks, ranks, __ATOMIC_RELAXED);
   asap_wd.generation += 1;
   __atomic_store_n(&asap_wd.armed, asap_wd.generation, __ATOMIC_RELEASE);
+}
+
+/* Name the wait in progress (NULL: none), for the crash report above. */
+static inline void asap_watchdog_waiting(const char *what, long long version,
+                                         const char *ranks) {
+  asap_wd.wait_version = version;
+  asap_wd.wait_ranks = ranks;
+  __atomic_store_n(&asap_wd.wait_what, what, __ATOMIC_RELEASE);
 }
 
 static inline void asap_watchdog_disarm(void) {

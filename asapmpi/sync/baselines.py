@@ -24,7 +24,7 @@ class BSP(Policy):
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Barrier, then reduce the version-k inputs found whole."""
-        win.barrier()
+        win.barrier(ctx.timeout, version)
         win.reduce(buf, ctx.w_self, ctx.weights, version, version, version, seqlock=True,
                    checksum=ctx.checksum, renormalize=True)
 

@@ -111,7 +111,8 @@ class TrainConfig:
         cfg = replace(self, data=self.data or d["data"], lr=d["lr"] if self.lr is None
                       else self.lr, optimizer=self.optimizer or d["optimizer"],
                       target=d["target"] if self.target is None else self.target,
-                      batch_size=self.batch_size or d["batch_size"],
+                      batch_size=d["batch_size"] if self.batch_size is None
+                      else self.batch_size,
                       label=self.label or self.sync)
         cfg.check()
         return cfg

@@ -15,7 +15,7 @@ import torch
 from mpi4py import MPI
 
 from asapmpi.errors import ConfigError
-from asapmpi.slowdown import from_options
+from asapmpi.slowdown import from_environment, from_options
 from asapmpi.train import data as datasets
 from asapmpi.train.checkpoint import CheckpointDir
 from asapmpi.train.config import TrainConfig
@@ -120,7 +120,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         data = _Data(cfg, rank, size)
         model = models.build(cfg.model, data.ds.shape, data.ds.n_classes)
         slow = from_options(cfg.slowdown, cfg.slow_factor, cfg.slow_probability,
-                            cfg.slow_ranks, cfg.seed, size)
+                            cfg.slow_ranks, cfg.seed, size) if cfg.slowdown != "none" \
+            else from_environment(size)       # asapmpi-run --slowdown
     except (ConfigError, TypeError, ValueError) as exc:
         problem = str(exc)
     # a file missing on one host must not leave the other ranks waiting in the Exchange

@@ -678,3 +678,59 @@ def gossip_pulls_whole_models(comm, iters=60, n=20000, **options):
     ex.free()
     return {"torn": torn, "pulls": pulls.tolist(), "report": report, "spread": spread,
             "bytes_got": int(got)}
+
+
+def slow_rank_stall(comm, sync, options=None, stall_at=10, stall_s=1.5, iter_s=0.05,
+                    iters=40, timeout=1.0, n=1000):
+    """Rank 1 stalls `stall_s` seconds before step stall_at + 1 (alive, just slow); the
+    others compute `iter_s` per step.  Returns the timeout error this rank saw, if any
+    (no collective free after one: the job ends)."""
+    rank = comm.Get_rank()
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="complete", sync=sync, comm=comm, timeout=timeout,
+                          **(options or {}))
+    error = None
+    try:
+        while ex.version < iters:
+            time.sleep(iter_s)
+            if rank == 1 and ex.version == stall_at:
+                time.sleep(stall_s)
+            ex.step()
+    except NeighbourTimeoutError as exc:
+        error = str(exc)
+    if error is None:
+        ex.free()
+    return {"error": error, "version": ex.version}
+
+
+def adaptive_timeout(comm, env_min=0.5, stall_s=4.0, warm=40, n=1000):
+    """With the default (adaptive) timeout and a floor of env_min seconds, quick steps
+    make a stall of rank 1 time out after about the floor."""
+    rank = comm.Get_rank()
+    asapmpi.rc.timeout_min = env_min
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
+    for _ in range(warm):
+        ex.step()
+    if rank == 1:
+        time.sleep(stall_s)
+    start = time.monotonic()
+    error, used = None, ex.current_timeout
+    try:
+        ex.step()
+    except NeighbourTimeoutError as exc:
+        error = str(exc)
+    return {"error": error, "elapsed": time.monotonic() - start, "timeout": used}
+
+
+def bsp_dead_rank(comm, n=1000):
+    """Rank 2 stops stepping after step 3 (but stays alive); BSP's barrier of step 4
+    must time out on the others (the error is not caught: the job ends)."""
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=2.0)
+    for k in range(1, 7):
+        if comm.Get_rank() == 2 and k == 4:
+            time.sleep(60)
+        ex.step()
+    ex.free()
+    return {}

@@ -1,0 +1,161 @@
+"""`asapmpi doctor`: is this installation able to run asapmpi, and how?
+
+Reports which MPI library mpi4py loaded, which one the extension was built against and
+whether their ABIs match, whether one-sided traffic between ranks of a host takes the
+shared-memory or the network path, whether MPI's asynchronous progress is on, and then
+runs a 2-rank smoke test (put, notify, verified reduce, with checksums) under mpiexec,
+reporting the window memory model.  The exit code is 0 when every check passes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Tuple
+
+SMOKE_TAG = "ASAPMPI-DOCTOR"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `asapmpi doctor`."""
+    parser.add_argument("--network", action="store_true",
+                        help="run the smoke test on MPICH's forced network path")
+    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+
+
+def rma_path(env: Dict[str, str]) -> str:
+    """How MPICH moves RMA between ranks of one host under `env`."""
+    if env.get("MPIR_CVAR_NOLOCAL", "0") not in ("", "0"):
+        netmod = env.get("MPIR_CVAR_CH4_NETMOD", "default netmod")
+        provider = env.get("FI_PROVIDER", "")
+        return f"network (forced: MPIR_CVAR_NOLOCAL=1, {netmod}" + \
+            (f", FI_PROVIDER={provider})" if provider else ")")
+    return "shared memory between ranks of a host, network between hosts"
+
+
+def async_progress(env: Dict[str, str]) -> str:
+    """Whether the MPI library runs a progress thread (MPICH or Open MPI settings)."""
+    if env.get("MPIR_CVAR_ASYNC_PROGRESS", "0") not in ("", "0"):
+        return "on (MPIR_CVAR_ASYNC_PROGRESS)"
+    if env.get("OMPI_MCA_opal_progress_thread", "0") not in ("", "0"):
+        return "on (OMPI_MCA_opal_progress_thread)"
+    return "off (waits drive progress themselves)"
+
+
+def library_checks() -> List[Tuple[str, bool, str]]:
+    """(check, passed, detail) for the MPI library and the extension's build."""
+    out: List[Tuple[str, bool, str]] = []
+    try:
+        import mpi4py
+        from mpi4py import MPI
+
+        out.append(("mpi4py", True, f"{mpi4py.__version__}, MPI {MPI.Get_version()[0]}."
+                                    f"{MPI.Get_version()[1]}"))
+    except ImportError as exc:
+        return [("mpi4py", False, f"cannot import mpi4py: {exc}")]
+    from ._core.mpiabi import build_config, runtime_abi
+
+    abi, version = runtime_abi()
+    out.append(("MPI library loaded", True, f"{version} (ABI {abi})"))
+    config = build_config()
+    if config is None:
+        out.append(("extension build", False, "no build record: reinstall asapmpi"))
+        return out
+    out.append(("extension built against", True, f"ABI {config.MPI_ABI} with "
+                                                f"{config.MPICC}"))
+    out.append(("ABI match", abi == config.MPI_ABI,
+                "yes" if abi == config.MPI_ABI else
+                f"no: rebuild with MPICC=<the mpicc of {version}>"))
+    try:
+        from . import _core  # noqa: F401  (the import runs the ABI check)
+
+        out.append(("extension import", True, "asapmpi._core loads"))
+    except Exception as exc:  # noqa: BLE001  (report whatever stops the import)
+        out.append(("extension import", False, f"{type(exc).__name__}: {exc}"))
+    return out
+
+
+def smoke() -> int:
+    """Run inside a 2-rank job: 20 exchange steps with checksums, every value checked;
+    rank 0 prints one tagged JSON line."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from .exchange import Exchange
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf = np.full(1 << 16, float(rank), dtype=np.float64)
+    ok, detail = True, ""
+    with Exchange(buf, graph="ring", sync="notify_ack", timeout=30, checksum=True) as ex:
+        for k in range(20):
+            ex.step()
+            # two ranks, weights 1/2: both hold the mean from the first step on
+            if size == 2 and not np.all(buf == 0.5):
+                ok, detail = False, f"step {k + 1}: wrong values {buf[:2]}"
+        model = ex.window.memory_model
+        stats = ex.stats
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        same_host = local.Get_size()
+        local.Free()
+    bad = sum(v for s in stats.values() for k, v in s.items() if k != "consistent")
+    if bad:
+        ok, detail = False, f"{bad} reads were not consistent: {stats}"
+    if rank == 0:
+        print(SMOKE_TAG + " " + json.dumps({"ok": ok, "detail": detail, "ranks": size,
+                                            "memory_model": model,
+                                            "ranks_on_host": same_host}), flush=True)
+    return 0 if ok else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; 0 if every check passed."""
+    if args.smoke:
+        return smoke()
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        from .errors import ConfigError
+
+        raise ConfigError(f"--json {args.json}: its folder does not exist")
+    from .launch import NETWORK_PATH_ENV, find_mpiexec
+
+    checks = library_checks()
+    env = dict(os.environ)
+    if args.network:
+        env.update(NETWORK_PATH_ENV)
+    checks.append(("RMA path", True, rma_path(env)))
+    checks.append(("asynchronous progress", True, async_progress(env)))
+    if all(ok for _, ok, _ in checks):
+        checks.extend(_smoke_checks(find_mpiexec(), env))
+    width = max(len(name) for name, _, _ in checks)
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name.ljust(width)}  {detail}")
+    passed = all(ok for _, ok, _ in checks)
+    print("asapmpi doctor: " + ("every check passed" if passed else "some checks FAILED"))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([{"check": n, "passed": ok, "detail": d} for n, ok, d in checks], f,
+                      indent=2)
+    return 0 if passed else 1
+
+
+def _smoke_checks(mpiexec: str, env: Dict[str, str]) -> List[Tuple[str, bool, str]]:
+    env = {**env, "MPIEXEC_TIMEOUT": "120"}
+    env.pop("PMI_RANK", None)
+    cmd = [mpiexec, "-n", "2", sys.executable, "-m", "asapmpi", "doctor", "--smoke"]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return [("2-rank smoke test", False, "hung for 150 s")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(SMOKE_TAG)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return [("2-rank smoke test", False, f"exit {proc.returncode}: {' | '.join(tail)}")]
+    res = json.loads(lines[0][len(SMOKE_TAG):])
+    return [("window memory model", True, res["memory_model"]),
+            ("ranks on one host", True, f"{res['ranks_on_host']} of {res['ranks']}"),
+            ("2-rank smoke test", res["ok"],
+             res["detail"] or "20 put/notify/verify steps, checksums, all values exact")]

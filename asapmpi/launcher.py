@@ -1,0 +1,142 @@
+"""asapmpi-run: one launcher for MPICH's hydra and Open MPI's mpiexec.
+
+    asapmpi-run -n 8 [--hosts FILE] [--job-timeout S] [--network] \\
+                [--slowdown random --slow-factor 6] [--dry-run] -- python train.py ...
+
+It finds the mpiexec of the MPI that mpi4py uses (beside the interpreter, $MPIEXEC,
+PATH), recognizes its flavour from `mpiexec --version`, and adds what small and
+oversubscribed machines need: Open MPI's --oversubscribe and --bind-to none and
+mpi_yield_when_idle (hydra oversubscribes by itself), a job time limit (hydra:
+MPIEXEC_TIMEOUT; Open MPI: --timeout), a hosts file (-f / --hostfile), MPICH's forced
+network path (--network: TCP on loopback), slowdown injection for the training demos
+and user code (ASAPMPI_SLOWDOWN), and ASAPMPI_EXPECTED_SIZE so that every rank can check
+that it landed in a job of the size asked for.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import ConfigError
+from .launch import NETWORK_PATH_ENV, find_mpiexec
+from .slowdown import KINDS
+
+FLAVOURS = ("mpich", "openmpi")
+
+
+def flavour(mpiexec: str) -> str:
+    """"mpich" (hydra) or "openmpi", from `mpiexec --version`."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"cannot run {mpiexec} --version: {exc}") from None
+    text = out.stdout + out.stderr
+    if "HYDRA" in text or "MPICH" in text:
+        return "mpich"
+    if "Open MPI" in text or "OpenRTE" in text or "prte" in text.lower():
+        return "openmpi"
+    raise ConfigError(f"{mpiexec} is neither MPICH's hydra nor Open MPI's mpiexec; set "
+                      f"MPIEXEC to one of them")
+
+
+def slowdown_spec(kind: str, factor: float, probability: float, ranks: Sequence[int],
+                  seed: int) -> str:
+    """The ASAPMPI_SLOWDOWN value: kind:factor:probability:ranks(/-separated):seed."""
+    return f"{kind}:{factor}:{probability}:{'/'.join(map(str, ranks))}:{seed}"
+
+
+def command(kind: str, mpiexec: str, ranks: int, program: List[str],
+            hosts: Optional[str] = None, job_timeout: float = 0, network: bool = False,
+            cores: Optional[int] = None) -> Tuple[List[str], Dict[str, str]]:
+    """The mpiexec command line and the environment additions for `program`."""
+    env = {"ASAPMPI_EXPECTED_SIZE": str(ranks)}
+    cmd = [mpiexec, "-n", str(ranks)]
+    if kind == "mpich":
+        if hosts:
+            cmd += ["-f", hosts]
+        if job_timeout:
+            env["MPIEXEC_TIMEOUT"] = str(int(job_timeout))
+    else:
+        cores = cores or os.cpu_count() or 1
+        if hosts:
+            cmd += ["--hostfile", hosts]
+        else:
+            # one host, maybe more ranks than cores: waiting ranks must yield the cores
+            cmd += ["--oversubscribe", "--bind-to", "none",
+                    "--mca", "mpi_yield_when_idle", "1"]
+        if job_timeout:
+            cmd += ["--timeout", str(int(job_timeout))]
+    if network:
+        if kind != "mpich":
+            raise ConfigError("--network forces MPICH's network module; with Open MPI use "
+                              "--mca btl ^sm,vader (pass it after --mpi-args)")
+        env.update(NETWORK_PATH_ENV)
+    return cmd + list(program), env
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of asapmpi-run."""
+    p.add_argument("-n", "--ranks", type=int, required=True, help="ranks to start")
+    p.add_argument("--hosts", metavar="FILE", help="hosts file (one host per line, "
+                                                   "optionally host:slots)")
+    p.add_argument("--job-timeout", type=float, default=0,
+                   help="end the job after this many seconds (default: no limit)")
+    p.add_argument("--network", action="store_true",
+                   help="MPICH: force RMA over the network module, TCP on loopback")
+    p.add_argument("--mpiexec", help="the mpiexec to use (default: the one beside this "
+                                     "Python, $MPIEXEC, PATH)")
+    p.add_argument("--mpi-args", default="", help="extra mpiexec arguments, one string")
+    p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    slow = p.add_argument_group("slowdown injection (ASAPMPI_SLOWDOWN; Hop section 7)")
+    slow.add_argument("--slowdown", default="none", choices=KINDS)
+    slow.add_argument("--slow-factor", type=float, default=6.0)
+    slow.add_argument("--slow-probability", type=float, default=0.0)
+    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0])
+    slow.add_argument("--slow-seed", type=int, default=0)
+    p.add_argument("program", nargs=argparse.REMAINDER,
+                   help="-- then the program and its arguments")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of asapmpi-run."""
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="asapmpi-run", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    try:
+        if args.ranks < 1:
+            raise ConfigError(f"-n must be at least 1, got {args.ranks}")
+        if not program:
+            raise ConfigError("no program to run: asapmpi-run -n N -- python script.py")
+        if args.hosts and not os.path.isfile(args.hosts):
+            raise ConfigError(f"--hosts {args.hosts}: no such file")
+        if args.job_timeout < 0:
+            raise ConfigError(f"--job-timeout must be >= 0, got {args.job_timeout}")
+        if args.slowdown != "none":
+            from .slowdown import from_options
+
+            from_options(args.slowdown, args.slow_factor, args.slow_probability,
+                         args.slow_ranks, args.slow_seed, args.ranks)
+        mpiexec = args.mpiexec or find_mpiexec()
+        kind = flavour(mpiexec)
+        cmd, env = command(kind, mpiexec, args.ranks, program, args.hosts,
+                           args.job_timeout, args.network)
+        cmd[3:3] = shlex.split(args.mpi_args)
+        if args.slowdown != "none":
+            env["ASAPMPI_SLOWDOWN"] = slowdown_spec(args.slowdown, args.slow_factor,
+                                                    args.slow_probability, args.slow_ranks,
+                                                    args.slow_seed)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"asapmpi-run: error: {exc}", file=sys.stderr)
+        return 2
+    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    print(f"asapmpi-run: {kind}: {shown} {shlex.join(cmd)}", file=sys.stderr)
+    if args.dry_run:
+        return 0
+    return subprocess.call(cmd, env={**os.environ, **env})

@@ -1,0 +1,86 @@
+"""Faults end jobs clearly: timeouts name the silent rank and the iteration, an uncaught
+error aborts the whole job, a killed rank is named by the survivors, a slow (not dead)
+neighbour does not stop Hop with backup workers, BSP's barrier times out."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mpilaunch import launch, mpiexec, run
+
+pytestmark = pytest.mark.mpi
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_stall_times_out_notify_ack_naming_the_rank_and_the_iteration():
+    results = run("slow_rank_stall", 4, "shm", timeout=120, sync="notify_ack")
+    # complete graph: every other rank waits for rank 1's notify of version 11 (rank 1
+    # itself, once awake, times out on the acks of the ranks that gave up)
+    for rank in (0, 2, 3):
+        error = results[rank]["error"]
+        assert error and "the notify of version 11 from rank 1 (expected 11" in error, error
+
+
+def test_the_same_stall_does_not_stop_hop_with_a_backup_worker():
+    results = run("slow_rank_stall", 4, "shm", timeout=120, sync="hop",
+                  options={"backup": 1, "max_gap": 40})
+    assert all(r["error"] is None and r["version"] >= 40 for r in results), results
+
+
+def test_the_default_timeout_follows_measured_step_times():
+    # floor 0.5 s; steps of ~1 ms: the stall of 4 s is caught after ~0.5 s, not 60 s
+    results = run("adaptive_timeout", 2, "shm", timeout=120,
+                  env_min=0.5, stall_s=4.0)
+    victim = results[0]
+    assert "rank 1" in victim["error"] and victim["elapsed"] < 2.5, victim
+    assert victim["timeout"] == pytest.approx(0.5)
+
+
+def test_an_uncaught_timeout_ends_the_job_non_zero():
+    # a plain user script: without asapmpi's abort hook the ranks that time out would
+    # wait in MPI_Finalize for the stalled one (600 s)
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120")
+    script = os.path.join(ROOT, "tests", "mpi", "uncaught_timeout.py")
+    start = time.monotonic()
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, script], env=env,
+                          capture_output=True, text=True, timeout=150, check=False)
+    assert proc.returncode != 0
+    assert "NeighbourTimeoutError" in proc.stderr and "from rank 1 (expected" in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_bsp_barrier_times_out_instead_of_hanging():
+    proc = launch("bsp_dead_rank", 3, "shm", timeout=120)
+    assert proc.returncode != 0
+    assert "the barrier of version 4" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", ["shm", "net"])
+def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    if path == "net":
+        from mpilaunch import NETWORK_PATH_ENV
+
+        env.update(NETWORK_PATH_ENV)
+    cmd = [mpiexec(), "-disable-auto-cleanup", "-n", "4", sys.executable, "-m", "asapmpi",
+           "train", "svm", "--iters", "100000", "--timeout", "3", "--kill-rank", "2",
+           "--kill-at", "30", "--no-progress", "--out", str(tmp_path)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 90
+    if path == "shm":
+        assert "from rank 2 (expected" in proc.stderr, proc.stderr[-3000:]
+    else:
+        # MPICH's TCP module ends a survivor whose connection to the dead rank broke
+        # from inside MPI; asapmpi's exit handler names what it was doing, when the
+        # process got to run it (hydra may kill it first)
+        for line in proc.stderr.splitlines():
+            listed = re.search(r"rank\(s\) ([\d, ]+)", line)
+            if line.startswith("asapmpi: rank") and listed:
+                assert "2" in listed.group(1).replace(" ", "").split(","), line
