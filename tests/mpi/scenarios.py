@@ -734,3 +734,19 @@ def bsp_dead_rank(comm, n=1000):
         ex.step()
     ex.free()
     return {}
+
+
+def nonfinite_update(comm, n=100):
+    """reject_nonfinite: rank 1's buffer gets a NaN before step 3; it refuses to send,
+    its neighbour times out waiting for it."""
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=2.0, reject_nonfinite=True)
+    error = None
+    try:
+        for k in range(1, 6):
+            if comm.Get_rank() == 1 and k == 3:
+                buf[5] = np.nan
+            ex.step()
+    except (asapmpi.NonFiniteError, NeighbourTimeoutError) as exc:
+        error = str(exc)
+    return {"error": error}

@@ -1,0 +1,135 @@
+"""asapmpi-run (hydra and Open MPI flags, a real 2-rank job), the job-size check,
+asapmpi doctor on both paths, the Slurm template, reject_nonfinite."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from asapmpi.errors import ConfigError
+from asapmpi.launcher import command, flavour
+
+from mpilaunch import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, os.path.join(ROOT, "launch", "asapmpi-run")]
+
+
+def _fake_mpiexec(tmp_path, banner):
+    path = tmp_path / "mpiexec"
+    path.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_flavours_and_their_flags(tmp_path):
+    hydra = _fake_mpiexec(tmp_path, "HYDRA build details:")
+    assert flavour(hydra) == "mpich"
+    cmd, env = command("mpich", hydra, 8, ["python", "x.py"], hosts="h.txt",
+                       job_timeout=90, network=True)
+    assert cmd == [hydra, "-n", "8", "-f", "h.txt", "python", "x.py"]
+    assert env["MPIEXEC_TIMEOUT"] == "90" and env["MPIR_CVAR_NOLOCAL"] == "1"
+    assert env["ASAPMPI_EXPECTED_SIZE"] == "8"
+    ompi = _fake_mpiexec(tmp_path / "..", "mpiexec (Open MPI) 5.0.3")
+    assert flavour(ompi) == "openmpi"
+    cmd, env = command("openmpi", ompi, 8, ["python", "x.py"], job_timeout=90)
+    assert cmd[:3] == [ompi, "-n", "8"] and "--oversubscribe" in cmd
+    assert cmd[cmd.index("--timeout") + 1] == "90" and "mpi_yield_when_idle" in cmd
+    with pytest.raises(ConfigError, match="forces MPICH's network module"):
+        command("openmpi", ompi, 2, ["x"], network=True)
+    with pytest.raises(ConfigError, match="neither MPICH's hydra nor Open MPI"):
+        flavour(_fake_mpiexec(tmp_path / "../..", "something else"))
+
+
+@pytest.mark.mpi
+def test_asapmpi_run_starts_a_job_that_sees_its_size_and_slowdown():
+    code = ("from mpi4py import MPI; import os, asapmpi.slowdown as s; "
+            "print(MPI.COMM_WORLD.Get_size(), os.environ['ASAPMPI_EXPECTED_SIZE'], "
+            "s.from_environment(3).factor_for(1, 7))")
+    proc = subprocess.run([*RUN, "-n", "3", "--job-timeout", "60", "--slowdown",
+                           "deterministic", "--slow-factor", "4", "--slow-ranks", "1", "--",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    # three ranks each print "3 3 4.0" (lines of different ranks may interleave)
+    assert sorted(proc.stdout.split()) == ["3"] * 6 + ["4.0"] * 3
+    assert "MPIEXEC_TIMEOUT=60" in proc.stderr        # the command it ran, on stderr
+
+
+def test_asapmpi_run_refuses_bad_input_in_one_line(tmp_path):
+    for args, message in ((["-n", "0", "--", "x"], "-n must be at least 1"),
+                          (["-n", "2"], "no program to run"),
+                          (["-n", "2", "--hosts", str(tmp_path / "none"), "--", "x"],
+                           "no such file"),
+                          (["-n", "2", "--slowdown", "random", "--slow-factor", "0.5", "--",
+                            "x"], "slowdown factor must be >= 1")):
+        proc = subprocess.run([*RUN, *args], capture_output=True, text=True, timeout=60,
+                              check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_singleton_from_a_foreign_launcher_says_so():
+    code = ("import numpy as np, asapmpi\n"
+            "try:\n asapmpi.Exchange(np.zeros(4))\n"
+            "except asapmpi.ConfigError as e: print(e)\n")
+    env = dict(os.environ, ASAPMPI_EXPECTED_SIZE="4")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert "this job has 1 rank(s) but its launcher started 4" in proc.stdout, proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("network", [False, True])
+def test_doctor_passes_and_reports_the_path(tmp_path, network):
+    args = [sys.executable, "-m", "asapmpi", "doctor", "--json", str(tmp_path / "d.json")]
+    proc = subprocess.run(args + (["--network"] if network else []), capture_output=True,
+                          text=True, timeout=200, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = {c["check"]: c for c in json.loads((tmp_path / "d.json").read_text())}
+    assert all(c["passed"] for c in report.values())
+    assert report["ABI match"]["detail"] == "yes"
+    assert report["window memory model"]["detail"] == "MPI_WIN_UNIFIED"
+    path = report["RMA path"]["detail"]
+    assert path.startswith("network (forced") if network else path.startswith("shared")
+
+
+def test_doctor_fails_when_the_smoke_test_fails(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from asapmpi import doctor
+
+    broken = _fake_broken(tmp_path)
+    name, ok, detail = doctor._smoke_checks(broken, dict(os.environ))[0]
+    assert name == "2-rank smoke test" and ok is False and "exit 3" in detail
+    monkeypatch.setattr(doctor, "_smoke_checks", lambda *a: [(name, ok, detail)])
+    args = argparse.Namespace(smoke=False, json=None, network=False)
+    assert doctor.run(args) == 1
+    assert "FAIL  2-rank smoke test" in capsys.readouterr().out
+
+
+def _fake_broken(tmp_path):
+    path = tmp_path / "broken-mpiexec"
+    path.write_text("#!/bin/sh\necho 'cannot start' >&2\nexit 3\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_slurm_template_is_valid_bash_and_uses_pmix():
+    path = os.path.join(ROOT, "launch", "slurm", "asapmpi-train.sbatch")
+    subprocess.run(["bash", "-n", path], check=True, timeout=30)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for needle in ("srun --mpi=pmix", "--cpu-bind=cores", "OMPI_MCA_osc=ucx",
+                   "RDMAV_FORK_SAFE=1", "--resume"):
+        assert needle in text
+
+
+@pytest.mark.mpi
+def test_reject_nonfinite_refuses_before_sending():
+    results = run("nonfinite_update", 2, "shm", timeout=120)
+    assert "rank 1: the buffer holds 1 NaN/Inf value(s) (first at element 5) before " \
+           "step 3; nothing was sent" in results[1]["error"]
+    assert "from rank 1 (expected 3" in results[0]["error"]   # its neighbour times out
