@@ -122,6 +122,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except AsapError as exc:
         print(f"asapmpi: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except FileNotFoundError as exc:        # no mpiexec to launch the ranks with
+        print(f"asapmpi: error: {exc}", file=sys.stderr)
+        return 2
     parser.error(f"unknown command {args.command!r}")
     return 2
 
@@ -131,6 +134,9 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
+    if not 0 <= args.job_timeout < float("inf"):
+        raise ConfigError(f"--job-timeout must be a number of seconds >= 0 (0: no limit), "
+                          f"got {args.job_timeout}")
     # bad input fails here, before any rank starts
     if args.command == "train":
         from .train import cli as train_cli

@@ -14,7 +14,8 @@ from mpi4py import MPI
 
 from .exchange import Exchange
 from .reduce.graphs import GRAPHS
-from .slowdown import KINDS, from_environment, from_options
+from .slowdown import add_arguments as slowdown_arguments
+from .slowdown import from_environment, from_options
 from .sync import POLICIES
 
 
@@ -33,13 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hop.add_argument("--staleness", type=int, help="staleness bound s")
     hop.add_argument("--skip-trigger", type=int, help="skip when this far behind")
     hop.add_argument("--max-jump", type=int, help="longest skip")
-    slow = parser.add_argument_group("slowdown injection (Hop section 7)")
-    slow.add_argument("--slowdown", default="none", choices=KINDS)
-    slow.add_argument("--slow-factor", type=float, default=6.0)
-    slow.add_argument("--slow-probability", type=float, default=0.0,
-                      help="random: probability per iteration (default 1/n)")
-    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0],
-                      help="deterministic: the slowed ranks (default 0)")
+    slow = slowdown_arguments(parser)
     slow.add_argument("--slow-seed", type=int, default=0)
     slow.add_argument("--compute-ms", type=float, default=0.0,
                       help="a compute phase of this many ms per step, slowed as asked")

@@ -115,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; 0 if every check passed."""
     if args.smoke:
         return smoke()
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+    if args.json and (os.path.isdir(args.json)
+                      or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
         from .errors import ConfigError
 
-        raise ConfigError(f"--json {args.json}: its folder does not exist")
+        raise ConfigError(f"--json {args.json}: not a file in an existing folder")
     from .launch import NETWORK_PATH_ENV, find_mpiexec
 
     checks = library_checks()
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _smoke_checks(mpiexec: str, env: Dict[str, str]) -> List[Tuple[str, bool, str]]:
-    env = {**env, "MPIEXEC_TIMEOUT": "120"}
+    env = {**env, "MPIEXEC_TIMEOUT": "120", "ASAPMPI_EXPECTED_SIZE": "2"}
     env.pop("PMI_RANK", None)
     cmd = [mpiexec, "-n", "2", sys.executable, "-m", "asapmpi", "doctor", "--smoke"]
     try:

@@ -138,8 +138,9 @@ def _positive_seconds(value) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"timeout must be a number of seconds, got {value!r}") from None
-    if not seconds > 0 or math.isnan(seconds):
-        raise ConfigError(f"timeout must be a positive number of seconds, got {value!r}")
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise ConfigError(f"timeout must be a positive, finite number of seconds, got "
+                          f"{value!r} (for a very long wait, give it: timeout=86400)")
     return seconds
 
 
@@ -243,8 +244,9 @@ class Exchange:
         ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
         rank's {rank: weight} row.  The result must be doubly stochastic.
     timeout: seconds any wait on a neighbour may take.  Default: derived from measured
-        step times (asapmpi.rc: timeout_factor x median step, within [timeout_min,
-        timeout]; rc.timeout until enough steps are timed).
+        iteration times, step to step (asapmpi.rc: timeout_factor x the median and at
+        least 3 x the longest of the last 64, within [timeout_min, timeout]; rc.timeout
+        until 16 iterations are timed).
     reject_nonfinite: refuse to send a buffer holding NaN or Inf (NonFiniteError on the
         rank that has it, before anything is sent).
     checksum: put a checksum of the payload in every slot footer and verify it.
@@ -294,7 +296,7 @@ class Exchange:
         self.timeout = local["timeout"]
         self._adaptive = timeout is None
         self._step_seconds: Deque[float] = deque(maxlen=64)
-        self._send_seconds = 0.0
+        self._last_start: Optional[float] = None
         self.reject_nonfinite = bool(reject_nonfinite)
         if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
             install_abort_hook()
@@ -389,9 +391,9 @@ class Exchange:
             raise ConfigError("send() was called without its receive(); call receive() "
                               "before step()")
         self._check_finite()
-        started = time.perf_counter()
+        self._iteration_started()
         done = self._policy.step(win, self.buffer, self._window_version + 1, self._ctx)
-        self._advance(done, time.perf_counter() - started)
+        self._advance(done)
 
     def send(self) -> None:
         """The first half of step(): publish the buffer.  Until receive() the buffer may
@@ -401,9 +403,8 @@ class Exchange:
         if self._sending:
             raise ConfigError("send() twice without receive(); call receive() first")
         self._check_finite()
-        started = time.perf_counter()
+        self._iteration_started()
         self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
-        self._send_seconds = time.perf_counter() - started
         self._sending = True
 
     def receive(self) -> None:
@@ -412,19 +413,28 @@ class Exchange:
         if not self._sending:
             raise ConfigError("receive() without send(); call send() first (or step())")
         self._sending = False
-        started = time.perf_counter()
         done = self._policy.receive(win, self.buffer, self._window_version + 1, self._ctx)
-        self._advance(done, self._send_seconds + time.perf_counter() - started)
+        self._advance(done)
 
-    def _advance(self, done: Optional[int], seconds: float) -> None:
+    def _iteration_started(self) -> None:
+        """Time whole iterations, from one step (or send) to the next: a neighbour's
+        wait for this rank covers this rank's compute too, not only its exchange."""
+        now = time.perf_counter()
+        if self._adaptive and self._last_start is not None:
+            self._step_seconds.append(now - self._last_start)
+            if len(self._step_seconds) >= STEPS_MEASURED:
+                # a typical iteration times the factor, but never less than a few of the
+                # longest recent ones (evaluations, checkpoints, ElasticBSP supersteps)
+                times = np.asarray(self._step_seconds)
+                derived = max(rc.timeout_factor * float(np.median(times)),
+                              3.0 * float(times.max()))
+                self._ctx.timeout = min(max(derived, rc.timeout_min), self.timeout)
+        self._last_start = now
+
+    def _advance(self, done: Optional[int]) -> None:
         # a policy that skips iterations (hop) reports the last one it completed
         self._window_version = self._window_version + 1 if done is None else done
         self.version = self._base + self._window_version
-        if self._adaptive:
-            self._step_seconds.append(seconds)
-            if len(self._step_seconds) >= STEPS_MEASURED:
-                derived = rc.timeout_factor * float(np.median(self._step_seconds))
-                self._ctx.timeout = min(max(derived, rc.timeout_min), self.timeout)
 
     @property
     def current_timeout(self) -> float:

@@ -1,6 +1,7 @@
 """Start the ranks of a CLI command: run inside an MPI job, or launch one with mpiexec."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -42,22 +43,33 @@ def relaunch(ranks: int, argv: List[str], network: bool = False,
              timeout: Optional[float] = None) -> int:
     """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code."""
     env = dict(os.environ)
+    env["ASAPMPI_EXPECTED_SIZE"] = str(ranks)
     if network:
         env.update(NETWORK_PATH_ENV)
     if timeout:
-        env["MPIEXEC_TIMEOUT"] = str(int(timeout))
+        env["MPIEXEC_TIMEOUT"] = str(max(1, math.ceil(timeout)))
     cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "asapmpi", *argv]
     return subprocess.call(cmd, env=env)
 
 
+#: what each kind of launcher tells its ranks about the job's size, most specific first
+SIZE_VARIABLES = ("ASAPMPI_EXPECTED_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+
+
 def expected_size() -> Optional[int]:
     """The number of ranks the launcher announced: asapmpi-run's ASAPMPI_EXPECTED_SIZE,
-    else Slurm's SLURM_NTASKS (inside a step started by srun), else None."""
-    for var in ("ASAPMPI_EXPECTED_SIZE", "SLURM_NTASKS"):
-        value = os.environ.get(var)
-        if var == "SLURM_NTASKS" and "SLURM_STEP_ID" not in os.environ:
-            continue            # sbatch's own shell: srun has not started the ranks yet
-        if value and value.isdigit():
+    the process manager's own variable (hydra's PMI_SIZE, Open MPI's
+    OMPI_COMM_WORLD_SIZE), else, in a step started by srun and by nothing else,
+    SLURM_STEP_NUM_TASKS; None when nothing says."""
+    for var in SIZE_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    # an mpiexec inside an srun step (srun --pty bash; mpirun in sbatch) sets its own
+    # variables above; only a bare srun step leaves Slurm's count as the truth
+    if "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ:
+        value = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+        if value.isdigit():
             return int(value)
     return None
 

@@ -15,14 +15,16 @@ that it landed in a job of the size asked for.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shlex
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .launch import NETWORK_PATH_ENV, find_mpiexec
-from .slowdown import KINDS
+from .slowdown import add_arguments as slowdown_arguments
 
 FLAVOURS = ("mpich", "openmpi")
 
@@ -55,11 +57,12 @@ def command(kind: str, mpiexec: str, ranks: int, program: List[str],
     """The mpiexec command line and the environment additions for `program`."""
     env = {"ASAPMPI_EXPECTED_SIZE": str(ranks)}
     cmd = [mpiexec, "-n", str(ranks)]
+    limit = str(max(1, math.ceil(job_timeout))) if job_timeout else ""
     if kind == "mpich":
         if hosts:
             cmd += ["-f", hosts]
-        if job_timeout:
-            env["MPIEXEC_TIMEOUT"] = str(int(job_timeout))
+        if limit:
+            env["MPIEXEC_TIMEOUT"] = limit
     else:
         cores = cores or os.cpu_count() or 1
         if hosts:
@@ -68,8 +71,8 @@ def command(kind: str, mpiexec: str, ranks: int, program: List[str],
             # one host, maybe more ranks than cores: waiting ranks must yield the cores
             cmd += ["--oversubscribe", "--bind-to", "none",
                     "--mca", "mpi_yield_when_idle", "1"]
-        if job_timeout:
-            cmd += ["--timeout", str(int(job_timeout))]
+        if limit:
+            cmd += ["--timeout", limit]
     if network:
         if kind != "mpich":
             raise ConfigError("--network forces MPICH's network module; with Open MPI use "
@@ -91,11 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "Python, $MPIEXEC, PATH)")
     p.add_argument("--mpi-args", default="", help="extra mpiexec arguments, one string")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-    slow = p.add_argument_group("slowdown injection (ASAPMPI_SLOWDOWN; Hop section 7)")
-    slow.add_argument("--slowdown", default="none", choices=KINDS)
-    slow.add_argument("--slow-factor", type=float, default=6.0)
-    slow.add_argument("--slow-probability", type=float, default=0.0)
-    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0])
+    slow = slowdown_arguments(p)          # passed to the job as ASAPMPI_SLOWDOWN
     slow.add_argument("--slow-seed", type=int, default=0)
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="-- then the program and its arguments")
@@ -103,9 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of asapmpi-run."""
-    import shlex
+    from .cli import OneLineErrorParser
 
-    parser = argparse.ArgumentParser(prog="asapmpi-run", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="asapmpi-run", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -116,18 +115,26 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError("no program to run: asapmpi-run -n N -- python script.py")
         if args.hosts and not os.path.isfile(args.hosts):
             raise ConfigError(f"--hosts {args.hosts}: no such file")
-        if args.job_timeout < 0:
-            raise ConfigError(f"--job-timeout must be >= 0, got {args.job_timeout}")
+        if not 0 <= args.job_timeout < float("inf"):
+            raise ConfigError(f"--job-timeout must be a number of seconds >= 0 (0: no "
+                              f"limit), got {args.job_timeout}")
         if args.slowdown != "none":
             from .slowdown import from_options
 
             from_options(args.slowdown, args.slow_factor, args.slow_probability,
                          args.slow_ranks, args.slow_seed, args.ranks)
+            outside = [r for r in args.slow_ranks if not 0 <= r < args.ranks]
+            if outside:
+                raise ConfigError(f"--slow-ranks {outside} are outside 0..{args.ranks - 1}")
+        try:
+            mpi_args = shlex.split(args.mpi_args)
+        except ValueError as exc:
+            raise ConfigError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
         mpiexec = args.mpiexec or find_mpiexec()
         kind = flavour(mpiexec)
         cmd, env = command(kind, mpiexec, args.ranks, program, args.hosts,
                            args.job_timeout, args.network)
-        cmd[3:3] = shlex.split(args.mpi_args)
+        cmd[3:3] = mpi_args
         if args.slowdown != "none":
             env["ASAPMPI_SLOWDOWN"] = slowdown_spec(args.slowdown, args.slow_factor,
                                                     args.slow_probability, args.slow_ranks,
@@ -139,4 +146,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"asapmpi-run: {kind}: {shown} {shlex.join(cmd)}", file=sys.stderr)
     if args.dry_run:
         return 0
-    return subprocess.call(cmd, env={**os.environ, **env})
+    sys.stderr.flush()
+    # become mpiexec: Ctrl-C and signals reach the process manager directly, which
+    # cleans up its ranks (a Python parent would kill it mid-cleanup)
+    os.execvpe(cmd[0], cmd, {**os.environ, **env})
+    return 1    # not reached

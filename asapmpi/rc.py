@@ -55,8 +55,9 @@ class RC:
             object.__setattr__(self, name, bool(value))
             return
         value = float(value) if name.startswith("timeout") else int(value)
-        if (value <= 0 and name != "poll_yields") or value < 0 or value != value:
-            raise ConfigError(f"asapmpi.rc.{name} must be positive, got {value}")
+        if (value <= 0 and name != "poll_yields") or value < 0 or value != value \
+                or value == float("inf"):
+            raise ConfigError(f"asapmpi.rc.{name} must be positive and finite, got {value}")
         object.__setattr__(self, name, value)
 
 

@@ -100,3 +100,16 @@ def from_environment(n: int) -> Slowdown:
         raise ConfigError(f"{ENVIRONMENT}={text!r} is not kind:factor:probability:ranks:"
                           f"seed (e.g. random:6:0:0:1); set it with asapmpi-run "
                           f"--slowdown") from None
+
+
+def add_arguments(parser):
+    """The slowdown-injection options (--slowdown, --slow-factor, --slow-probability,
+    --slow-ranks) of the commands that run iterations; returns the argument group."""
+    slow = parser.add_argument_group("slowdown injection (Hop section 7)")
+    slow.add_argument("--slowdown", default="none", choices=KINDS)
+    slow.add_argument("--slow-factor", type=float, default=6.0)
+    slow.add_argument("--slow-probability", type=float, default=0.0,
+                      help="random: probability per iteration (default 1/n)")
+    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0],
+                      help="deterministic: the slowed ranks (default 0)")
+    return slow

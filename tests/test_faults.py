@@ -36,7 +36,7 @@ def test_the_default_timeout_follows_measured_step_times():
                   env_min=0.5, stall_s=4.0)
     victim = results[0]
     assert "rank 1" in victim["error"] and victim["elapsed"] < 2.5, victim
-    assert victim["timeout"] == pytest.approx(0.5)
+    assert 0.5 <= victim["timeout"] < 2.0
 
 
 def test_an_uncaught_timeout_ends_the_job_non_zero():

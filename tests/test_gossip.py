@@ -72,3 +72,29 @@ def test_warm_up_prefers_wide_peers_and_narrow_links_are_slow():
     # cross its own narrow link
     comm = results[0]["report"]["comm_s"]
     assert min(comm[2], comm[3]) >= 0.95 * narrow_seconds and min(comm) > 0
+
+
+def test_a_pull_that_overlapped_a_publish_is_refused():
+    # one rank pulls from itself: header and footer of its published slot are faked
+    # the way a publish in progress leaves them
+    from mpi4py import MPI
+
+    from asapmpi import _core
+    from asapmpi._core.layout import HEADER_BYTES
+
+    buf = np.arange(10, dtype=np.float64)
+    out = np.zeros(10)
+    layout = _core.Layout(0, 0, 0, buf.nbytes, 0, 1)
+    with _core.SlotWindow(MPI.COMM_SELF, layout, [], [], [], [], [], 8) as win:
+        head = layout.off_publish
+        foot = head + HEADER_BYTES + layout.payload_stride
+        assert win.pull(0, head, out) == 0                      # nothing published yet
+        win.publish(buf, 7)
+        assert win.pull(0, head, out) == 7 and np.array_equal(out, buf)
+        win.debug_store_word(head, 8)                           # a newer publish began
+        assert win.pull(0, head, out) == 0
+        win.debug_store_word(head, 7)
+        win.debug_store_word(foot, 6)                           # footer of an older one
+        assert win.pull(0, head, out) == 0
+        win.publish(buf * 2, 9)
+        assert win.pull(0, head, out) == 9 and np.array_equal(out, buf * 2)

@@ -17,8 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(ROOT, "launch", "asapmpi-run")]
 
 
-def _fake_mpiexec(tmp_path, banner):
-    path = tmp_path / "mpiexec"
+def _fake_mpiexec(folder, banner):
+    folder.mkdir(exist_ok=True)
+    path = folder / "mpiexec"
     path.write_text(f"#!/bin/sh\necho '{banner}'\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
@@ -32,7 +33,7 @@ def test_flavours_and_their_flags(tmp_path):
     assert cmd == [hydra, "-n", "8", "-f", "h.txt", "python", "x.py"]
     assert env["MPIEXEC_TIMEOUT"] == "90" and env["MPIR_CVAR_NOLOCAL"] == "1"
     assert env["ASAPMPI_EXPECTED_SIZE"] == "8"
-    ompi = _fake_mpiexec(tmp_path / "..", "mpiexec (Open MPI) 5.0.3")
+    ompi = _fake_mpiexec(tmp_path / "ompi", "mpiexec (Open MPI) 5.0.3")
     assert flavour(ompi) == "openmpi"
     cmd, env = command("openmpi", ompi, 8, ["python", "x.py"], job_timeout=90)
     assert cmd[:3] == [ompi, "-n", "8"] and "--oversubscribe" in cmd
@@ -40,7 +41,7 @@ def test_flavours_and_their_flags(tmp_path):
     with pytest.raises(ConfigError, match="forces MPICH's network module"):
         command("openmpi", ompi, 2, ["x"], network=True)
     with pytest.raises(ConfigError, match="neither MPICH's hydra nor Open MPI"):
-        flavour(_fake_mpiexec(tmp_path / "../..", "something else"))
+        flavour(_fake_mpiexec(tmp_path / "other", "something else"))
 
 
 @pytest.mark.mpi
@@ -64,7 +65,13 @@ def test_asapmpi_run_refuses_bad_input_in_one_line(tmp_path):
                           (["-n", "2", "--hosts", str(tmp_path / "none"), "--", "x"],
                            "no such file"),
                           (["-n", "2", "--slowdown", "random", "--slow-factor", "0.5", "--",
-                            "x"], "slowdown factor must be >= 1")):
+                            "x"], "slowdown factor must be >= 1"),
+                          (["-n", "2", "--job-timeout", "nan", "--", "x"],
+                           "--job-timeout must be a number of seconds"),
+                          (["-n", "2", "--mpi-args", '"', "--", "x"], "--mpi-args"),
+                          (["-n", "x"], "invalid int value: 'x'"),
+                          (["-n", "2", "--slowdown", "deterministic", "--slow-ranks", "5",
+                            "--", "x"], "are outside 0..1")):
         proc = subprocess.run([*RUN, *args], capture_output=True, text=True, timeout=60,
                               check=False)
         lines = proc.stderr.strip().splitlines()

@@ -119,7 +119,13 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
 /* ---------- fused weighted reduce ---------- */
 
 #define ASAP_DEFINE_WSUM(NAME, T)                                                        \
+  /* w0 == 0 (a parameter server's or a fetching worker's "replace"): own is not read,  \
+   * so a NaN or Inf in it does not survive as 0*NaN */                                  \
   static inline void NAME##_first(T *out, const T *own, T w0, size_t n) {                \
+    if (w0 == (T)0) {                                                                    \
+      for (size_t j = 0; j < n; j++) out[j] = (T)0;                                      \
+      return;                                                                            \
+    }                                                                                    \
     for (size_t j = 0; j < n; j++) out[j] = w0 * own[j];                                 \
   }                                                                                      \
   static inline void NAME##_add(T *restrict out, const T *restrict in, T w, size_t n) {  \

@@ -557,19 +557,41 @@ cdef class SlotWindow:
                                   MPI_INT64_T, mop, self.win), "MPI_Accumulate")
             self._flush(target, b"MPI_Win_flush after an accumulate")
 
-    def allgather_doubles(self, values):
+    def allgather_doubles(self, values, double timeout=-1.0):
         """Collective over the window's communicator: every rank's `values` (the same
-        count on every rank), as an array (size, count)."""
+        count on every rank), as an array (size, count).  An MPI_Iallgather polled with
+        backoff: a rank that never arrives is a NeighbourTimeoutError after `timeout`
+        seconds (< 0: flush_timeout), not a hang."""
         cdef double[::1] mine = np.ascontiguousarray(values, dtype=np.float64)
         cdef int n = <int>mine.shape[0]
+        cdef MPI_Request req
+        cdef int done = 0
+        cdef int r = 0
+        cdef long polls = 0
+        cdef double t0
         self._check_alive()
+        if timeout < 0:
+            timeout = self.flush_timeout
         out = np.empty((self.size, max(n, 1)), dtype=np.float64)
         cdef double[:, ::1] o = out
         if n == 0:
             return out[:, :0]
         with nogil:
-            CHKERR(MPI_Allgather(&mine[0], n, MPI_DOUBLE, &o[0, 0], n, MPI_DOUBLE,
-                                 self.comm), "MPI_Allgather")
+            t0 = asap_now()
+            CHKERR(MPI_Iallgather(&mine[0], n, MPI_DOUBLE, &o[0, 0], n, MPI_DOUBLE,
+                                  self.comm, &req), "MPI_Iallgather")
+            while True:
+                CHKERR(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test")
+                if done:
+                    break
+                if self._idle(&polls, t0, timeout):
+                    r = 1
+                    break
+        if r:
+            others = [i for i in range(self.size) if i != self.rank]
+            raise NeighbourTimeoutError(self.rank, "an allgather (some rank never arrived)",
+                                        others, [0] * len(others), [-1] * len(others),
+                                        timeout)
         return out
 
     def compare_and_swap_word(self, int target, Py_ssize_t disp, int64_t compare,

@@ -20,6 +20,7 @@
 #include <mpi.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ASAP_WATCHDOG_TICK 0.05
 
@@ -39,6 +40,7 @@ typedef struct {
 } asap_watchdog_t;
 
 static asap_watchdog_t asap_wd;
+static volatile sig_atomic_t asap_wd_reported = 0;   /* a crash/exit report was written */
 static pthread_mutex_t asap_wd_start_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static long long asap_wd_now_ns(void) {
@@ -74,6 +76,7 @@ static void *asap_watchdog_main(void *unused) {
             "since (on network paths a one-sided operation completes only when its target "
             "enters MPI); ending the job\n", seconds);
     fflush(stderr);
+    asap_wd_reported = 1;     /* MPI_Abort may call exit(): no second report */
     if (asap_wd.can_abort) MPI_Abort(asap_wd.comm, 70);
     _exit(70);
   }
@@ -82,36 +85,56 @@ static void *asap_watchdog_main(void *unused) {
 
 /* MPI libraries end the process from inside a call that failed fatally (MPICH's
  * network module when a peer's connection drops: "OFI poll failed").  If that call was
- * an armed flush, say which ranks it was for: the dead neighbour is among them. */
-static void asap_watchdog_at_exit(void) {
+ * an armed flush or a named wait, say which ranks it was for: the dead neighbour is
+ * among them.  The handlers only format into a static buffer and write(2) it (no stdio
+ * locks), report once, and then hand the signal to the handler that was installed
+ * before (Python's faulthandler, a transport's backtrace printer) or the default. */
+static struct sigaction asap_wd_previous[3];
+static const int asap_wd_signals[3] = {SIGABRT, SIGSEGV, SIGBUS};
+
+static void asap_watchdog_report_exit(void) {
+  char line[768];
+  int len = 0;
+  if (asap_wd_reported) return;
   long armed = __atomic_load_n(&asap_wd.armed, __ATOMIC_ACQUIRE);
   const char *waiting = __atomic_load_n(&asap_wd.wait_what, __ATOMIC_ACQUIRE);
-  if (!armed && waiting) {
-    fprintf(stderr, "asapmpi: rank %d: the process ended while waiting for %s of version "
-            "%lld from rank(s) %s: MPI failed there, a dead or unreachable rank among "
-            "them\n", asap_wd.rank, waiting, asap_wd.wait_version, asap_wd.wait_ranks);
-    fflush(stderr);
-    return;
+  if (armed) {
+    const char *call = __atomic_load_n(&asap_wd.call, __ATOMIC_RELAXED);
+    const char *ranks = __atomic_load_n(&asap_wd.ranks, __ATOMIC_RELAXED);
+    long long version = __atomic_load_n(&asap_wd.version, __ATOMIC_RELAXED);
+    len = snprintf(line, sizeof(line), "asapmpi: rank %d: the process ended inside %s "
+                   "(version %lld) to rank(s) %s: MPI failed there, a dead or unreachable "
+                   "rank among them\n", asap_wd.rank, call, version, ranks);
+  } else if (waiting) {
+    len = snprintf(line, sizeof(line), "asapmpi: rank %d: the process ended while waiting "
+                   "for %s of version %lld from rank(s) %s: MPI failed there, a dead or "
+                   "unreachable rank among them\n", asap_wd.rank, waiting,
+                   asap_wd.wait_version, asap_wd.wait_ranks);
   }
-  if (!armed) return;
-  const char *call = __atomic_load_n(&asap_wd.call, __ATOMIC_RELAXED);
-  const char *ranks = __atomic_load_n(&asap_wd.ranks, __ATOMIC_RELAXED);
-  long long version = __atomic_load_n(&asap_wd.version, __ATOMIC_RELAXED);
-  if (version >= 0)
-    fprintf(stderr, "asapmpi: rank %d: the process ended inside %s of version %lld to "
-            "rank(s) %s: MPI failed there, a dead or unreachable rank among them\n",
-            asap_wd.rank, call, version, ranks);
-  else
-    fprintf(stderr, "asapmpi: rank %d: the process ended inside %s to rank(s) %s: MPI "
-            "failed there, a dead or unreachable rank among them\n", asap_wd.rank, call,
-            ranks);
-  fflush(stderr);
+  if (len > 0) {
+    asap_wd_reported = 1;
+    ssize_t ignored = write(2, line, (size_t)(len < (int)sizeof(line) ? len : (int)sizeof(line) - 1));
+    (void)ignored;
+  }
 }
 
-static void asap_watchdog_on_abort(int sig) {
-  asap_watchdog_at_exit();
-  signal(sig, SIG_DFL);
+static void asap_watchdog_on_signal(int sig) {
+  asap_watchdog_report_exit();
+  for (int i = 0; i < 3; i++) {
+    if (asap_wd_signals[i] != sig) continue;
+    sigaction(sig, &asap_wd_previous[i], NULL);   /* restore, then deliver again */
+  }
   raise(sig);
+}
+
+static void asap_watchdog_install_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = asap_watchdog_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+  for (int i = 0; i < 3; i++) sigaction(asap_wd_signals[i], &sa, &asap_wd_previous[i]);
+  atexit(asap_watchdog_report_exit);
 }
 
 /* Start the thread once per process; returns 0 or an errno value. */
@@ -132,10 +155,7 @@ static int asap_watchdog_start(void) {
     pthread_attr_destroy(&attr);
     if (rc == 0) {
       asap_wd.started = 1;
-      atexit(asap_watchdog_at_exit);
-      signal(SIGABRT, asap_watchdog_on_abort);
-      signal(SIGSEGV, asap_watchdog_on_abort);
-      signal(SIGBUS, asap_watchdog_on_abort);
+      asap_watchdog_install_handlers();
     }
   }
   pthread_mutex_unlock(&asap_wd_start_mu);
@@ -158,10 +178,17 @@ static inline void asap_watchdog_arm(double seconds, const char *call, long long
 }
 
 /* Name the wait in progress (NULL: none), for the crash report above. */
+static char asap_wd_wait_ranks[256];
+
 static inline void asap_watchdog_waiting(const char *what, long long version,
                                          const char *ranks) {
+  /* `what` is a literal; the ranks are copied: the window that owns them may be freed
+   * before an exit handler reads them */
+  __atomic_store_n(&asap_wd.wait_what, (const char *)NULL, __ATOMIC_RELEASE);
+  if (!what) return;
   asap_wd.wait_version = version;
-  asap_wd.wait_ranks = ranks;
+  strncpy(asap_wd_wait_ranks, ranks ? ranks : "?", sizeof(asap_wd_wait_ranks) - 1);
+  asap_wd.wait_ranks = asap_wd_wait_ranks;
   __atomic_store_n(&asap_wd.wait_what, what, __ATOMIC_RELEASE);
 }
 

@@ -34,8 +34,7 @@ from typing import Dict, List
 import numpy as np
 
 from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
-from ..reduce.graphs import star
-from .base import Policy, StepContext
+from .base import Policy, StepContext, server_star
 from .baselines import NEWEST
 
 
@@ -62,17 +61,12 @@ class BackupPS(Policy):
 
     def topology(self, n: int):
         """The graph this policy runs on: a star around the server."""
-        if not 0 <= self.server < n:
-            raise ConfigError(f"backup_ps server={self.server} is outside the communicator "
-                              f"(ranks 0..{n - 1})")
-        if n < 2:
-            raise ConfigError("backup_ps needs a server and at least one worker: run on 2 "
-                              "or more ranks")
+        graph = server_star(self.name, self.server, n)
         if self.backup >= n - 1:
             raise ConfigError(f"backup_ps backup={self.backup} must be smaller than the "
                               f"number of workers ({n - 1}): the server averages "
                               f"N = workers - backup >= 1 of them")
-        return star(n, root=self.server)
+        return graph
 
     def role(self, rank: int) -> str:
         """"server" or "worker"."""

@@ -22,6 +22,21 @@ class StepContext:
     array: Optional[np.ndarray] = None  # the buffer as a NumPy array, for them
 
 
+def server_star(policy: str, server: int, n: int):
+    """The star around `server` that a parameter-server policy runs on (ConfigError
+    when the server is outside 0..n-1 or there is no worker)."""
+    from ..errors import ConfigError
+    from ..reduce.graphs import star
+
+    if not 0 <= server < n:
+        raise ConfigError(f"{policy} server={server} is outside the communicator "
+                          f"(ranks 0..{n - 1})")
+    if n < 2:
+        raise ConfigError(f"{policy} needs a server and at least one worker: run on 2 or "
+                          f"more ranks")
+    return star(n, root=server)
+
+
 class Policy:
     """Base class of synchronization policies."""
 

@@ -30,9 +30,8 @@ from typing import Dict, List
 import numpy as np
 
 from ..errors import ConfigError
-from ..reduce.graphs import star
 from . import elastic
-from .base import Policy, StepContext
+from .base import Policy, StepContext, server_star
 
 ALGORITHMS = {"zipline": elastic.zipline, "gridscan": elastic.gridscan,
               "full_gridscan": elastic.full_gridscan}
@@ -70,13 +69,7 @@ class ElasticBSP(Policy):
 
     def topology(self, n: int):
         """A star around the server."""
-        if not 0 <= self.server < n:
-            raise ConfigError(f"elastic server={self.server} is outside the communicator "
-                              f"(ranks 0..{n - 1})")
-        if n < 2:
-            raise ConfigError("elastic needs a server and at least one worker: run on 2 or "
-                              "more ranks")
-        return star(n, root=self.server)
+        return server_star(self.name, self.server, n)
 
     def role(self, rank: int) -> str:
         """"server" or "worker"."""

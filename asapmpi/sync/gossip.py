@@ -204,7 +204,9 @@ class Gossip(Policy):
             until = max(now, busy) + int(seconds * 1e9)
             if win.compare_and_swap_word(peer, disp, busy, until) == busy:
                 break
-        delay = until / 1e9 - time.monotonic()
+        # at most everybody queued on this link: a clock from another host (emulation
+        # is for one host) cannot make a pull sleep for hours
+        delay = min(until / 1e9 - time.monotonic(), seconds * win.size + 1.0)
         if delay > 0:
             time.sleep(delay)
 
@@ -230,7 +232,7 @@ class Gossip(Policy):
                 self._pull_any(win, peer, ctx)
                 times.append(time.monotonic() - start)
         c = float(np.mean(times))
-        every = win.allgather_doubles([g, c])       # (K, 2)
+        every = win.allgather_doubles([g, c], ctx.timeout)       # (K, 2)
         self.report = congestion_report(every[:, 0], every[:, 1], self.period)
 
     def _pull_any(self, win, peer: int, ctx: StepContext) -> None:

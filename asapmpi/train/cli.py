@@ -19,8 +19,17 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..reduce.graphs import GRAPHS
-from ..slowdown import KINDS
-from .config import DEFAULTS, MODELS, MODES, OPTIMIZERS, TRAINABLE, TrainConfig, _value, runs_from
+from ..slowdown import add_arguments as slowdown_arguments
+from .config import (
+    DEFAULTS,
+    MODELS,
+    MODES,
+    OPTIMIZERS,
+    TRAINABLE,
+    TrainConfig,
+    parse_options,
+    runs_from,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,35 +92,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--resume", action="store_true",
                      help="continue from the newest checkpoint every rank has")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
-    slow = parser.add_argument_group("slowdown injection (Hop section 7)")
-    slow.add_argument("--slowdown", default="none", choices=KINDS)
-    slow.add_argument("--slow-factor", type=float, default=6.0)
-    slow.add_argument("--slow-probability", type=float, default=0.0,
-                      help="random: probability per iteration (default 1/n)")
-    slow.add_argument("--slow-ranks", type=int, nargs="*", default=[0],
-                      help="deterministic: the slowed ranks (default 0)")
+    slowdown_arguments(parser)
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument("--kill-rank", type=int, help="this rank kills itself (SIGKILL)")
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
-
-
-def _options(pairs: List[str], flag: str = "--hop", example: str = "backup=1") -> dict:
-    options = {}
-    for pair in pairs:
-        key, eq, val = pair.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"{flag} {pair!r} is not OPTION=VALUE (e.g. {flag} {example})")
-        options[key.replace("-", "_")] = _value(val)
-    return options
 
 
 def configs(args: argparse.Namespace) -> List[TrainConfig]:
     """The checked configuration of every run the command asks for (no MPI needed)."""
     base = TrainConfig(
         model=args.model, data=args.data, test_data=args.test_data,
-        data_options=_options(args.data_options, "--data-option", "n_features=100000"),
+        data_options=parse_options(args.data_options, "of --data-option"),
         sync=args.sync,
-        graph=args.graph, policy_options=_options(args.options), period=args.period,
+        graph=args.graph, policy_options=parse_options(args.options, "of --hop"),
+        period=args.period,
         mode=args.mode, iters=args.iters, batch_size=args.batch_size, lr=args.lr,
         lam=args.lam, optimizer=args.optimizer, eval_every=args.eval_every,
         target=args.target, seed=args.seed, checkpoint_every=args.checkpoint_every,

@@ -59,13 +59,20 @@ def parse_run_spec(spec: str, default_graph: str) -> Tuple[str, str, Dict[str, A
     if graph and graph not in GRAPHS:
         raise ConfigError(f"unknown graph {graph!r} in {spec!r}; choose one of "
                           f"{sorted(GRAPHS)}")
+    return sync, graph or default_graph, parse_options(opts, f"in {spec!r}"), text
+
+
+def parse_options(pairs, where: str) -> Dict[str, Any]:
+    """["backup=1", "max-gap=3"] -> {"backup": 1, "max_gap": 3}; `where` names the
+    source in the error ("in 'hop:backup'", "--hop")."""
     options = {}
-    for opt in opts:
-        key, eq, val = opt.partition("=")
+    for pair in pairs:
+        key, eq, val = pair.partition("=")
         if not eq or not key:
-            raise ConfigError(f"option {opt!r} in {spec!r} is not OPTION=VALUE")
+            raise ConfigError(f"option {pair!r} {where} is not OPTION=VALUE "
+                              f"(e.g. backup=1)")
         options[key.replace("-", "_")] = _value(val)
-    return sync, graph or default_graph, options, text
+    return options
 
 
 @dataclass
