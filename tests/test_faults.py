@@ -69,13 +69,18 @@ def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
     cmd = [mpiexec(), "-disable-auto-cleanup", "-n", "4", sys.executable, "-m", "asapmpi",
            "train", "svm", "--iters", "100000", "--timeout", "3", "--kill-rank", "2",
            "--kill-at", "30", "--no-progress", "--out", str(tmp_path)]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
-                          check=False)
-    assert proc.returncode != 0
-    assert time.monotonic() - start < 90
+    for _attempt in range(2):
+        start = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                              check=False)
+        assert proc.returncode != 0
+        assert time.monotonic() - start < 90
+        # seen once in a loaded CI run: hydra ended every rank right after the kill,
+        # before any survivor's wait could time out (no asapmpi line at all); try again
+        if "asapmpi: rank" in proc.stderr or path == "net":
+            break
     if path == "shm":
-        assert "from rank 2 (expected" in proc.stderr, proc.stderr[-3000:]
+        assert "from rank 2 (expected" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
     else:
         # MPICH's TCP module ends a survivor whose connection to the dead rank broke
         # from inside MPI; asapmpi's exit handler names what it was doing, when the
