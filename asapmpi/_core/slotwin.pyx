@@ -565,9 +565,7 @@ cdef class SlotWindow:
         cdef double[::1] mine = np.ascontiguousarray(values, dtype=np.float64)
         cdef int n = <int>mine.shape[0]
         cdef MPI_Request req
-        cdef int done = 0
         cdef int r = 0
-        cdef long polls = 0
         cdef double t0
         self._check_alive()
         if timeout < 0:
@@ -580,19 +578,27 @@ cdef class SlotWindow:
             t0 = asap_now()
             CHKERR(MPI_Iallgather(&mine[0], n, MPI_DOUBLE, &o[0, 0], n, MPI_DOUBLE,
                                   self.comm, &req), "MPI_Iallgather")
-            while True:
-                CHKERR(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test")
-                if done:
-                    break
-                if self._idle(&polls, t0, timeout):
-                    r = 1
-                    break
+            r = self._complete(&req, t0, timeout)
         if r:
-            others = [i for i in range(self.size) if i != self.rank]
-            raise NeighbourTimeoutError(self.rank, "an allgather (some rank never arrived)",
-                                        others, [0] * len(others), [-1] * len(others),
-                                        timeout)
+            self._collective_timeout("an allgather", 0, timeout)
         return out
+
+    cdef int _complete(self, MPI_Request *req, double t0, double timeout) except -1 nogil:
+        """Poll a nonblocking collective with backoff: 0 when done, 1 after `timeout`."""
+        cdef int done = 0
+        cdef long polls = 0
+        while True:
+            CHKERR(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test")
+            if done:
+                return 0
+            if self._idle(&polls, t0, timeout):
+                return 1
+
+    cdef _collective_timeout(self, str what, int64_t version, double timeout):
+        # a collective cannot tell who is missing: every other rank is a suspect
+        others = [i for i in range(self.size) if i != self.rank]
+        raise NeighbourTimeoutError(self.rank, f"{what} (some rank never arrived)", others,
+                                    [version] * len(others), [-1] * len(others), timeout)
 
     def compare_and_swap_word(self, int target, Py_ssize_t disp, int64_t compare,
                               int64_t value):
@@ -785,9 +791,7 @@ cdef class SlotWindow:
         (NeighbourTimeoutError after `timeout` seconds; < 0: flush_timeout), not a hang.
         A barrier that timed out leaves its request pending: end the job."""
         cdef MPI_Request req
-        cdef int done = 0
         cdef int r = 0
-        cdef long polls = 0
         cdef double t0
         self._check_alive()
         if timeout < 0:
@@ -795,18 +799,9 @@ cdef class SlotWindow:
         with nogil:
             t0 = asap_now()
             CHKERR(MPI_Ibarrier(self.comm, &req), "MPI_Ibarrier")
-            while True:
-                CHKERR(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test")
-                if done:
-                    break
-                if self._idle(&polls, t0, timeout):
-                    r = 1
-                    break
+            r = self._complete(&req, t0, timeout)
         if r:
-            others = [i for i in range(self.size) if i != self.rank]
-            raise NeighbourTimeoutError(self.rank, f"the barrier of version {version} (some "
-                                        f"rank never arrived)", others, [version] * len(others),
-                                        [-1] * len(others), timeout)
+            self._collective_timeout(f"the barrier of version {version}", version, timeout)
 
     def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
         """Wait until the local word at `disp`, read atomically, is >= `at_least`."""
