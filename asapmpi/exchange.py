@@ -297,6 +297,7 @@ class Exchange:
         self._adaptive = timeout is None
         self._step_seconds: Deque[float] = deque(maxlen=64)
         self._last_start: Optional[float] = None
+        self._timed = 0                 # iterations timed
         self.reject_nonfinite = bool(reject_nonfinite)
         if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
             install_abort_hook()
@@ -422,7 +423,10 @@ class Exchange:
         now = time.perf_counter()
         if self._adaptive and self._last_start is not None:
             self._step_seconds.append(now - self._last_start)
-            if len(self._step_seconds) >= STEPS_MEASURED:
+            self._timed += 1
+            # a median per step would cost an allocation on the hot path: refresh the
+            # derived timeout every STEPS_MEASURED iterations
+            if self._timed % STEPS_MEASURED == 0:
                 # a typical iteration times the factor, but never less than a few of the
                 # longest recent ones (evaluations, checkpoints, ElasticBSP supersteps)
                 times = np.asarray(self._step_seconds)

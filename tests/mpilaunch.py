@@ -64,13 +64,20 @@ def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kw
     nothing.
     """
     proc = launch(scenario, ranks, path, timeout, **kwargs)
-    results = {}
+    return results(proc, ranks, f"{scenario} on {ranks} ranks ({path})")
+
+
+def results(proc: subprocess.CompletedProcess, ranks: int, what: str = "the job") -> list:
+    """The per-rank result dicts of a finished job (its `ASAPMPI-RESULT rank json`
+    lines), rank order; AssertionError when it exited non-zero or a rank reported
+    nothing."""
+    found = {}
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
             _, rank, payload = line.split(" ", 2)
-            results[int(rank)] = json.loads(payload)
-    assert proc.returncode == 0 and len(results) == ranks, (
-        f"{scenario} on {ranks} ranks ({path}) exited {proc.returncode} with results from "
-        f"{sorted(results)}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+            found[int(rank)] = json.loads(payload)
+    assert proc.returncode == 0 and len(found) == ranks, (
+        f"{what} exited {proc.returncode} with results from {sorted(found)}\n"
+        f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     )
-    return [results[r] for r in range(ranks)]
+    return [found[r] for r in range(ranks)]

@@ -19,7 +19,7 @@ from typing import Optional
 
 import pytest
 
-from mpilaunch import RESULT_TAG, RUNNER, mpiexec
+from mpilaunch import RESULT_TAG, RUNNER, mpiexec, results
 
 ROOT = Path(__file__).resolve().parent.parent
 NETNS_HOSTS = ROOT / "launch" / "netns-hosts"
@@ -84,20 +84,6 @@ def across_hosts(prefix: str, ranks: int, *argv: str, timeout: float = 60,
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"{argv} on {ranks} ranks across hosts hung past {timeout + 30} s:"
                              f"\n{exc.stdout}\n{exc.stderr}") from None
-
-
-def results(proc: subprocess.CompletedProcess, ranks: int) -> list:
-    """Per-rank result dicts (mpilaunch's `ASAPMPI-RESULT rank json` lines), rank order."""
-    found = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_TAG):
-            _, rank, payload = line.split(" ", 2)
-            found[int(rank)] = json.loads(payload)
-    assert proc.returncode == 0 and len(found) == ranks, (
-        f"exited {proc.returncode} with results from {sorted(found)}\n"
-        f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
-    )
-    return [found[r] for r in range(ranks)]
 
 
 def link_bytes(host: str, dev: str) -> int:

@@ -32,6 +32,8 @@ from asapmpi.errors import ConfigError
 from .flat import FlatParameters
 
 MODES = ("serial", "parallel")
+#: optimizer steps between two checks that the parameters still live in the buffer
+CHECK_EVERY = 64
 
 
 def _no_step(closure=None):
@@ -125,8 +127,11 @@ class DecentralizedOptimizer:
     def step(self, closure=None):
         """One optimizer step (iteration + 1); on every `period`-th, the exchange too.
         Returns what the wrapped optimizer's step returned (the closure's loss)."""
-        self.flat.check()       # a parameter re-homed since (p.data = ...) would not mix
         target = self.iteration + 1
+        if target % CHECK_EVERY == 1:
+            # a parameter re-homed since (p.data = ...) would no longer mix; checking
+            # loops over every parameter, so not on every step
+            self.flat.check()
         # a parameter server only averages what its workers send: no optimizer step
         apply = self.optimizer.step if self.exchange.role != "server" else _no_step
         if self.mode == "serial":

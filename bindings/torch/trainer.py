@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from asapmpi.errors import ConfigError
 from asapmpi.slowdown import from_environment, from_options
+from asapmpi.sync import POLICIES
 from asapmpi.train import data as datasets
 from asapmpi.train.checkpoint import CheckpointDir
 from asapmpi.train.config import TrainConfig
@@ -126,8 +127,9 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         problem = str(exc)
     # a file missing on one host must not leave the other ranks waiting in the Exchange
     _agree(comm, problem)
-    # policies that fix their own topology take no graph
-    fixed = cfg.sync in ("allreduce", "backup_ps", "elastic", "gossip")
+    # policies that average over everybody or fix their own topology take no graph
+    policy = POLICIES[cfg.sync]
+    fixed = not policy.uses_window or hasattr(policy, "topology")
     opt = DecentralizedOptimizer(
         make_optimizer(cfg, model), None if fixed else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
