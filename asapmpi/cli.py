@@ -170,18 +170,13 @@ def _is_rank_zero() -> bool:
 def _abort_job(exc: BaseException) -> None:
     """Report `exc` on this rank and end the whole job: the other ranks may be waiting
     for this one in a collective or a one-sided wait."""
-    import traceback
-
     from mpi4py import MPI
 
-    rank = MPI.COMM_WORLD.Get_rank()
-    if isinstance(exc, AsapError):
-        print(f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    else:
-        print(f"asapmpi: rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
-    sys.stderr.flush()
+    from .faults import abort_job, report_error
+
     if MPI.COMM_WORLD.Get_size() > 1:
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(exc)
+    report_error(exc)
 
 
 def _run_command(args: argparse.Namespace) -> int:

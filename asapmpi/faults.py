@@ -9,13 +9,31 @@ it off) prints the error, one line for asapmpi's own errors, and calls MPI_Abort
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 _state = {"installed": False}
 
+# MPI_Abort makes hydra (and Slurm, Flux) tear the job down at once; what the aborting
+# rank wrote to stderr just before can be lost if the launcher's I/O forwarder has not
+# read it yet (seen in a loaded CI run: a timeout error with no output at all).  Failing
+# clearly is worth half a second.
+ABORT_GRACE_S = 0.5
 
-def abort_job(exc: BaseException, code: int = 1) -> None:
-    """Report `exc` on this rank and end the whole job with MPI_Abort."""
+
+def abort_world(code: int = 1) -> None:
+    """Flush this rank's output, give the launcher time to forward it, then MPI_Abort."""
+    from mpi4py import MPI
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
+    MPI.COMM_WORLD.Abort(code)
+
+
+def report_error(exc: BaseException) -> None:
+    """Print `exc` on stderr, prefixed with this rank: one line for asapmpi's own errors,
+    the traceback for anything else."""
     from mpi4py import MPI
 
     from .errors import AsapError
@@ -26,8 +44,12 @@ def abort_job(exc: BaseException, code: int = 1) -> None:
     else:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         print(f"asapmpi: rank {rank} failed:\n{text}", file=sys.stderr)
-    sys.stderr.flush()
-    MPI.COMM_WORLD.Abort(code)
+
+
+def abort_job(exc: BaseException, code: int = 1) -> None:
+    """Report `exc` on this rank and end the whole job with MPI_Abort."""
+    report_error(exc)
+    abort_world(code)
 
 
 def install_abort_hook() -> None:

@@ -82,6 +82,7 @@ from mpi4py import MPI
 import asapmpi
 from asapmpi import Exchange
 from asapmpi._core import kernels
+from asapmpi.faults import abort_world
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 DEGREES = (1, 2, 4)
@@ -576,8 +577,7 @@ def _abort(comm: MPI.Comm) -> None:
     """Report this rank's exception and abort the job so no rank waits forever."""
     sys.stderr.write(f"[rank {comm.Get_rank()}] asapmpi bench core failed:\n"
                      f"{traceback.format_exc()}")
-    sys.stderr.flush()
-    comm.Abort(1)
+    abort_world(1)
 
 
 def run(args: argparse.Namespace) -> int:

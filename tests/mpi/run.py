@@ -13,6 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mpi4py import MPI
 
+from asapmpi.faults import abort_world
+
 import scenarios
 
 
@@ -26,8 +28,7 @@ def main() -> None:
         result = getattr(module, name)(comm, **kwargs)
     except BaseException:  # noqa: BLE001  (any failure must abort the whole job)
         sys.stderr.write(f"[rank {comm.rank}] scenario {name} failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        comm.Abort(1)
+        abort_world(1)
     sys.stdout.write(f"ASAPMPI-RESULT {comm.rank} {json.dumps(result)}\n")
     sys.stdout.flush()
 
