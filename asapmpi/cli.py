@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import demo, doctor, graph_cli, trace_cli
     from .bench import consistency as bench_consistency
     from .bench import core as bench_core
+    from .bench import reduce as bench_reduce
     from .bench import stragglers as bench_stragglers
     from .bench import zipline as bench_zipline
     from .train import cli as train_cli
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "and FullGridScan barrier selection "
                                                  "times (one process, no MPI)")
     bench_zipline.add_arguments(p_zip)
+    p_reduce = bench_sub.add_parser("reduce", help="time per averaging step vs MPI_Allreduce, "
+                                                   "gloo and the memory bound; sizes, ranks, "
+                                                   "graphs, policies, shm and network path; "
+                                                   "targets PASS/FAIL")
+    bench_reduce.add_arguments(p_reduce)
     return parser
 
 
@@ -101,6 +107,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .bench import zipline as bench_zipline
 
             return bench_zipline.run(args)      # one process: no mpiexec, no -n
+        if args.command == "bench" and args.bench == "reduce":
+            from .bench import reduce as bench_reduce
+
+            return bench_reduce.run(args)       # launches one job per path and rank count
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
         if args.command == "graph":

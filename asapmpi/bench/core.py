@@ -127,7 +127,7 @@ def parse_sizes(text: str) -> List[int]:
     return sizes
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
+def positive(kind: type) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         value = kind(text)
         if value <= 0:
@@ -142,9 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
                         help=f"comma-separated buffer sizes in bytes, K/M/G suffixes "
                              f"(default {DEFAULT_SIZES})")
-    parser.add_argument("--repeats", type=_positive(int), default=5,
+    parser.add_argument("--repeats", type=positive(int), default=5,
                         help="timed loops per figure; the median is reported (default 5)")
-    parser.add_argument("--min-time", type=_positive(float), default=0.02,
+    parser.add_argument("--min-time", type=positive(float), default=0.02,
                         help="seconds each timed loop lasts at least (default 0.02)")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="also write every median and ratio to FILE as JSON")
@@ -381,7 +381,7 @@ def size_figures(nbytes: int, measured: Dict[str, Any]) -> Dict[str, Any]:
     }
     # the transfer targets are stated for the shared-memory path; on the network path
     # the figures are reported without a verdict
-    large = nbytes >= LARGE and _path() == "shared-memory"
+    large = nbytes >= LARGE and rma_path() == "shared-memory"
     return {
         "size_bytes": nbytes,
         "label": size_label(nbytes),
@@ -410,7 +410,7 @@ def summarize(records: Sequence[Dict[str, Any]]) -> Dict[str, Optional[str]]:
     return {name: _verdict("FAIL" not in vs, any(vs)) for name, vs in verdicts.items()}
 
 
-def _path() -> str:
+def rma_path() -> str:
     """'network' when MPICH is told not to use shared memory for local ranks."""
     return "network" if os.environ.get("MPIR_CVAR_NOLOCAL") == "1" else "shared-memory"
 
@@ -423,7 +423,7 @@ def environment(comm: MPI.Comm, args: argparse.Namespace) -> Dict[str, Any]:
         "graph": GRAPH,
         "sync": SYNC,
         "dtype": "float32",
-        "path": _path(),
+        "path": rma_path(),
         "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
         "versions": {"asapmpi": asapmpi.__version__, "mpi4py": mpi4py.__version__,
                      "numpy": np.__version__, "python": sys.version.split()[0]},
@@ -448,7 +448,7 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _time(t: float) -> str:
+def format_time(t: float) -> str:
     return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
 
 
@@ -461,7 +461,7 @@ def _percent(value: float, verdict: Optional[str] = None, show: bool = True) -> 
     return f"{text} {verdict or '-':>4}" if show else text
 
 
-def _render(title: str, columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[str]]
+def render_table(title: str, columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[str]]
             ) -> List[str]:
     """A fixed-width table: two header lines per column, first column left-aligned."""
     widths = [max(len(c[0]), len(c[1]), *(len(r[i]) for r in rows))
@@ -481,13 +481,14 @@ def transfer_table(records: Sequence[Dict[str, Any]]) -> List[str]:
                ("step", "GB/s"), ("step", "time"), ("reduce", "time"), ("verified", "time"),
                ("allreduce", "GB/s"), ("allreduce", "time")]
     rows = [[r["label"], f"{r['gbps']['memcpy']:.2f}", f"{r['gbps']['put']:.2f}",
-             _time(r["seconds"]["put"]), f"{r['gbps']['step']:.2f}", _time(r["seconds"]["step"]),
-             _time(r["seconds"]["reduce"]), _time(r["seconds"]["verified_reduce"]),
-             f"{r['gbps']['allreduce']:.2f}", _time(r["seconds"]["allreduce"])]
+             format_time(r["seconds"]["put"]), f"{r['gbps']['step']:.2f}",
+             format_time(r["seconds"]["step"]),
+             format_time(r["seconds"]["reduce"]), format_time(r["seconds"]["verified_reduce"]),
+             f"{r['gbps']['allreduce']:.2f}", format_time(r["seconds"]["allreduce"])]
             for r in records]
-    return _render("1. Transfers, per rank (GB/s = SIZE / time per call; reduce = one-input "
-                   "in-place weighted_sum; verified = the same from a slot, checked)",
-                   columns, rows)
+    return render_table("1. Transfers, per rank (GB/s = SIZE / time per call; reduce = one-input "
+                        "in-place weighted_sum; verified = the same from a slot, checked)",
+                        columns, rows)
 
 
 def ratio_table(records: Sequence[Dict[str, Any]]) -> List[str]:
@@ -504,18 +505,18 @@ def ratio_table(records: Sequence[Dict[str, Any]]) -> List[str]:
              f"{100 * r['ratios']['wait_share']:.0f}%",
              _percent(r["ratios"]["step_vs_put_plus_reduce"], show=False),
              f"{r['ratios']['step_vs_allreduce']:.2f}"] for r in records]
-    return _render(f"2. Ratios (verdicts for sizes >= {size_label(LARGE)} on shared memory; "
-                   f"'-' = no target)",
-                   columns, rows)
+    return render_table(f"2. Ratios (verdicts for sizes >= {size_label(LARGE)} on shared memory; "
+                        f"'-' = no target)",
+                        columns, rows)
 
 
 def phase_table(records: Sequence[Dict[str, Any]]) -> List[str]:
     """Table 2b: where a step's time goes, phases timed inside the step loop."""
     columns = [("size", "")] + [(name, "time") for name in STEP_PHASES]
-    rows = [[r["label"]] + [_time(r["step_phase_seconds"][name]) for name in STEP_PHASES]
+    rows = [[r["label"]] + [format_time(r["step_phase_seconds"][name]) for name in STEP_PHASES]
             for r in records]
-    return _render("2b. A NOTIFY-ACK step by phase (mean per step, slowest rank; reduce is "
-                   "verified)", columns, rows)
+    return render_table("2b. A NOTIFY-ACK step by phase (mean per step, slowest rank; reduce is "
+                        "verified)", columns, rows)
 
 
 def kernel_table(records: Sequence[Dict[str, Any]]) -> List[str]:
@@ -529,8 +530,8 @@ def kernel_table(records: Sequence[Dict[str, Any]]) -> List[str]:
             rows.append([r["label"], d] + [f"{k['gbps'][v]:.2f}" for v in KERNEL_VARIANTS]
                         + [_ratio(k["ratios"][c], k["checks"][c])
                            for c in ("vs_numpy", "vs_numpy_inplace")])
-    return _render("3. Fused kernel vs NumPy, no MPI (GB/s = (d+1)*SIZE input read / time; "
-                   "ratio = NumPy time / kernel time)", columns, rows)
+    return render_table("3. Fused kernel vs NumPy, no MPI (GB/s = (d+1)*SIZE input read / time; "
+                        "ratio = NumPy time / kernel time)", columns, rows)
 
 
 def format_report(report: Dict[str, Any]) -> str:

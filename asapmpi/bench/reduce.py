@@ -1,0 +1,359 @@
+"""`asapmpi bench reduce`: time per averaging step against MPI_Allreduce, torch.distributed
+(gloo) and the memory-bandwidth bound, with the performance targets as PASS/FAIL.
+
+    asapmpi bench reduce [--sizes 4K,...,64M] [--ranks 2,4,8] [--paths shm,net]
+                         [--graphs complete,root-expander,ring,exponential]
+                         [--policies notify_ack,bsp,async,hop] [--json FILE] [--png FILE]
+
+Started outside an MPI job it runs one mpiexec job per (path, ranks) with the embedded
+MPI (`net` = MPICH's network path forced: TCP on loopback) and reports them together;
+started inside one (mpiexec, srun) it measures that job's ranks and path only.
+
+Every figure is seconds per call: the slowest rank's loop time / calls, median over
+--repeats loops (asapmpi.bench.core.Timer), float32 buffers of SIZE bytes on every rank.
+  step         Exchange(buf, graph, sync=POLICY).step(): the whole averaging step
+               (sends, waits, verified reduce into buf) as a training loop calls it.
+  allreduce    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) through mpi4py, same MPI.
+  gloo         torch.distributed.all_reduce(tensor on buf), gloo backend.
+  bound        the memory-bandwidth bound of a step on shared memory: the bytes a rank
+               must move, d_out puts of SIZE (each reads and writes SIZE) and a reduce
+               of d_in + 1 inputs into the buffer (reads (d_in + 1) * SIZE, writes
+               SIZE), at the speed of np.copyto measured with every rank copying at
+               once (a copy of SIZE moves 2 * SIZE):
+                   bound = memcpy(SIZE) * (2 * d_out + d_in + 2) / 2
+Targets (PASS/FAIL):
+  T1  shared memory, 8 ranks, 16 MB, root-expander, notify_ack: step <= 1.0x allreduce
+  T2  ... the same step <= 0.5x gloo
+  T3  shared memory, SIZE >= 1 MB, every graph and rank count, notify_ack: step <= 1.4x
+      bound (the table marks every such row; T3 is their worst)
+  T4  network path, 8 ranks, 64 KB, root-expander, notify_ack: step <= 2.0x allreduce
+A target whose configuration was not in the sweep is "not measured".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import AsapError, ConfigError
+from .core import format_time, parse_sizes, positive, render_table, size_label
+
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
+DEFAULT_RANKS = "2,4,8"
+PATHS = {"shm": "shared-memory", "net": "network"}
+DEFAULT_GRAPHS = "complete,root-expander,ring,exponential"
+DEFAULT_POLICIES = "notify_ack,bsp,async,hop"
+#: policies whose step is an averaging step over any graph (the others fix a topology)
+STEP_POLICIES = ("notify_ack", "bsp", "async", "hop", "gossip")
+MAIN_POLICY, MAIN_GRAPH = "notify_ack", "root-expander"
+LARGE = 1 << 20
+BOUND_MAX = 1.4
+TARGETS = (
+    # name, path, ranks, size, against, limit
+    ("T1", "shared-memory", 8, 16 << 20, "allreduce", 1.0),
+    ("T2", "shared-memory", 8, 16 << 20, "gloo", 0.5),
+    ("T4", "network", 8, 64 << 10, "allreduce", 2.0),
+)
+
+
+# ---------------------------------------------------------------------- arguments
+
+def _names(allowed: Sequence[str], what: str):
+    def convert(text: str) -> List[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                f"{','.join(allowed)}")
+        return list(dict.fromkeys(names))
+    convert.__name__ = what
+    return convert
+
+
+def _rank_counts(text: str) -> List[int]:
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        raise argparse.ArgumentTypeError(f"--ranks takes rank counts >= 2 such as 2,4,8, "
+                                         f"got {text!r}")
+    return list(dict.fromkeys(counts))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to `parser` (`asapmpi bench reduce`)."""
+    from ..reduce import GRAPHS
+
+    parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
+                        help=f"buffer sizes in bytes, K/M suffixes (default {DEFAULT_SIZES})")
+    parser.add_argument("--ranks", type=_rank_counts, default=DEFAULT_RANKS,
+                        help=f"rank counts, one job each (default {DEFAULT_RANKS}; inside "
+                             f"an MPI job: that job's size)")
+    parser.add_argument("--paths", type=_names(list(PATHS), "path"), default="shm,net",
+                        help="shm (shared memory) and/or net (MPICH's network path, TCP "
+                             "on loopback) (default shm,net)")
+    parser.add_argument("--graphs", type=_names(sorted(GRAPHS), "graph"),
+                        default=DEFAULT_GRAPHS, help=f"(default {DEFAULT_GRAPHS})")
+    parser.add_argument("--policies", type=_names(STEP_POLICIES, "policy"),
+                        default=DEFAULT_POLICIES, help=f"(default {DEFAULT_POLICIES})")
+    parser.add_argument("--repeats", type=positive(int), default=5,
+                        help="timed loops per figure; the median is reported (default 5)")
+    parser.add_argument("--min-time", type=positive(float), default=0.02,
+                        help="seconds each timed loop lasts at least (default 0.02)")
+    parser.add_argument("--no-gloo", action="store_true",
+                        help="skip torch.distributed's gloo all_reduce")
+    parser.add_argument("--timeout", type=positive(float), default=120.0,
+                        help="neighbour timeout of the exchanges, seconds (default 120)")
+    parser.add_argument("--job-timeout", type=positive(float), default=3600.0,
+                        help="kill a job (one path and rank count) after this many "
+                             "seconds (default 3600)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="write every figure, ratio and verdict to FILE")
+    parser.add_argument("--png", metavar="FILE", default=None,
+                        help="draw step time / MPI_Allreduce over size, one panel per job")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when a measured target FAILs")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="report each size on stderr as it starts")
+
+
+def check(args: argparse.Namespace) -> None:
+    """ConfigError for graphs that do not exist on a requested rank count."""
+    from ..reduce import graph
+
+    for n in args.ranks:
+        for name in args.graphs:
+            g = graph(name, n)
+            if not g.is_strongly_connected():
+                raise ConfigError(f"graph {name!r} is not strongly connected on {n} ranks; "
+                                  f"drop it from --graphs or change --ranks")
+
+
+def spec_of(args: argparse.Namespace) -> Dict[str, Any]:
+    """What each job measures (JSON-serializable)."""
+    return {"sizes": args.sizes, "graphs": args.graphs, "policies": args.policies,
+            "repeats": args.repeats, "min_time": args.min_time, "gloo": not args.no_gloo,
+            "timeout": args.timeout, "verbose": args.verbose}
+
+
+# ---------------------------------------------------------------------- running
+
+def run_jobs(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """One mpiexec job per (path, ranks); their results in that order."""
+    from ..launch import NETWORK_PATH_ENV, find_mpiexec
+
+    spec = json.dumps(spec_of(args))
+    jobs = []
+    with tempfile.TemporaryDirectory(prefix="asapmpi-bench-reduce-") as tmp:
+        for path in args.paths:
+            for n in args.ranks:
+                out = os.path.join(tmp, f"{path}-{n}.json")
+                env = dict(os.environ, ASAPMPI_EXPECTED_SIZE=str(n),
+                           MPIEXEC_TIMEOUT=str(math.ceil(args.job_timeout)))
+                if path == "net":
+                    env.update(NETWORK_PATH_ENV)
+                cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m",
+                       "asapmpi.bench.reduce_job", spec, out]
+                if args.verbose:
+                    print(f"[asapmpi bench reduce] {PATHS[path]}, {n} ranks", file=sys.stderr,
+                          flush=True)
+                code = subprocess.call(cmd, env=env)
+                if code != 0 or not os.path.exists(out):
+                    raise AsapError(f"the {PATHS[path]} job on {n} ranks failed (exit code "
+                                    f"{code}); its errors are above")
+                with open(out) as f:
+                    jobs.append(json.load(f))
+    return jobs
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, print the report and the verdicts, write --json and --png."""
+    from ..launch import inside_mpi_job
+
+    check(args)
+    if inside_mpi_job():
+        from mpi4py import MPI
+
+        from . import reduce_job
+
+        comm = MPI.COMM_WORLD
+        result = reduce_job.measure(comm, spec_of(args),
+                                    progress=reduce_job._progress if args.verbose and
+                                    comm.Get_rank() == 0 else None)
+        if comm.Get_rank() != 0:
+            return 0
+        jobs = [result]
+    else:
+        jobs = run_jobs(args)
+    report = analyze(jobs)
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.png:
+        draw(report, args.png)
+    failed = any(t["verdict"] == "FAIL" for t in report["targets"])
+    return 1 if args.strict and failed else 0
+
+
+# ---------------------------------------------------------------------- analysis
+
+def bound_seconds(memcpy: float, d_in: int, d_out: int) -> float:
+    """The memory-bandwidth bound of one step (see the module docstring)."""
+    return memcpy * (2 * d_out + d_in + 2) / 2
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Rows (one per job, size, graph, policy) with ratios, and the target verdicts."""
+    rows = []
+    for job in jobs:
+        for rec in job["records"]:
+            for graph, steps in rec["steps"].items():
+                deg = job["degrees"][graph]
+                bound = bound_seconds(rec["memcpy"], deg["in"], deg["out"])
+                for policy, seconds in steps.items():
+                    checked = (job["path"] == "shared-memory" and rec["size"] >= LARGE
+                               and policy == MAIN_POLICY)
+                    x_bound = seconds / bound
+                    rows.append({
+                        "path": job["path"], "ranks": job["ranks"], "size": rec["size"],
+                        "graph": graph, "policy": policy, "seconds": seconds,
+                        "allreduce": rec["allreduce"], "gloo": rec["gloo"],
+                        "memcpy": rec["memcpy"], "bound": bound,
+                        "x_allreduce": _ratio(seconds, rec["allreduce"]),
+                        "x_gloo": _ratio(seconds, rec["gloo"]), "x_bound": x_bound,
+                        "bound_verdict": (("PASS" if x_bound <= BOUND_MAX else "FAIL")
+                                          if checked else None)})
+    return {"jobs": [{k: v for k, v in j.items() if k != "records"} for j in jobs],
+            "records": [dict(r, path=j["path"], ranks=j["ranks"]) for j in jobs
+                        for r in j["records"]],
+            "rows": rows, "targets": targets(rows)}
+
+
+def _find(rows, path, ranks, size, graph=MAIN_GRAPH, policy=MAIN_POLICY):
+    for r in rows:
+        if (r["path"], r["ranks"], r["size"], r["graph"], r["policy"]) == \
+                (path, ranks, size, graph, policy):
+            return r
+    return None
+
+
+def targets(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The verdict of every target (see the module docstring)."""
+    out = []
+    for name, path, ranks, size, against, limit in TARGETS:
+        row = _find(rows, path, ranks, size)
+        value = row and row[f"x_{against}"]
+        what = (f"{path}, {ranks} ranks, {size_label(size)}, {MAIN_GRAPH}, {MAIN_POLICY}: "
+                f"step / {'MPI_Allreduce' if against == 'allreduce' else 'gloo all_reduce'}")
+        out.append({"name": name, "what": what, "limit": limit, "value": value,
+                    "verdict": "not measured" if value is None else
+                    ("PASS" if value <= limit else "FAIL")})
+    checked = [r for r in rows if r["bound_verdict"]]
+    worst = max(checked, key=lambda r: r["x_bound"]) if checked else None
+    what = (f"shared-memory, >= {size_label(LARGE)}, every graph and rank count, "
+            f"{MAIN_POLICY}: step / memory bound (worst of {len(checked)}"
+            + (f": {worst['ranks']} ranks, {size_label(worst['size'])}, {worst['graph']})"
+               if worst else ")"))
+    out.insert(2, {"name": "T3", "what": what, "limit": BOUND_MAX,
+                   "value": worst and worst["x_bound"],
+                   "failed": sum(r["bound_verdict"] == "FAIL" for r in checked),
+                   "verdict": "not measured" if worst is None else
+                   ("PASS" if worst["x_bound"] <= BOUND_MAX else "FAIL")})
+    return out
+
+
+# ---------------------------------------------------------------------- report
+
+def _x(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def job_tables(report: Dict[str, Any], job: Dict[str, Any]) -> List[str]:
+    """Times and ratios of one job: rows (size, graph), a column per policy."""
+    rows = [r for r in report["rows"] if (r["path"], r["ranks"]) == (job["path"],
+                                                                     job["ranks"])]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    keys = list(dict.fromkeys((r["size"], r["graph"]) for r in rows))
+    by = {(r["size"], r["graph"], r["policy"]): r for r in rows}
+    columns = ([("size", ""), ("graph", ""), ("d", "in/out"), ("bound", "memory"),
+                ("MPI", "Allreduce"), ("gloo", "all_reduce")]
+               + [(p, "step") for p in policies])
+    times = []
+    for size, graph in keys:
+        first = by[(size, graph, policies[0])]
+        deg = job["degrees"][graph]
+        times.append([size_label(size), graph, f"{deg['in']}/{deg['out']}",
+                      format_time(first["bound"]), format_time(first["allreduce"]),
+                      "-" if first["gloo"] is None else format_time(first["gloo"])]
+                     + [format_time(by[(size, graph, p)]["seconds"]) for p in policies])
+    title = f"{job['path']}, {job['ranks']} ranks: seconds per call"
+    lines = render_table(title, columns, times)
+    columns = ([("size", ""), ("graph", "")] + [(p, "/Allreduce") for p in policies]
+               + [(MAIN_POLICY, "/gloo"), (MAIN_POLICY, f"/bound <= {BOUND_MAX}")])
+    ratios = []
+    for size, graph in keys:
+        main = by.get((size, graph, MAIN_POLICY))
+        ratios.append([size_label(size), graph]
+                      + [_x(by[(size, graph, p)]["x_allreduce"]) for p in policies]
+                      + ([_x(main["x_gloo"]),
+                          f"{_x(main['x_bound'])} {main['bound_verdict'] or '-':>4}"]
+                         if main else ["-", "-"]))
+    lines += render_table(f"{job['path']}, {job['ranks']} ranks: ratios (< 1: faster than "
+                          f"the reference)", columns, ratios)
+    return lines
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    """The whole report: environment, per-job tables, target verdicts."""
+    jobs = report["jobs"]
+    lines = ["asapmpi bench reduce: seconds per averaging step (median over repeats, "
+             "slowest rank)"]
+    if jobs:
+        lines.append(f"MPI: {jobs[0]['mpi_library']}; gloo: {jobs[0]['gloo']}")
+    for job in jobs:
+        lines += job_tables(report, job)
+    lines += ["", "Targets"]
+    for t in report["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.2f}x"
+        extra = f" ({t['failed']} rows FAIL)" if t.get("failed") else ""
+        lines.append(f"  {t['name']} {t['verdict']:>12}  {value:>7} (<= {t['limit']}x)  "
+                     f"{t['what']}{extra}")
+    return "\n".join(lines)
+
+
+def draw(report: Dict[str, Any], path: str) -> str:
+    """PNG: per job, time / MPI_Allreduce over log2(size / 1 KB): notify_ack per graph
+    and the memory bound of the root expander (gloo, 10-100x, would flatten the rest:
+    it is in the tables)."""
+    from ..plot.lines import line_panels
+
+    panels = []
+    for job in report["jobs"]:
+        rows = [r for r in report["rows"] if (r["path"], r["ranks"]) == (job["path"],
+                                                                         job["ranks"])]
+        series: Dict[str, Any] = {}
+        for r in rows:
+            x = math.log2(r["size"] / 1024)
+            if r["policy"] == MAIN_POLICY:
+                xs, ys = series.setdefault(f"{MAIN_POLICY}@{r['graph']}", ([], []))
+                xs.append(x)
+                ys.append(r["x_allreduce"])
+            if r["policy"] == MAIN_POLICY and r["graph"] == MAIN_GRAPH:
+                xs, ys = series.setdefault(f"bound@{MAIN_GRAPH}", ([], []))
+                xs.append(x)
+                ys.append(r["bound"] / r["allreduce"])
+        panels.append((series, f"{job['path']}, {job['ranks']} ranks: log2(size / 1 KB)"))
+    return line_panels(panels, path, title="step time / MPI_Allreduce time",
+                       panel_width=420)

@@ -1,0 +1,149 @@
+"""One job of `asapmpi bench reduce`: every measurement on this communicator and path.
+
+    mpiexec -n N python -m asapmpi.bench.reduce_job SPEC_JSON OUT_JSON
+
+SPEC_JSON holds sizes (bytes), graphs, policies, repeats, min_time, gloo (bool) and
+timeout; rank 0 writes OUT_JSON: the environment and one record per size with the
+seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Timer) of
+  memcpy      np.copyto of SIZE bytes, every rank at once (the memory bound's unit);
+  allreduce   comm.Allreduce(IN_PLACE, SUM) of the float32 buffer through mpi4py;
+  gloo        torch.distributed.all_reduce of the same buffer, gloo backend (TCP on
+              127.0.0.1), when torch is importable;
+  steps       Exchange.step() for every graph and policy, and each graph's maximum
+              in- and out-degree.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import warnings
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+import asapmpi
+from asapmpi import Exchange
+from asapmpi.reduce import graph as make_graph
+
+from .core import Timer, rma_path, size_label, time_allreduce, time_memcpy
+
+
+class Gloo:
+    """torch.distributed with the gloo backend on this job's ranks (loopback TCP store),
+    or unavailable (`reason` says why) when torch cannot be imported or set up."""
+
+    def __init__(self, comm: MPI.Comm):
+        self.comm, self.dist, self.reason = comm, None, None
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError as exc:
+            self.reason = f"torch not importable ({exc})"
+            return
+        port = None
+        if comm.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = comm.bcast(port)
+        torch.set_num_threads(1)     # one core per rank, as the MPI ranks have
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=comm.Get_rank(), world_size=comm.Get_size())
+        self.torch, self.dist = torch, dist
+
+    def all_reduce_call(self, buf: np.ndarray) -> Optional[Callable[[], None]]:
+        """A callable running all_reduce on a tensor sharing `buf`'s memory, or None."""
+        if self.dist is None:
+            return None
+        tensor = self.torch.from_numpy(buf)
+        return lambda: self.dist.all_reduce(tensor)
+
+    def close(self) -> None:
+        """Tear the process group down."""
+        if self.dist is not None:
+            self.dist.destroy_process_group()
+            self.dist = None
+
+
+def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, policy: str,
+                       timeout: float) -> float:
+    """Seconds per Exchange.step() of a float32 buffer of nbytes."""
+    buf = np.full(nbytes // 4, 1.0, dtype=np.float32)
+    with Exchange(buf, graph=graph, sync=policy, comm=comm, timeout=timeout) as ex:
+        seconds = timer.seconds_per_call(ex.step)
+        comm.Barrier()          # nobody frees its window while a neighbour still puts
+        return seconds
+
+
+def degrees(graph: str, n: int) -> Dict[str, int]:
+    """The largest in- and out-degree of the named graph on n ranks."""
+    g = make_graph(graph, n)
+    return {"in": max(len(g.in_neighbours(r)) for r in range(n)),
+            "out": max(len(g.out_neighbours(r)) for r in range(n))}
+
+
+def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, Any]:
+    """Every figure of the spec on `comm`; the same dict on every rank."""
+    timer = Timer(comm, spec["repeats"], spec["min_time"])
+    gloo = Gloo(comm) if spec.get("gloo", True) else None
+    records = []
+    try:
+        for nbytes in spec["sizes"]:
+            if progress:
+                progress(f"{size_label(nbytes)} on {comm.Get_size()} ranks ({rma_path()})")
+            record: Dict[str, Any] = {"size": nbytes,
+                                      "memcpy": time_memcpy(timer, nbytes),
+                                      "allreduce": time_allreduce(timer, comm, nbytes),
+                                      "gloo": None, "steps": {}}
+            if gloo is not None:
+                call = gloo.all_reduce_call(np.zeros(nbytes // 4, dtype=np.float32))
+                record["gloo"] = timer.seconds_per_call(call) if call else None
+            for graph in spec["graphs"]:
+                record["steps"][graph] = {
+                    policy: time_exchange_step(timer, comm, nbytes, graph, policy,
+                                               spec["timeout"])
+                    for policy in spec["policies"]}
+            records.append(record)
+    finally:
+        if gloo is not None:
+            gloo.close()
+    return {"ranks": comm.Get_size(), "path": rma_path(),
+            "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+            "asapmpi": asapmpi.__version__,
+            "gloo": None if gloo is None else (gloo.reason or "ok"),
+            "degrees": {g: degrees(g, comm.Get_size()) for g in spec["graphs"]},
+            "records": records}
+
+
+def main(argv=None) -> int:
+    """Run the spec of argv[0] on MPI.COMM_WORLD; rank 0 writes the result to argv[1]."""
+    spec_text, out_path = (sys.argv[1:] if argv is None else argv)[:2]
+    comm = MPI.COMM_WORLD
+    try:
+        spec = json.loads(spec_text)
+        result = measure(comm, spec, progress=_progress if comm.Get_rank() == 0 and
+                         spec.get("verbose") else None)
+    except BaseException:  # noqa: BLE001  (a failing rank must not leave the others waiting)
+        import traceback
+
+        from asapmpi.faults import abort_world
+
+        sys.stderr.write(f"[rank {comm.Get_rank()}] asapmpi bench reduce failed:\n"
+                         f"{traceback.format_exc()}")
+        abort_world(1)
+    if comm.Get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def _progress(message: str) -> None:
+    print(f"[asapmpi bench reduce] {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
