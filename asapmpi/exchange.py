@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -25,7 +26,7 @@ from . import _core
 from .errors import ConfigError, FreedError, NonFiniteError
 from .faults import install_abort_hook
 from .launch import check_world_size
-from .rc import rc
+from .rc import max_transfer, rc
 from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
 from .reduce.user import graph_from, hosts_of
@@ -146,6 +147,34 @@ def _positive_seconds(value) -> float:
 
 # ---------------------------------------------------------------------- global checks
 
+TRANSPORTS = ("auto", "put", "shared")
+
+
+def _on_one_host(comm: MPI.Comm) -> bool:
+    """True when every rank of comm can map the others' memory (collective)."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()
+
+
+def _choose_transport(requested: str, policy, comm: MPI.Comm) -> str:
+    """'shared' or 'put' for this exchange, the same on every rank (collective)."""
+    if requested == "put" or not policy.outbox:
+        return "put"
+    one_host = _on_one_host(comm)
+    if requested == "shared":
+        if not one_host:
+            raise ConfigError("transport='shared' needs every rank on one host; use "
+                              "transport='put' or 'auto'")
+        return "shared"
+    forced_network = os.environ.get("MPIR_CVAR_NOLOCAL", "0").strip() not in ("", "0")
+    # the environment could differ between ranks: agree on the most conservative
+    shared = comm.allreduce(int(one_host and not forced_network), op=MPI.MIN)
+    return "shared" if shared else "put"
+
+
 def _same_everywhere(meta: List[Dict[str, Any]], key: str, what: str) -> None:
     values = [m[key] for m in meta]
     if any(v != values[0] for v in values):
@@ -250,6 +279,12 @@ class Exchange:
     reject_nonfinite: refuse to send a buffer holding NaN or Inf (NonFiniteError on the
         rank that has it, before anything is sent).
     checksum: put a checksum of the payload in every slot footer and verify it.
+    transport: how updates reach the slots.  "put": MPI_Put into each out-neighbour's
+        slot (any MPI path).  "shared": every rank copies its update once into its own
+        slot of a shared-memory window and its out-neighbours reduce from it in place
+        (one host only; notify_ack only).  "auto" (default): "shared" where it applies
+        (notify_ack, every rank on one host, the network path not forced with
+        MPIR_CVAR_NOLOCAL=1), else "put".
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
@@ -260,7 +295,7 @@ class Exchange:
                  comm: Optional[MPI.Comm] = None, *,
                  weights: Union[str, Mapping[int, float], Any] = "auto",
                  timeout: Optional[float] = None, checksum: bool = False,
-                 reject_nonfinite: bool = False, **options):
+                 reject_nonfinite: bool = False, transport: str = "auto", **options):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
@@ -270,7 +305,7 @@ class Exchange:
         if comm == MPI.COMM_WORLD:
             check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, options,
-                                    rank, size)
+                                    rank, size, transport)
         meta = comm.allgather(local["meta"])
         for r, m in enumerate(meta):
             if m["problem"]:
@@ -278,7 +313,7 @@ class Exchange:
                                   else f"rank {r} was given bad input: {m['problem']}")
         for key, what in (("dtype", "buffer dtype"), ("nbytes", "buffer size in bytes"),
                           ("sync", "sync policy"), ("checksum", "checksum option"),
-                          ("options", "policy options")):
+                          ("options", "policy options"), ("transport", "transport")):
             _same_everywhere(meta, key, what)
         g = _global_graph(meta, comm)
         _check_connected(g)
@@ -311,7 +346,9 @@ class Exchange:
         self._ctx = StepContext(float(w[rank, rank]),
                                 np.ascontiguousarray(w[rank, self.in_neighbours]),
                                 self.timeout, bool(checksum))
+        self.transport = "put"
         if self._policy.uses_window:
+            self.transport = _choose_transport(transport, self._policy, comm)
             self._win = self._make_window(comm)
             self._policy.start()
         else:
@@ -320,12 +357,13 @@ class Exchange:
             self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
 
     def _check_locally(self, buffer, graph, sync, weights, timeout, checksum, options,
-                       rank, size) -> Dict[str, Any]:
+                       rank, size, transport="auto") -> Dict[str, Any]:
         """Every check that needs no communication; problems go into the allgather so
         that no rank leaves while the others wait in it."""
         out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                                "matrix": None}
         meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync, "options": None,
+                "transport": transport,
                 "checksum": None, "graph_kind": None,
                 "graph_key": None, "graph_name": None, "in": [], "out": [],
                 "weights_kind": None, "weights_key": None, "weights_row": None}
@@ -350,6 +388,12 @@ class Exchange:
             wspec = _weight_spec("uniform" if not out["policy"].uses_window else weights,
                                  size)
             out["timeout"] = _positive_seconds(rc.timeout if timeout is None else timeout)
+            if transport not in TRANSPORTS:
+                raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
+                                  f"{transport!r}")
+            if transport == "shared" and not pol.outbox:
+                raise ConfigError(f"transport='shared' works with sync='notify_ack' only, "
+                                  f"not {sync!r}; use transport='put' or 'auto'")
             out["matrix"] = wspec.get("matrix")
             meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
                         graph_kind=spec["kind"], graph_key=spec["key"],
@@ -365,8 +409,9 @@ class Exchange:
     def _make_window(self, comm: MPI.Comm):
         g, rank, depth = self.graph, self.rank, self._policy.depth
         publish = 1 if getattr(self._policy, "publishes", False) else 0
+        outbox = self.transport == "shared"
         layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, self.nbytes,
-                                self._policy.user_words(r, g.n), publish)
+                                self._policy.user_words(r, g.n), publish, outbox)
                    for r in range(g.n)]
         # a policy that writes control words into other ranks' windows needs their offsets
         self._policy.layouts = layouts
@@ -376,12 +421,16 @@ class Exchange:
                       for j in self.out_neighbours]
         in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
                   for i in self.in_neighbours]
-        return _core.SlotWindow(
+        win = _core.SlotWindow(
             comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
             out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
             poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
             flush_timeout=self.timeout,
+            in_outbox_disp=[layouts[i].off_slots for i in self.in_neighbours] if outbox
+            else None,
         )
+        win.max_transfer = max_transfer()
+        return win
 
     # ------------------------------------------------------------------ use
 

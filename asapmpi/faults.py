@@ -8,6 +8,7 @@ it off) prints the error, one line for asapmpi's own errors, and calls MPI_Abort
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -29,6 +30,7 @@ def abort_world(code: int = 1) -> None:
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
     MPI.COMM_WORLD.Abort(code)
+    os._exit(code)      # MPI_Abort does not return; should an MPI let it, do not go on
 
 
 def report_error(exc: BaseException) -> None:

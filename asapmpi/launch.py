@@ -14,13 +14,19 @@ from .errors import ConfigError
 #: PMIx, Slurm's srun)
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
-#: MPICH settings that force RMA through the network module, TCP on loopback only
+#: MPICH settings that force RMA through the network module, TCP on loopback only.
+#: RMA runs as MPICH active messages: libfabric's tcp provider emulates RMA with manual
+#: progress, and a flush then waits for the target's CPU to poll libfabric: 20.8 ms per
+#: notify_ack step of 64 KB on 8 oversubscribed ranks against 1.3 ms this way
+#: (docs/BENCHMARKS.md).  NATIVE_TCP_RMA_ENV keeps libfabric's RMA, for tests.
 NETWORK_PATH_ENV = {
     "MPIR_CVAR_NOLOCAL": "1",
     "MPIR_CVAR_CH4_NETMOD": "ofi",
     "FI_PROVIDER": "tcp",
     "FI_TCP_IFACE": "lo",
+    "MPIR_CVAR_CH4_OFI_ENABLE_RMA": "0",
 }
+NATIVE_TCP_RMA_ENV = dict(NETWORK_PATH_ENV, MPIR_CVAR_CH4_OFI_ENABLE_RMA="1")
 
 
 def inside_mpi_job() -> bool:

@@ -18,7 +18,12 @@ ENVIRONMENT = {
     "ASAPMPI_ABORT_ON_ERROR": "abort_on_error",
     "ASAPMPI_POLL_YIELDS": "poll_yields",
     "ASAPMPI_POLL_MAX_SLEEP_US": "poll_max_sleep_us",
+    "ASAPMPI_MAX_TRANSFER": "max_transfer",
 }
+
+#: MPICH's active-message RMA (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0) crashes (MPICH 5.0.2,
+#: libfabric tcp, 4+ ranks) on puts above its eager size; below this they work
+AM_RMA_MAX_TRANSFER = 16000
 
 
 @dataclass
@@ -36,6 +41,9 @@ class RC:
         (asapmpi.faults), so that a failing rank ends the job instead of hanging it.
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.
     poll_max_sleep_us: longest sleep between two polls, microseconds.
+    max_transfer: the largest single MPI_Put/MPI_Get of a payload, bytes; larger
+        payloads go in pieces.  0: automatic, AM_RMA_MAX_TRANSFER when MPICH runs RMA
+        as active messages (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0), else 1 GiB.
     """
 
     timeout: float = 60.0
@@ -44,6 +52,7 @@ class RC:
     abort_on_error: bool = True
     poll_yields: int = 32
     poll_max_sleep_us: int = 100
+    max_transfer: int = 0
 
     def __setattr__(self, name, value):
         known = {f.name: f.type for f in fields(self)}
@@ -55,10 +64,20 @@ class RC:
             object.__setattr__(self, name, bool(value))
             return
         value = float(value) if name.startswith("timeout") else int(value)
-        if (value <= 0 and name != "poll_yields") or value < 0 or value != value \
+        may_be_zero = name in ("poll_yields", "max_transfer")
+        if (value <= 0 and not may_be_zero) or value < 0 or value != value \
                 or value == float("inf"):
             raise ConfigError(f"asapmpi.rc.{name} must be positive and finite, got {value}")
         object.__setattr__(self, name, value)
+
+
+def max_transfer() -> int:
+    """The payload piece size in bytes that rc.max_transfer asks for (0: automatic)."""
+    if rc.max_transfer:
+        return rc.max_transfer
+    if os.environ.get("MPIR_CVAR_CH4_OFI_ENABLE_RMA", "").strip() in ("0", "false", "no"):
+        return AM_RMA_MAX_TRANSFER
+    return 1 << 30
 
 
 def _from_environment() -> RC:

@@ -13,17 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from asapmpi.launch import NATIVE_TCP_RMA_ENV, NETWORK_PATH_ENV
+
 RUNNER = Path(__file__).parent / "mpi" / "run.py"
 RESULT_TAG = "ASAPMPI-RESULT"
 
-#: MPICH settings that force RMA through the network module (TCP over loopback only)
-NETWORK_PATH_ENV = {
-    "MPIR_CVAR_NOLOCAL": "1",
-    "MPIR_CVAR_CH4_NETMOD": "ofi",
-    "FI_PROVIDER": "tcp",
-    "FI_TCP_IFACE": "lo",
-}
+#: shm: shared memory; net: RMA through the network module (TCP over loopback only) as
+#: MPICH active messages, asapmpi's network path; net-native: libfabric's own tcp RMA
 PATHS = ("shm", "net")
+PATH_ENV = {"shm": {}, "net": NETWORK_PATH_ENV, "net-native": NATIVE_TCP_RMA_ENV}
 
 
 def mpiexec() -> str:
@@ -44,10 +42,9 @@ def launch(scenario: str, ranks: int, path: str = "shm", timeout: float = 120,
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)
     env["MPIEXEC_TIMEOUT"] = str(int(timeout))
-    if path == "net":
-        env.update(NETWORK_PATH_ENV)
-    elif path != "shm":
-        raise ValueError(f"path must be one of {PATHS}")
+    if path not in PATH_ENV:
+        raise ValueError(f"path must be one of {sorted(PATH_ENV)}")
+    env.update(PATH_ENV[path])
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(RUNNER), scenario, json.dumps(kwargs)]
     try:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,

@@ -18,6 +18,13 @@ def test_roundtrip_exact_values_and_versions(graph, n, path):
         assert res["in"] == expected_in
 
 
+def test_roundtrip_on_libfabrics_own_tcp_rma():
+    # the network path runs RMA as MPICH active messages; libfabric's tcp RMA must work too
+    results = run("roundtrip", 4, "net-native", timeout=300, graph="complete", iters=100,
+                  n=4099)
+    assert [r["in"] for r in results] == [[j for j in range(4) if j != r] for r in range(4)]
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_roundtrip_large_float32_with_checksum(path):
     # 4M + 3 float32: several puts' worth, not a multiple of the vector width

@@ -26,6 +26,7 @@ cdef extern from "kernels.h" nogil:
     int64_t asap_load_i64(const void *p)
     void asap_store_i64(void *p, int64_t v)
     void asap_fence()
+    void asap_copy_out(void *dst, const void *src, size_t n)
     double asap_now()
     void asap_backoff(long polls, long yield_polls, long max_sleep_us)
     void asap_cksum_init(asap_cksum_t *c)

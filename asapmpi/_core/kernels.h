@@ -18,8 +18,13 @@
 #include <string.h>
 #include <sched.h>
 #include <time.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define ASAP_BLOCK_BYTES 16384
+/* copies at least this large bypass the caches (see asap_copy_out) */
+#define ASAP_STREAM_MIN_BYTES (8 << 20)
 #define ASAP_CKSUM_LANES 4
 
 /* ---------- atomics on words other ranks write ---------- */
@@ -33,6 +38,37 @@ static inline void asap_store_i64(void *p, int64_t v) {
 }
 
 static inline void asap_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+/* ---------- copying an update out for other ranks ---------- */
+
+/* dst = src, n bytes, for a payload that other ranks (other cores) read next: a large
+ * copy streams past the caches (non-temporal stores: no read-for-ownership of dst, no
+ * eviction of the writer's working set), a small one stays in cache where the readers
+ * find it.  Ends with a store fence: the stores are globally visible before any later
+ * store (the footer, the notify). */
+static inline void asap_copy_out(void *dst, const void *src, size_t n) {
+#if defined(__SSE2__)
+  if (n >= ASAP_STREAM_MIN_BYTES && ((uintptr_t)dst & 15) == 0) {
+    __m128i *d = (__m128i *)dst;
+    const __m128i *s = (const __m128i *)src;
+    size_t v = n / 16, i = 0;
+    for (; i + 4 <= v; i += 4) {
+      __m128i a = _mm_loadu_si128(s + i), b = _mm_loadu_si128(s + i + 1);
+      __m128i c = _mm_loadu_si128(s + i + 2), e = _mm_loadu_si128(s + i + 3);
+      _mm_stream_si128(d + i, a);
+      _mm_stream_si128(d + i + 1, b);
+      _mm_stream_si128(d + i + 2, c);
+      _mm_stream_si128(d + i + 3, e);
+    }
+    for (; i < v; i++) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
+    memcpy((char *)dst + 16 * v, (const char *)src + 16 * v, n - 16 * v);
+    _mm_sfence();
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+}
 
 /* ---------- time and backoff ---------- */
 

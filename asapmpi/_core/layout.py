@@ -12,6 +12,10 @@ A rank's window (one per exchanged buffer)::
                      header  64 B: version, iteration, sender, nbytes (int64)
                      payload nbytes rounded up to 64 B
                      footer  64 B: version, checksum (0 = none)
+                   or, with the shared-memory transport (outbox=True), `depth` slots
+                   holding this rank's OWN updates, which its out-neighbours reduce
+                   from directly (MPI_Win_allocate_shared): one copy per update
+                   instead of one put per out-neighbour
 
 Every region starts on a 64-byte boundary.  Version 0 means "never written".
 """
@@ -42,6 +46,12 @@ class Layout:
     n_user: int = 0
     #: slots a rank publishes for others to read with MPI_Get (pull gossip): 0 or 1
     n_publish: int = 0
+    #: the slots hold this rank's own updates for its out-neighbours to read in place
+    outbox: bool = False
+
+    @property
+    def n_slots(self) -> int:
+        return self.depth if self.outbox else self.n_in * self.depth
 
     @property
     def off_notify(self) -> int:
@@ -70,7 +80,7 @@ class Layout:
     @property
     def off_publish(self) -> int:
         """Offset of the header of this rank's published slot (pull gossip)."""
-        return self.off_slots + self.n_in * self.depth * self.slot_stride
+        return self.off_slots + self.n_slots * self.slot_stride
 
     @property
     def total(self) -> int:
@@ -89,5 +99,8 @@ class Layout:
         return self.off_user + 8 * word
 
     def slot_disp(self, in_index: int, slot: int = 0) -> int:
-        """Offset of the header of in-neighbour `in_index`'s slot `slot`."""
+        """Offset of the header of in-neighbour `in_index`'s slot `slot` (with outbox:
+        of this rank's own slot `slot`; in_index is ignored)."""
+        if self.outbox:
+            return self.off_slots + slot * self.slot_stride
         return self.off_slots + (in_index * self.depth + slot) * self.slot_stride

@@ -40,6 +40,7 @@ STATUS_NAMES = ("consistent", "torn", "stale", "ahead")
 cdef enum:
     N_STATUS = 4
     MAX_PUT_CHUNK = 1 << 30
+    LAZY_WORDS = 16
     HEADER_BYTES = 64
 
 cdef int64_t MAGIC = _layout.MAGIC
@@ -60,6 +61,9 @@ cdef class SlotWindow:
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
     cdef bint has_publish
+    cdef readonly bint outbox
+    # outbox transport: where each in-neighbour's own slots are mapped in this process
+    cdef char **in_slots
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -80,6 +84,9 @@ cdef class SlotWindow:
     cdef int64_t hdr[8]
     cdef int64_t ftr[8]
     cdef int64_t word_out
+    # origin buffers of notifies and acks not yet completed (see _lazy_word)
+    cdef int64_t lazy_words[LAZY_WORDS]
+    cdef int n_lazy
     cdef int64_t word_in
     cdef long poll_yields, poll_max_sleep_us
     # reduce scratch
@@ -98,6 +105,7 @@ cdef class SlotWindow:
     # traffic and idle time, for training reports: payload bytes put (headers, footers
     # and control words excluded) and seconds spent backing off in waits and barriers
     cdef readonly long long bytes_put, bytes_got
+    cdef Py_ssize_t _max_transfer
     cdef readonly double wait_seconds
     cdef int64_t[:, ::1] _stats
     cdef int64_t[::1] _last_version
@@ -110,12 +118,15 @@ cdef class SlotWindow:
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
-                 int poll_max_sleep_us=100, double flush_timeout=60.0):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0, in_outbox_disp=None):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
         cdef int i
         cdef MPI_Aint my_size
+        cdef MPI_Aint peer_size
+        cdef int peer_unit
+        cdef char *peer_base = NULL
         self.n_in = layout.n_in
         self.n_out = layout.n_out
         self.depth = layout.depth
@@ -130,8 +141,12 @@ cdef class SlotWindow:
         self.off_slots = layout.off_slots
         self.off_publish = layout.off_publish
         self.has_publish = layout.n_publish > 0
+        self.outbox = layout.outbox
+        if self.outbox and (in_outbox_disp is None or len(in_outbox_disp) != self.n_in):
+            raise ConfigError("an outbox layout needs every in-neighbour's outbox offset")
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
+        self._max_transfer = MAX_PUT_CHUNK
         if not flush_timeout > 0:
             raise ConfigError(f"flush_timeout must be positive, got {flush_timeout}")
         self.flush_timeout = flush_timeout
@@ -168,10 +183,22 @@ cdef class SlotWindow:
             CHKERR(MPI_Comm_size(self.comm, &self.size), "MPI_Comm_size")
             CHKERR(MPI_Info_create(&info), "MPI_Info_create")
             CHKERR(MPI_Info_set(info, b"same_disp_unit", b"true"), "MPI_Info_set")
-            CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
-                                    &self.win), "MPI_Win_allocate")
+            if self.outbox:
+                # every rank's segment on its own pages: no false sharing between ranks
+                CHKERR(MPI_Info_set(info, b"alloc_shared_noncontig", b"true"), "MPI_Info_set")
+                CHKERR(MPI_Win_allocate_shared(self.total_bytes, 1, info, self.comm,
+                                               &self.base, &self.win),
+                       "MPI_Win_allocate_shared")
+            else:
+                CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
+                                        &self.win), "MPI_Win_allocate")
             CHKERR(MPI_Info_free(&info), "MPI_Info_free")
         self._freed = False
+        if self.outbox:
+            for i in range(self.n_in):
+                CHKERR(MPI_Win_shared_query(self.win, self._in[i], &peer_size, &peer_unit,
+                                            &peer_base), "MPI_Win_shared_query")
+                self.in_slots[i] = peer_base + <MPI_Aint>in_outbox_disp[i]
         with nogil:
             CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler")
             CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag), "MPI_Win_get_attr")
@@ -211,6 +238,7 @@ cdef class SlotWindow:
         self.wait_offs = <MPI_Aint *>calloc(w, sizeof(MPI_Aint))
         self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
         self.ins = <const void **>calloc(n, sizeof(void *))
+        self.in_slots = <char **>calloc(n, sizeof(char *))
         self.ws_f64 = <double *>calloc(n, sizeof(double))
         self.ws_f32 = <float *>calloc(n, sizeof(float))
         self.cks = <asap_cksum_t *>calloc(n, sizeof(asap_cksum_t))
@@ -226,7 +254,7 @@ cdef class SlotWindow:
                 or self.wait_offs == NULL or self.wait_expected == NULL or self.ins == NULL
                 or self.ws_f64 == NULL or self.ws_f32 == NULL or self.cks == NULL
                 or self.seen_footer == NULL or self.seen_cksum == NULL or self.used == NULL
-                or self.status == NULL):
+                or self.status == NULL or self.in_slots == NULL):
             raise MemoryError()
 
     cdef void _free_arrays(self) noexcept:
@@ -238,6 +266,7 @@ cdef class SlotWindow:
         free(self.wait_offs); self.wait_offs = NULL
         free(self.wait_expected); self.wait_expected = NULL
         free(self.ins); self.ins = NULL
+        free(self.in_slots); self.in_slots = NULL
         free(self.ws_f64); self.ws_f64 = NULL
         free(self.ws_f32); self.ws_f32 = NULL
         free(self.cks); self.cks = NULL
@@ -295,6 +324,18 @@ cdef class SlotWindow:
         finally:
             self._freed = True
             self._locked = False
+
+    @property
+    def max_transfer(self):
+        """The largest single MPI_Put/MPI_Get of a payload in bytes; larger payloads go
+        in pieces (asapmpi.rc.max_transfer)."""
+        return self._max_transfer
+
+    @max_transfer.setter
+    def max_transfer(self, Py_ssize_t value):
+        if not 0 < value <= MAX_PUT_CHUNK:
+            raise ConfigError(f"max_transfer must be in 1..{MAX_PUT_CHUNK} bytes, got {value}")
+        self._max_transfer = value
 
     @property
     def freed(self):
@@ -365,6 +406,9 @@ cdef class SlotWindow:
         cdef MPI_Aint d
         if tear > 0.0:
             payload = <Py_ssize_t>(self.nbytes * tear)
+        if self.outbox:
+            return self._put_outbox(src, version, iteration, checksum, notify, payload,
+                                    tear > 0.0)
         self.hdr[0] = version
         self.hdr[1] = iteration
         self.hdr[2] = self.rank
@@ -400,13 +444,42 @@ cdef class SlotWindow:
             self._notify(version, slot)
         return 0
 
+    cdef int _put_outbox(self, const char *src, int64_t version, int64_t iteration,
+                         bint checksum, bint notify, Py_ssize_t payload, bint torn
+                         ) except -1 nogil:
+        # The shared-memory transport: one copy into this rank's own slot, which every
+        # out-neighbour reduces from in place, then the notifies.  Written in the
+        # seqlock order (header, payload, footer, fences between), so a reader checking
+        # header == footer == version never takes a partial write for a whole one.
+        cdef Py_ssize_t slot = version % self.depth
+        cdef char *hdr = self.base + self.off_slots + slot * self.slot_stride
+        cdef char *ftr = hdr + HEADER_BYTES + self.payload_stride
+        asap_store_i64(hdr + 8, iteration)
+        asap_store_i64(hdr + 16, self.rank)
+        asap_store_i64(hdr + 24, self.nbytes)
+        asap_store_i64(hdr, version)
+        asap_fence()
+        asap_copy_out(hdr + HEADER_BYTES, src, payload)
+        self.bytes_put += payload * self.n_out
+        if torn:
+            return 0
+        asap_store_i64(ftr + 8, <int64_t>asap_checksum(src, self.nbytes) if checksum else 0)
+        asap_store_i64(ftr, version)
+        # the standard's memory barrier between these stores and the notifies
+        CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+        if notify:
+            self._notify(version, slot)
+        return 0
+
     cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
         # A flush cannot time out; the watchdog ends the job if it outlives the timeout.
         cdef int ierr
         asap_watchdog_arm(self.flush_timeout, what, version, ranks)
         ierr = MPI_Win_flush_all(self.win)
         asap_watchdog_disarm()
-        return CHKERR(ierr, "MPI_Win_flush_all")
+        CHKERR(ierr, "MPI_Win_flush_all")
+        self.n_lazy = 0
+        return 0
 
     cdef int _flush(self, int target, const char *what) except -1 nogil:
         # `what` names the operation; the target is described in self.what
@@ -422,7 +495,7 @@ cdef class SlotWindow:
         cdef Py_ssize_t done = 0
         cdef int chunk
         while done < n:
-            chunk = <int>(n - done if n - done < MAX_PUT_CHUNK else MAX_PUT_CHUNK)
+            chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
             CHKERR(MPI_Put(src + done, chunk, MPI_BYTE, target, disp + done, chunk, MPI_BYTE,
                            self.win), "MPI_Put")
             done += chunk
@@ -432,7 +505,7 @@ cdef class SlotWindow:
         cdef Py_ssize_t done = 0
         cdef int chunk
         while done < n:
-            chunk = <int>(n - done if n - done < MAX_PUT_CHUNK else MAX_PUT_CHUNK)
+            chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
             CHKERR(MPI_Get(dst + done, chunk, MPI_BYTE, target, disp + done, chunk, MPI_BYTE,
                            self.win), "MPI_Get")
             done += chunk
@@ -510,15 +583,29 @@ cdef class SlotWindow:
 
     cdef int _notify(self, int64_t version, Py_ssize_t slot) except -1 nogil:
         cdef int j
-        self.word_out = version
+        cdef int64_t *word = self._lazy_word(version)
         for j in range(self.n_out):
             if self.skip[j]:
                 continue
-            CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._out[j],
+            CHKERR(MPI_Accumulate(word, 1, MPI_INT64_T, self._out[j],
                                   self.out_notify_disp[j] + 8 * slot, 1, MPI_INT64_T,
                                   MPI_REPLACE, self.win), "MPI_Accumulate")
-        self._flush_all(b"MPI_Win_flush_all after the notify", version, self.out_desc)
         return 0
+
+    cdef int64_t *_lazy_word(self, int64_t value) except NULL nogil:
+        # Notifies and acks are not flushed: a flush is a round trip to the neighbours,
+        # and on the network path it waits for their CPUs (MPICH's active-message RMA),
+        # even a local flush.  The payload was flushed before its notify was issued,
+        # which is all the ordering the protocol needs.  Each word gets its own origin
+        # buffer, untouched until completion; completion comes with the next flush_all
+        # (the next put), or in _idle as soon as this rank has to wait for anyone, so
+        # no rank waits on a neighbour while holding an incomplete word of its own.
+        if self.n_lazy == LAZY_WORDS:
+            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", value,
+                            self.out_desc)
+        self.lazy_words[self.n_lazy] = value
+        self.n_lazy += 1
+        return &self.lazy_words[self.n_lazy - 1]
 
     def notify(self, int64_t version):
         """Publish `version` in every out-neighbour's notify word for slot version % depth."""
@@ -532,13 +619,13 @@ cdef class SlotWindow:
         """Tell every in-neighbour that its `version` was consumed (its slot is free)."""
         cdef int i
         self._check_alive()
+        cdef int64_t *word
         with nogil:
-            self.word_out = version
+            word = self._lazy_word(version)
             for i in range(self.n_in):
-                CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, self._in[i],
+                CHKERR(MPI_Accumulate(word, 1, MPI_INT64_T, self._in[i],
                                       self.in_ack_disp[i], 1, MPI_INT64_T, MPI_REPLACE,
                                       self.win), "MPI_Accumulate")
-            self._flush_all(b"MPI_Win_flush_all after the ack", version, self.in_desc)
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
@@ -661,6 +748,8 @@ cdef class SlotWindow:
         """Between two unsuccessful polls: drive progress, then back off.  Returns 1 once
         `timeout` seconds have passed since t0."""
         cdef double t = asap_now()
+        if self.n_lazy and polls[0] >= self.poll_yields:
+            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.out_desc)
         self._progress()
         if t - t0 > timeout:
             return 1
@@ -843,6 +932,9 @@ cdef class SlotWindow:
 
     def slot_offset(self, int in_index, int64_t version):
         """Offset of the header of in-neighbour `in_index`'s slot for `version`."""
+        if self.outbox:
+            raise ConfigError("with the shared-memory transport a neighbour's slot is in "
+                              "its own window; create the Exchange with transport='put'")
         if not 0 <= in_index < self.n_in:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
         self._check_version(version)
@@ -993,6 +1085,8 @@ cdef class SlotWindow:
         return out
 
     cdef inline char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
+        if self.outbox:
+            return self.in_slots[i] + slot * self.slot_stride
         return self.base + self.off_slots + (i * self.depth + slot) * self.slot_stride
 
     cdef int _reduce(self, char *out, double w_self, const double *weights,

@@ -88,6 +88,8 @@ DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 DEGREES = (1, 2, 4)
 GRAPH = "ring"
 SYNC = "notify_ack"
+#: this benchmark measures MPI_Put; `asapmpi bench reduce` measures every transport
+TRANSPORT = "put"
 GB = 1e9
 LARGE = 1 << 20  # the transfer targets apply from 1 MB up
 PUT_VS_MEMCPY_MIN = 0.70
@@ -209,7 +211,7 @@ def time_memcpy(timer: Timer, nbytes: int) -> float:
 def time_put(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
     """Seconds per SlotWindow.put(notify=False) of nbytes to the ring out-neighbour."""
     buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm) as ex:
+    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
         put, versions = ex.window.put, itertools.count(1)
         return timer.seconds_per_call(lambda: put(buf, next(versions), notify=False))
 
@@ -217,7 +219,7 @@ def time_put(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
 def time_step(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
     """Seconds per Exchange.step() (notify_ack on the ring) of nbytes."""
     buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm) as ex:
+    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
         return timer.seconds_per_call(ex.step)
 
 
@@ -235,7 +237,7 @@ def time_step_phases(timer: Timer, comm: MPI.Comm, nbytes: int) -> Dict[str, flo
     maximum over ranks.
     """
     buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm) as ex:
+    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
         win, (w_self, weights) = ex.window, _ring_weights(ex)
         totals = dict.fromkeys(STEP_PHASES, 0.0)
         calls = [0]
@@ -268,7 +270,7 @@ def time_slot_reduces(timer: Timer, comm: MPI.Comm, nbytes: int) -> Dict[str, fl
     memory: SlotWindow.reduce (header/footer checked) and the plain fused kernel on a
     zero-copy view of the slot.  Their difference is the cost of verification."""
     buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm) as ex:
+    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
         win, (w_self, weights) = ex.window, _ring_weights(ex)
         win.put(buf, 1, 1)
         win.wait_notifies(1, WAIT_TIMEOUT)

@@ -10,7 +10,7 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   gloo        torch.distributed.all_reduce of the same buffer, gloo backend (TCP on
               127.0.0.1), when torch is importable;
   steps       Exchange.step() for every graph and policy, and each graph's maximum
-              in- and out-degree.
+              in- and out-degree, with the transport the Exchange chose.
 """
 from __future__ import annotations
 
@@ -70,13 +70,13 @@ class Gloo:
 
 
 def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, policy: str,
-                       timeout: float) -> float:
-    """Seconds per Exchange.step() of a float32 buffer of nbytes."""
+                       timeout: float) -> Dict[str, Any]:
+    """Seconds per Exchange.step() of a float32 buffer of nbytes, and the transport."""
     buf = np.full(nbytes // 4, 1.0, dtype=np.float32)
     with Exchange(buf, graph=graph, sync=policy, comm=comm, timeout=timeout) as ex:
         seconds = timer.seconds_per_call(ex.step)
         comm.Barrier()          # nobody frees its window while a neighbour still puts
-        return seconds
+        return {"seconds": seconds, "transport": ex.transport}
 
 
 def degrees(graph: str, n: int) -> Dict[str, int]:

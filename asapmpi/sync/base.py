@@ -45,6 +45,10 @@ class Policy:
     depth = 1
     #: whether the policy exchanges through a slot window (else through ctx.comm)
     uses_window = True
+    #: whether its steps are correct when out-neighbours read the sender's own slot in
+    #: place (the shared-memory transport): the sender must not rewrite a slot before
+    #: every reader acknowledged it
+    outbox = False
 
     def options(self) -> dict:
         """The policy's options (compared across ranks at creation)."""

@@ -23,6 +23,8 @@ class NotifyAck(Policy):
 
     name = "notify_ack"
     depth = 1
+    # a slot is rewritten only after every out-neighbour acknowledged it
+    outbox = True
     # what asapmpi.trace needs to pick the bound of Hop's Table 1 for NOTIFY-ACK
     setting = "notify_ack"
     max_gap = 1
@@ -69,6 +71,7 @@ class NotifyAckIgnoringAcks(NotifyAck):
 
     name = "notify_ack_ignore_acks"
     setting = None      # no bound holds for a broken protocol
+    outbox = False
 
     @property
     def trace(self):

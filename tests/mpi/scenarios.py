@@ -173,7 +173,8 @@ def checksum_catches_corruption(comm, n=1000):
     checksum."""
     rank = comm.rank
     buf = np.full(n, float(rank))
-    with asapmpi.Exchange(buf, graph="ring", comm=comm, checksum=True, timeout=30) as ex:
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, transport="put", checksum=True,
+                          timeout=30) as ex:
         ex.step()
         win = ex.window
         w = np.asarray([ex.weights[ex.in_neighbours[0]]])
@@ -275,7 +276,7 @@ def payload_view(comm, n=100):
     to be freed while a view is alive."""
     rank = comm.rank
     buf = np.full(n, float(rank), dtype=np.float32)
-    ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, transport="put")
     ex.step()
     sender = ex.in_neighbours[0]
     view = ex.window.payload(0, 1)
@@ -297,7 +298,7 @@ def bounds_are_checked(comm):
     """Versions below 1 and offsets outside a window are refused, never dereferenced."""
     buf = np.zeros(16)
     problems = []
-    with asapmpi.Exchange(buf, graph="ring", comm=comm) as ex:
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, transport="put") as ex:
         win = ex.window
         w = np.ones(1) / 2
         for call in (lambda: win.payload(0, -2), lambda: win.reduce(buf, 0.5, w, -1, 1, 1),
