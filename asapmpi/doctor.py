@@ -31,8 +31,10 @@ def rma_path(env: Dict[str, str]) -> str:
     if env.get("MPIR_CVAR_NOLOCAL", "0") not in ("", "0"):
         netmod = env.get("MPIR_CVAR_CH4_NETMOD", "default netmod")
         provider = env.get("FI_PROVIDER", "")
+        rma = ("MPICH active messages" if env.get("MPIR_CVAR_CH4_OFI_ENABLE_RMA", "")
+               .strip() in ("0", "false", "no") else "the provider's RMA")
         return f"network (forced: MPIR_CVAR_NOLOCAL=1, {netmod}" + \
-            (f", FI_PROVIDER={provider})" if provider else ")")
+            (f", FI_PROVIDER={provider}" if provider else "") + f"; RMA as {rma})"
     return "shared memory between ranks of a host, network between hosts"
 
 

@@ -1,0 +1,109 @@
+"""`asapmpi bench reduce` runs end to end and its output parses; its verdict logic is
+checked on made-up figures (timings themselves stay out of the tests: they are noisy)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from asapmpi.bench import reduce as bench
+
+from mpilaunch import mpiexec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def asapmpi(*args, timeout=600, launcher=()):
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return subprocess.run([*launcher, sys.executable, "-m", "asapmpi", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@pytest.mark.mpi
+def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
+    out, png = tmp_path / "reduce.json", tmp_path / "reduce.png"
+    proc = asapmpi("bench", "reduce", "--sizes", "4K,64K", "--ranks", "2,3", "--paths",
+                   "shm,net", "--graphs", "ring,complete", "--policies", "notify_ack,async",
+                   "--repeats", "1", "--min-time", "0.002", "--json", str(out),
+                   "--png", str(png))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [(j["path"], j["ranks"]) for j in report["jobs"]] == [
+        ("shared-memory", 2), ("shared-memory", 3), ("network", 2), ("network", 3)]
+    rows = report["rows"]
+    assert len(rows) == 4 * 2 * 2 * 2       # jobs x sizes x graphs x policies
+    for r in rows:
+        assert r["seconds"] > 0 and r["allreduce"] > 0 and r["memcpy"] > 0
+        assert r["gloo"] is None or r["gloo"] > 0
+        assert r["x_allreduce"] == pytest.approx(r["seconds"] / r["allreduce"])
+        assert r["x_bound"] == pytest.approx(r["seconds"] / r["bound"])
+        # notify_ack on one host reads neighbours' slots in place; everything else puts
+        shared = r["policy"] == "notify_ack" and r["path"] == "shared-memory"
+        assert r["transport"] == ("shared" if shared else "put"), r
+    degrees = {j["ranks"]: j["degrees"] for j in report["jobs"]}
+    assert degrees[3] == {"ring": {"in": 1, "out": 1}, "complete": {"in": 2, "out": 2}}
+    # none of the targets' configurations was in this sweep
+    assert [t["name"] for t in report["targets"]] == ["T1", "T2", "T3", "T4"]
+    assert {t["verdict"] for t in report["targets"]} == {"not measured"}
+    assert "network, 3 ranks: ratios" in proc.stdout and "Targets" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mpi
+def test_inside_an_mpi_job_it_measures_that_job(tmp_path):
+    out = tmp_path / "one.json"
+    proc = asapmpi("bench", "reduce", "--sizes", "4K", "--graphs", "ring", "--policies",
+                   "notify_ack", "--repeats", "1", "--min-time", "0.002", "--no-gloo",
+                   "--json", str(out), launcher=(mpiexec(), "-n", "2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [(j["path"], j["ranks"], j["gloo"]) for j in report["jobs"]] == [
+        ("shared-memory", 2, None)]
+    assert proc.stdout.count("Targets") == 1        # rank 0 reports, once
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ranks", "1"], "rank counts >= 2"),
+    (["--graphs", "ring,nope"], "unknown graph nope"),
+    (["--policies", "backup_ps"], "unknown policy backup_ps"),
+    (["--paths", "ib"], "unknown path ib"),
+    (["--sizes", "3"], "multiple of 4"),
+    (["--graphs", "double-ring", "--ranks", "3"], "needs an even number of ranks"),
+])
+def test_bad_input_is_one_line(args, message):
+    proc = asapmpi("bench", "reduce", *args, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def _job(path, ranks, size, step, allreduce, gloo, memcpy, d_in=2):
+    steps = {"root-expander": {"notify_ack": {"seconds": step, "transport": "shared"}}}
+    return {"path": path, "ranks": ranks, "mpi_library": "MPICH", "gloo": "ok",
+            "degrees": {"root-expander": {"in": d_in, "out": d_in}},
+            "records": [{"size": size, "memcpy": memcpy, "allreduce": allreduce,
+                         "gloo": gloo, "steps": steps}]}
+
+
+def test_verdicts_follow_the_targets():
+    big, small = 16 << 20, 64 << 10
+    # step 9 vs Allreduce 10 and gloo 20: T1, T2 pass; bound = 4 * (2 + 2) / 2 = 8 -> 1.125x
+    passing = bench.analyze([_job("shared-memory", 8, big, 9.0, 10.0, 20.0, 4.0),
+                             _job("network", 8, small, 1.9, 1.0, None, 0.1)])
+    verdicts = {t["name"]: (t["verdict"], t["value"]) for t in passing["targets"]}
+    assert verdicts["T1"] == ("PASS", pytest.approx(0.9))
+    assert verdicts["T2"] == ("PASS", pytest.approx(0.45))
+    assert verdicts["T3"] == ("PASS", pytest.approx(9.0 / 8.0))
+    assert verdicts["T4"] == ("PASS", pytest.approx(1.9))
+    failing = bench.analyze([_job("shared-memory", 8, big, 12.0, 10.0, 20.0, 4.0),
+                             _job("network", 8, small, 2.1, 1.0, None, 0.1)])
+    verdicts = {t["name"]: t["verdict"] for t in failing["targets"]}
+    assert verdicts == {"T1": "FAIL", "T2": "FAIL", "T3": "FAIL", "T4": "FAIL"}
+    # the bound applies from 1 MB on shared memory only, and gloo may be missing
+    rows = bench.analyze([_job("shared-memory", 2, small, 5.0, 1.0, None, 0.1)])["rows"]
+    assert rows[0]["bound_verdict"] is None and rows[0]["x_gloo"] is None
+    text = bench.format_report(failing)
+    assert "T1         FAIL" in text and "1.20x" in text
