@@ -116,6 +116,9 @@ BAD_INPUT = {
     "hop_options_differ": "same policy options",
     "hop_unknown_option": "has no option(s) named ['max_gapp']",
     "timeout": "timeout must be a number of seconds, got 'soon'",
+    "transport": "transport must be one of auto, put, shared, got 'pigeon'",
+    "transport_policy": "transport='shared' works with sync='notify_ack' only, not 'hop'",
+    "transport_differs": "same transport",
 }
 
 

@@ -252,6 +252,12 @@ def bad_input(comm, case):
         kwargs.update(sync="hop", max_gapp=2)
     elif case == "timeout":
         kwargs["timeout"] = "soon" if rank == 1 else 10
+    elif case == "transport":
+        kwargs["transport"] = "pigeon"
+    elif case == "transport_policy":
+        kwargs.update(sync="hop", transport="shared")
+    elif case == "transport_differs":
+        kwargs["transport"] = "put" if rank == 1 else "auto"
     else:
         raise ValueError(case)
     return {"error": message_of(ConfigError, lambda: asapmpi.Exchange(buf, **kwargs),
