@@ -360,11 +360,12 @@ def draw(report: Dict[str, Any], path: str) -> str:
         for r in rows:
             x = math.log2(r["size"] / 1024)
             if r["policy"] == MAIN_POLICY:
-                xs, ys = series.setdefault(f"{MAIN_POLICY}@{r['graph']}", ([], []))
+                # the plot font has no '@': "notify_ack ring"
+                xs, ys = series.setdefault(f"{MAIN_POLICY} {r['graph']}", ([], []))
                 xs.append(x)
                 ys.append(r["x_allreduce"])
             if r["policy"] == MAIN_POLICY and r["graph"] == MAIN_GRAPH:
-                xs, ys = series.setdefault(f"bound@{MAIN_GRAPH}", ([], []))
+                xs, ys = series.setdefault(f"memory bound {MAIN_GRAPH}", ([], []))
                 xs.append(x)
                 ys.append(r["bound"] / r["allreduce"])
         panels.append((series, f"{job['path']}, {job['ranks']} ranks: log2(size / 1 KB)"))
