@@ -72,6 +72,8 @@ cdef class SlotWindow:
     cdef readonly str memory_model
     cdef char out_desc[256]
     cdef char in_desc[256]
+    # in- and out-neighbours: whom a flush_all waits for while acks are pending
+    cdef char nbr_desc[256]
     cdef char what[512]
     cdef MPI_Aint *sizes
     cdef int *_in
@@ -168,6 +170,7 @@ cdef class SlotWindow:
             self.out_notify_disp[i] = out_notify_disp[i]
         _describe(self.out_desc, out_ranks)
         _describe(self.in_desc, in_ranks)
+        _describe(self.nbr_desc, sorted(set(in_ranks) | set(out_ranks)))
         if asap_watchdog_start() != 0:
             raise OSError("asapmpi could not start its watchdog thread")
         self._stats_array = np.zeros((max(self.n_in, 1), N_STATUS), dtype=np.int64)
@@ -474,6 +477,8 @@ cdef class SlotWindow:
     cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
         # A flush cannot time out; the watchdog ends the job if it outlives the timeout.
         cdef int ierr
+        if self.n_lazy:
+            ranks = self.nbr_desc       # it also completes notifies and acks (_lazy_word)
         asap_watchdog_arm(self.flush_timeout, what, version, ranks)
         ierr = MPI_Win_flush_all(self.win)
         asap_watchdog_disarm()
@@ -602,7 +607,7 @@ cdef class SlotWindow:
         # no rank waits on a neighbour while holding an incomplete word of its own.
         if self.n_lazy == LAZY_WORDS:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", value,
-                            self.out_desc)
+                            self.nbr_desc)
         self.lazy_words[self.n_lazy] = value
         self.n_lazy += 1
         return &self.lazy_words[self.n_lazy - 1]
@@ -749,7 +754,7 @@ cdef class SlotWindow:
         `timeout` seconds have passed since t0."""
         cdef double t = asap_now()
         if self.n_lazy and polls[0] >= self.poll_yields:
-            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.out_desc)
+            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
         self._progress()
         if t - t0 > timeout:
             return 1
