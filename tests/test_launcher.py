@@ -45,17 +45,21 @@ def test_flavours_and_their_flags(tmp_path):
 
 
 @pytest.mark.mpi
-def test_asapmpi_run_starts_a_job_that_sees_its_size_and_slowdown():
+def test_asapmpi_run_starts_a_job_that_sees_its_size_and_slowdown(tmp_path):
+    # each rank writes its own file: hydra may interleave the ranks' stdout mid-line
+    # (a fresh-clone run once read "33" out of two ranks' "3 3 4.0" lines)
     code = ("from mpi4py import MPI; import os, asapmpi.slowdown as s; "
-            "print(MPI.COMM_WORLD.Get_size(), os.environ['ASAPMPI_EXPECTED_SIZE'], "
-            "s.from_environment(3).factor_for(1, 7))")
+            "c = MPI.COMM_WORLD; "
+            f"open(os.path.join({str(tmp_path)!r}, str(c.Get_rank())), 'w').write("
+            "f\"{c.Get_size()} {os.environ['ASAPMPI_EXPECTED_SIZE']} "
+            "{s.from_environment(3).factor_for(1, 7)}\")")
     proc = subprocess.run([*RUN, "-n", "3", "--job-timeout", "60", "--slowdown",
                            "deterministic", "--slow-factor", "4", "--slow-ranks", "1", "--",
                            sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    # three ranks each print "3 3 4.0" (lines of different ranks may interleave)
-    assert sorted(proc.stdout.split()) == ["3"] * 6 + ["4.0"] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
+    assert all(p.read_text() == "3 3 4.0" for p in tmp_path.iterdir())
     assert "MPIEXEC_TIMEOUT=60" in proc.stderr        # the command it ran, on stderr
 
 
