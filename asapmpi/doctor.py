@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
+from .launch import active_message_rma, network_forced
+
 SMOKE_TAG = "ASAPMPI-DOCTOR"
 
 
@@ -28,11 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def rma_path(env: Dict[str, str]) -> str:
     """How MPICH moves RMA between ranks of one host under `env`."""
-    if env.get("MPIR_CVAR_NOLOCAL", "0") not in ("", "0"):
+    if network_forced(env):
         netmod = env.get("MPIR_CVAR_CH4_NETMOD", "default netmod")
         provider = env.get("FI_PROVIDER", "")
-        rma = ("MPICH active messages" if env.get("MPIR_CVAR_CH4_OFI_ENABLE_RMA", "")
-               .strip() in ("0", "false", "no") else "the provider's RMA")
+        rma = "MPICH active messages" if active_message_rma(env) else "the provider's RMA"
         return f"network (forced: MPIR_CVAR_NOLOCAL=1, {netmod}" + \
             (f", FI_PROVIDER={provider}" if provider else "") + f"; RMA as {rma})"
     return "shared memory between ranks of a host, network between hosts"

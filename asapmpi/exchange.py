@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -25,7 +24,7 @@ from mpi4py import MPI
 from . import _core
 from .errors import ConfigError, FreedError, NonFiniteError
 from .faults import install_abort_hook
-from .launch import check_world_size
+from .launch import check_world_size, network_forced
 from .rc import max_transfer, rc
 from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
@@ -169,9 +168,8 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm) -> str:
             raise ConfigError("transport='shared' needs every rank on one host; use "
                               "transport='put' or 'auto'")
         return "shared"
-    forced_network = os.environ.get("MPIR_CVAR_NOLOCAL", "0").strip() not in ("", "0")
     # the environment could differ between ranks: agree on the most conservative
-    shared = comm.allreduce(int(one_host and not forced_network), op=MPI.MIN)
+    shared = comm.allreduce(int(one_host and not network_forced()), op=MPI.MIN)
     return "shared" if shared else "put"
 
 

@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -27,6 +27,18 @@ NETWORK_PATH_ENV = {
     "MPIR_CVAR_CH4_OFI_ENABLE_RMA": "0",
 }
 NATIVE_TCP_RMA_ENV = dict(NETWORK_PATH_ENV, MPIR_CVAR_CH4_OFI_ENABLE_RMA="1")
+
+
+def network_forced(env: Optional[Mapping[str, str]] = None) -> bool:
+    """True when MPICH is told to send even local RMA through its network module."""
+    env = os.environ if env is None else env
+    return env.get("MPIR_CVAR_NOLOCAL", "0").strip() not in ("", "0")
+
+
+def active_message_rma(env: Optional[Mapping[str, str]] = None) -> bool:
+    """True when MPICH runs RMA as its own active messages, not the provider's RMA."""
+    env = os.environ if env is None else env
+    return env.get("MPIR_CVAR_CH4_OFI_ENABLE_RMA", "").strip().lower() in ("0", "false", "no")
 
 
 def inside_mpi_job() -> bool:

@@ -75,7 +75,9 @@ def max_transfer() -> int:
     """The payload piece size in bytes that rc.max_transfer asks for (0: automatic)."""
     if rc.max_transfer:
         return rc.max_transfer
-    if os.environ.get("MPIR_CVAR_CH4_OFI_ENABLE_RMA", "").strip() in ("0", "false", "no"):
+    from .launch import active_message_rma
+
+    if active_message_rma():
         return AM_RMA_MAX_TRANSFER
     return 1 << 30
 

@@ -430,7 +430,7 @@ cdef class SlotWindow:
             if self.skip[j]:
                 continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
-            self._put_bytes(src, payload, self._out[j], d)
+            self._transfer(<char *>src, payload, self._out[j], d, False)
             self.bytes_put += payload
         if seqlock or tear > 0.0:
             self._flush_all(b"MPI_Win_flush_all after the payload put", version, self.out_desc)
@@ -495,24 +495,20 @@ cdef class SlotWindow:
         asap_watchdog_disarm()
         return CHKERR(ierr, "MPI_Win_flush")
 
-    cdef int _put_bytes(self, const char *src, Py_ssize_t n, int target, MPI_Aint disp) except -1 nogil:
-        # MPI counts are int: large payloads go in pieces of at most 1 GiB.
+    cdef int _transfer(self, char *local, Py_ssize_t n, int target, MPI_Aint disp,
+                       bint get) except -1 nogil:
+        # MPI counts are int, and MPICH's active-message RMA crashes on large pieces:
+        # payloads go in pieces of at most max_transfer bytes.
         cdef Py_ssize_t done = 0
         cdef int chunk
         while done < n:
             chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
-            CHKERR(MPI_Put(src + done, chunk, MPI_BYTE, target, disp + done, chunk, MPI_BYTE,
-                           self.win), "MPI_Put")
-            done += chunk
-        return 0
-
-    cdef int _get_bytes(self, char *dst, Py_ssize_t n, int target, MPI_Aint disp) except -1 nogil:
-        cdef Py_ssize_t done = 0
-        cdef int chunk
-        while done < n:
-            chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
-            CHKERR(MPI_Get(dst + done, chunk, MPI_BYTE, target, disp + done, chunk, MPI_BYTE,
-                           self.win), "MPI_Get")
+            if get:
+                CHKERR(MPI_Get(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
+                               MPI_BYTE, self.win), "MPI_Get")
+            else:
+                CHKERR(MPI_Put(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
+                               MPI_BYTE, self.win), "MPI_Put")
             done += chunk
         return 0
 
@@ -544,8 +540,8 @@ cdef class SlotWindow:
                 CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self.rank, d, 4, MPI_INT64_T,
                                self.win), "MPI_Put")
                 self._flush(self.rank, b"MPI_Win_flush after the published header")
-                self._put_bytes(<const char *>view.buf, self.nbytes, self.rank,
-                                d + HEADER_BYTES)
+                self._transfer(<char *>view.buf, self.nbytes, self.rank, d + HEADER_BYTES,
+                               False)
                 self._flush(self.rank, b"MPI_Win_flush after the published payload")
                 CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self.rank,
                                d + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
@@ -574,7 +570,8 @@ cdef class SlotWindow:
                                disp + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
                                self.win), "MPI_Get")
                 self._flush(target, b"MPI_Win_flush after getting a footer")
-                self._get_bytes(<char *>view.buf, self.nbytes, target, disp + HEADER_BYTES)
+                self._transfer(<char *>view.buf, self.nbytes, target, disp + HEADER_BYTES,
+                               True)
                 self._flush(target, b"MPI_Win_flush after getting a payload")
                 CHKERR(MPI_Get(got_hdr, 4, MPI_INT64_T, target, disp, 4, MPI_INT64_T,
                                self.win), "MPI_Get")

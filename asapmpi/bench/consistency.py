@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -31,7 +30,7 @@ from mpi4py import MPI
 
 from .. import Exchange, _core
 from ..reduce.graphs import GRAPHS
-from .core import parse_sizes
+from .core import parse_sizes, rma_path
 
 STATUS = _core.STATUS_NAMES   # consistent, torn, stale, ahead
 DEFAULT_POLICIES = "bsp,async,notify_ack"
@@ -202,7 +201,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> int:
         return 0
     env = {"ranks": comm.Get_size(), "graph": args.graph, "size_bytes": nbytes,
            "iters": args.iters, "jitter_us": args.jitter_us, "seed": args.seed,
-           "path": "network" if os.environ.get("MPIR_CVAR_NOLOCAL") == "1" else "shared-memory",
+           "path": rma_path(),
            "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
     results = {name: summarize(records, args.iters) for name, records in per_policy.items()}
     print(format_report(env, results), flush=True)

@@ -68,7 +68,6 @@ import argparse
 import itertools
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -83,6 +82,7 @@ import asapmpi
 from asapmpi import Exchange
 from asapmpi._core import kernels
 from asapmpi.faults import abort_world
+from asapmpi.launch import network_forced
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 DEGREES = (1, 2, 4)
@@ -414,7 +414,7 @@ def summarize(records: Sequence[Dict[str, Any]]) -> Dict[str, Optional[str]]:
 
 def rma_path() -> str:
     """'network' when MPICH is told not to use shared memory for local ranks."""
-    return "network" if os.environ.get("MPIR_CVAR_NOLOCAL") == "1" else "shared-memory"
+    return "network" if network_forced() else "shared-memory"
 
 
 def environment(comm: MPI.Comm, args: argparse.Namespace) -> Dict[str, Any]:

@@ -14,6 +14,7 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
 """
 from __future__ import annotations
 
+import datetime
 import json
 import socket
 import sys
@@ -34,7 +35,7 @@ class Gloo:
     """torch.distributed with the gloo backend on this job's ranks (loopback TCP store),
     or unavailable (`reason` says why) when torch cannot be imported or set up."""
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, timeout: float):
         self.comm, self.dist, self.reason = comm, None, None
         try:
             import torch
@@ -51,8 +52,10 @@ class Gloo:
         torch.set_num_threads(1)     # one core per rank, as the MPI ranks have
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # a rank that never joins is an error after `timeout`, not a hang
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                    rank=comm.Get_rank(), world_size=comm.Get_size())
+                                    rank=comm.Get_rank(), world_size=comm.Get_size(),
+                                    timeout=datetime.timedelta(seconds=timeout))
         self.torch, self.dist = torch, dist
 
     def all_reduce_call(self, buf: np.ndarray) -> Optional[Callable[[], None]]:
@@ -89,7 +92,7 @@ def degrees(graph: str, n: int) -> Dict[str, int]:
 def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, Any]:
     """Every figure of the spec on `comm`; the same dict on every rank."""
     timer = Timer(comm, spec["repeats"], spec["min_time"])
-    gloo = Gloo(comm) if spec.get("gloo", True) else None
+    gloo = Gloo(comm, spec["timeout"]) if spec.get("gloo", True) else None
     records = []
     try:
         for nbytes in spec["sizes"]:
@@ -127,14 +130,10 @@ def main(argv=None) -> int:
         spec = json.loads(spec_text)
         result = measure(comm, spec, progress=_progress if comm.Get_rank() == 0 and
                          spec.get("verbose") else None)
-    except BaseException:  # noqa: BLE001  (a failing rank must not leave the others waiting)
-        import traceback
+    except BaseException as exc:  # noqa: BLE001  (a failing rank must not leave the others waiting)
+        from asapmpi.faults import abort_job
 
-        from asapmpi.faults import abort_world
-
-        sys.stderr.write(f"[rank {comm.Get_rank()}] asapmpi bench reduce failed:\n"
-                         f"{traceback.format_exc()}")
-        abort_world(1)
+        abort_job(exc)
     if comm.Get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(result, f, indent=1)

@@ -40,6 +40,7 @@ from .. import Exchange, trace
 from ..errors import ConfigError
 from ..reduce.graphs import GRAPHS
 from ..slowdown import Slowdown
+from .core import rma_path
 
 
 def configurations(n: int, max_gap: int, seed: int) -> Dict[str, Dict[str, Any]]:
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> int:
     summarize(results)
     env = {"ranks": n, "graph": args.graph, "iters": args.iters,
            "compute_ms": args.compute_ms, "max_gap": args.max_gap, "size": args.size,
-           "path": "network" if os.environ.get("MPIR_CVAR_NOLOCAL") == "1" else "shared-memory"}
+           "path": rma_path()}
     print(format_report(env, results), flush=True)
     if args.json:
         with open(args.json, "w") as f:
