@@ -22,7 +22,8 @@ ENVIRONMENT = {
 }
 
 #: MPICH's active-message RMA (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0) crashes (MPICH 5.0.2,
-#: libfabric tcp, 4+ ranks) on puts above its eager size; below this they work
+#: libfabric tcp, 3+ ranks) on puts of 16 KB and more; below this they work
+#: (dev/repro/mpich_am_rma_large_put.py)
 AM_RMA_MAX_TRANSFER = 16000
 
 

@@ -40,9 +40,15 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
         assert r["gloo"] is None or r["gloo"] > 0
         assert r["x_allreduce"] == pytest.approx(r["seconds"] / r["allreduce"])
         assert r["x_bound"] == pytest.approx(r["seconds"] / r["bound"])
+        assert r["x_copy"] == pytest.approx(r["seconds"] / r["copy_bound"])
         # notify_ack on one host reads neighbours' slots in place; everything else puts
         shared = r["policy"] == "notify_ack" and r["path"] == "shared-memory"
         assert r["transport"] == ("shared" if shared else "put"), r
+    for job in report["jobs"]:     # the bound's unit: copies too large for the caches
+        bandwidth = job["memory_bandwidth"]
+        assert bandwidth["array_bytes"] >= 8 << 20 and bandwidth["bytes_per_s"] > 0
+        assert bandwidth["bytes_per_s"] == pytest.approx(2 * bandwidth["array_bytes"]
+                                                         / bandwidth["seconds"])
     degrees = {j["ranks"]: j["degrees"] for j in report["jobs"]}
     assert degrees[3] == {"ring": {"in": 1, "out": 1}, "complete": {"in": 2, "out": 2}}
     # none of the targets' configurations was in this sweep
@@ -80,10 +86,14 @@ def test_bad_input_is_one_line(args, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr
 
 
-def _job(path, ranks, size, step, allreduce, gloo, memcpy, d_in=2):
+def _job(path, ranks, size, step, allreduce, gloo, memcpy, d_in=2, bandwidth=None):
+    """One job's figures; the memory bandwidth defaults to that of the copy of SIZE."""
     steps = {"root-expander": {"notify_ack": {"seconds": step, "transport": "shared"}}}
+    bytes_per_s = bandwidth or 2 * size / memcpy
     return {"path": path, "ranks": ranks, "mpi_library": "MPICH", "gloo": "ok",
             "degrees": {"root-expander": {"in": d_in, "out": d_in}},
+            "memory_bandwidth": {"array_bytes": 64 << 20, "seconds": (128 << 20) / bytes_per_s,
+                                 "bytes_per_s": bytes_per_s},
             "records": [{"size": size, "memcpy": memcpy, "allreduce": allreduce,
                          "gloo": gloo, "steps": steps}]}
 
@@ -105,5 +115,13 @@ def test_verdicts_follow_the_targets():
     # the bound applies from 1 MB on shared memory only, and gloo may be missing
     rows = bench.analyze([_job("shared-memory", 2, small, 5.0, 1.0, None, 0.1)])["rows"]
     assert rows[0]["bound_verdict"] is None and rows[0]["x_gloo"] is None
+    # the bound is the job's memory bandwidth, not the copy of SIZE: a copy of 1 MB in
+    # 0.1 (cache speed 2 MB / 0.1) but memory at 1 MB / 0.1 -> bound 4 MB / (1 MB / 0.1)
+    mb = 1 << 20
+    row = bench.analyze([_job("shared-memory", 4, mb, 0.5, 1.0, None, 0.1,
+                              bandwidth=mb / 0.1)])["rows"][0]
+    assert row["bound"] == pytest.approx(0.4) and row["x_bound"] == pytest.approx(1.25)
+    assert row["copy_bound"] == pytest.approx(0.2) and row["x_copy"] == pytest.approx(2.5)
+    assert row["bound_verdict"] == "PASS"
     text = bench.format_report(failing)
     assert "T1         FAIL" in text and "1.20x" in text

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_ruff_clean():
     ruff = Path(sys.executable).parent / "ruff"
     assert ruff.exists(), "ruff is not installed; run dev/setup.sh"
-    paths = ["asapmpi", "bindings", "tests", "setup.py", "_build"]
+    paths = ["asapmpi", "bindings", "tests", "dev", "setup.py", "_build"]
     proc = subprocess.run([str(ruff), "check", *paths],
                           cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

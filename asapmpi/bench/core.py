@@ -65,9 +65,11 @@ line and the path: "network" when MPIR_CVAR_NOLOCAL=1, else "shared-memory".
 from __future__ import annotations
 
 import argparse
+import glob
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -206,6 +208,50 @@ def time_memcpy(timer: Timer, nbytes: int) -> float:
     """Seconds per np.copyto of nbytes."""
     src, dst = _filled(nbytes), _filled(nbytes, 0.0)
     return timer.seconds_per_call(lambda: np.copyto(dst, src))
+
+
+def last_level_cache_bytes() -> int:
+    """Bytes of last-level cache on this host, summed over its instances (from sysfs;
+    else the C library's figure for one instance; else 32 MB)."""
+    caches: Dict[Tuple[int, str], int] = {}     # (level, CPUs sharing it) -> bytes
+    for index in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            level, cpus, size = (_read(index, name) for name in ("level", "shared_cpu_list",
+                                                                  "size"))
+            caches[(int(level), cpus)] = parse_sizes(size)[0]      # "32768K"
+        except (OSError, ValueError, argparse.ArgumentTypeError):
+            continue
+    if caches:
+        top = max(level for level, _ in caches)
+        return sum(b for (level, _), b in caches.items() if level == top)
+    try:
+        return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or 32 << 20
+    except (ValueError, OSError):
+        return 32 << 20
+
+
+def _read(directory: str, name: str) -> str:
+    with open(os.path.join(directory, name)) as f:
+        return f.read().strip()
+
+
+def stream_array_bytes(comm: MPI.Comm) -> int:
+    """Bytes per array for a memory-bandwidth copy on this host: the arrays of the ranks
+    that run at once (at most one per CPU) hold 4x the last-level cache, STREAM's rule
+    for timing memory rather than cache; at least 8 MB."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    running = min(local.Get_size(), os.cpu_count() or 1)
+    local.Free()
+    nbytes = max(8 << 20, 4 * last_level_cache_bytes() // running)
+    return comm.allreduce(-(-nbytes // 4096) * 4096, op=MPI.MAX)
+
+
+def measure_memory_bandwidth(timer: Timer, comm: MPI.Comm) -> Dict[str, float]:
+    """Bytes per second each rank moves through memory when every rank copies at once
+    (np.copyto of arrays too large for the caches: read + write = 2 x bytes per copy)."""
+    nbytes = stream_array_bytes(comm)
+    seconds = time_memcpy(timer, nbytes)
+    return {"array_bytes": nbytes, "seconds": seconds, "bytes_per_s": 2 * nbytes / seconds}
 
 
 def time_put(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:

@@ -5,12 +5,15 @@
 SPEC_JSON holds sizes (bytes), graphs, policies, repeats, min_time, gloo (bool) and
 timeout; rank 0 writes OUT_JSON: the environment and one record per size with the
 seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Timer) of
-  memcpy      np.copyto of SIZE bytes, every rank at once (the memory bound's unit);
+  memcpy      np.copyto of SIZE bytes, every rank at once (at small sizes a copy
+              within the core's caches);
   allreduce   comm.Allreduce(IN_PLACE, SUM) of the float32 buffer through mpi4py;
   gloo        torch.distributed.all_reduce of the same buffer, gloo backend (TCP on
               127.0.0.1), when torch is importable;
   steps       Exchange.step() for every graph and policy, and each graph's maximum
-              in- and out-degree, with the transport the Exchange chose.
+              in- and out-degree, with the transport the Exchange chose;
+and, once per job, the memory bandwidth (the memory bound's unit): bytes per second a
+rank moves when every rank copies arrays 4x the last-level cache at once.
 """
 from __future__ import annotations
 
@@ -28,7 +31,14 @@ import asapmpi
 from asapmpi import Exchange
 from asapmpi.reduce import graph as make_graph
 
-from .core import Timer, rma_path, size_label, time_allreduce, time_memcpy
+from .core import (
+    Timer,
+    measure_memory_bandwidth,
+    rma_path,
+    size_label,
+    time_allreduce,
+    time_memcpy,
+)
 
 
 class Gloo:
@@ -95,6 +105,7 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
     gloo = Gloo(comm, spec["timeout"]) if spec.get("gloo", True) else None
     records = []
     try:
+        bandwidth = measure_memory_bandwidth(timer, comm)
         for nbytes in spec["sizes"]:
             if progress:
                 progress(f"{size_label(nbytes)} on {comm.Get_size()} ranks ({rma_path()})")
@@ -119,6 +130,7 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
             "asapmpi": asapmpi.__version__,
             "gloo": None if gloo is None else (gloo.reason or "ok"),
             "degrees": {g: degrees(g, comm.Get_size()) for g in spec["graphs"]},
+            "memory_bandwidth": bandwidth,
             "records": records}
 
 
