@@ -2,6 +2,7 @@
 checked on made-up figures (timings themselves stay out of the tests: they are noisy)."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -35,12 +36,22 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
         ("shared-memory", 2), ("shared-memory", 3), ("network", 2), ("network", 3)]
     rows = report["rows"]
     assert len(rows) == 4 * 2 * 2 * 2       # jobs x sizes x graphs x policies
+    records = {(rec["path"], rec["ranks"], rec["size"]): rec for rec in report["records"]}
     for r in rows:
         assert r["seconds"] > 0 and r["allreduce"] > 0 and r["memcpy"] > 0
         assert r["gloo"] is None or r["gloo"] > 0
-        assert r["x_allreduce"] == pytest.approx(r["seconds"] / r["allreduce"])
-        assert r["x_bound"] == pytest.approx(r["seconds"] / r["bound"])
         assert r["x_copy"] == pytest.approx(r["seconds"] / r["copy_bound"])
+        step = records[(r["path"], r["ranks"], r["size"])]["steps"][r["graph"]][r["policy"]]
+        if r["policy"] == "notify_ack":     # timed in turn with its references
+            paired = step["paired"]
+            assert len(paired["step"]) == len(paired["allreduce"]) == len(paired["stream"])
+            assert r["seconds"] == pytest.approx(statistics.median(paired["step"]))
+            assert r["x_allreduce"] == pytest.approx(statistics.median(
+                s / a for s, a in zip(paired["step"], paired["allreduce"])))
+        else:
+            assert "paired" not in step
+            assert r["x_allreduce"] == pytest.approx(r["seconds"] / r["allreduce"])
+            assert r["x_bound"] == pytest.approx(r["seconds"] / r["bound"])
         # notify_ack on one host reads neighbours' slots in place; everything else puts
         shared = r["policy"] == "notify_ack" and r["path"] == "shared-memory"
         assert r["transport"] == ("shared" if shared else "put"), r
@@ -123,5 +134,14 @@ def test_verdicts_follow_the_targets():
     assert row["bound"] == pytest.approx(0.4) and row["x_bound"] == pytest.approx(1.25)
     assert row["copy_bound"] == pytest.approx(0.2) and row["x_copy"] == pytest.approx(2.5)
     assert row["bound_verdict"] == "PASS"
+    # paired timings: ratios per repeat, then the median (3/1, 10/10, 2/1 -> 2), not the
+    # ratio of the medians (3 / 1); the bound of each repeat from its own bandwidth copy
+    job = _job("shared-memory", 8, big, 3.0, 1.0, None, 4.0)
+    job["records"][0]["steps"]["root-expander"]["notify_ack"]["paired"] = {
+        "step": [3.0, 10.0, 2.0], "allreduce": [1.0, 10.0, 1.0], "stream": [1.0, 1.0, 2.0]}
+    row = bench.analyze([job])["rows"][0]
+    assert row["x_allreduce"] == pytest.approx(2.0)
+    per_bound = [s / (4 * big / (2 * (64 << 20) / t)) for s, t in ((3, 1), (10, 1), (2, 2))]
+    assert row["x_bound"] == pytest.approx(statistics.median(per_bound))
     text = bench.format_report(failing)
     assert "T1         FAIL" in text and "1.20x" in text

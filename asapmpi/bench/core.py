@@ -178,6 +178,20 @@ class Timer:
         calls = self._calibrate(fn)
         return statistics.median([self._loop(fn, calls) / calls for _ in range(self.repeats)])
 
+    def interleaved(self, fns: Sequence[Callback]) -> List[List[float]]:
+        """Per callable, the seconds per call of each repeat, the callables' loops taking
+        turns within every repeat: a ratio of two of them per repeat compares runs
+        seconds apart, so a machine that slows down for a while (shared hosts, noisy
+        neighbours) moves both sides of it."""
+        for fn in fns:
+            self._loop(fn, 1)
+        calls = [self._calibrate(fn) for fn in fns]
+        out: List[List[float]] = [[] for _ in fns]
+        for _ in range(self.repeats):
+            for fn, n, seconds in zip(fns, calls, out):
+                seconds.append(self._loop(fn, n) / n)
+        return out
+
     def _loop(self, fn: Callback, calls: int) -> float:
         """Barrier, run fn() `calls` times; return the slowest rank's elapsed seconds."""
         self.comm.Barrier()

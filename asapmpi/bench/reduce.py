@@ -11,6 +11,10 @@ started inside one (mpiexec, srun) it measures that job's ranks and path only.
 
 Every figure is seconds per call: the slowest rank's loop time / calls, median over
 --repeats loops (asapmpi.bench.core.Timer), float32 buffers of SIZE bytes on every rank.
+Ratios are time / reference; for notify_ack (the targets' policy) the step's loops take
+turns with an Allreduce's and a bandwidth copy's in every repeat, and its ratios to
+MPI_Allreduce and to the bound are the medians of the ratios per repeat (a host that
+slows down for a while then moves both sides of a ratio).
   step         Exchange(buf, graph, sync=POLICY).step(): the whole averaging step
                (sends, waits, verified reduce into buf) as a training loop calls it.
   allreduce    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) through mpi4py, same MPI.
@@ -43,10 +47,11 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import AsapError, ConfigError
 from .core import format_time, parse_sizes, positive, render_table, size_label
@@ -151,7 +156,8 @@ def spec_of(args: argparse.Namespace) -> Dict[str, Any]:
     """What each job measures (JSON-serializable)."""
     return {"sizes": args.sizes, "graphs": args.graphs, "policies": args.policies,
             "repeats": args.repeats, "min_time": args.min_time, "gloo": not args.no_gloo,
-            "timeout": args.timeout, "verbose": args.verbose}
+            "timeout": args.timeout, "verbose": args.verbose,
+            "paired_policies": [MAIN_POLICY]}
 
 
 # ---------------------------------------------------------------------- running
@@ -226,6 +232,19 @@ def copy_bound_seconds(memcpy: float, d_in: int) -> float:
     return memcpy * (d_in + 2) / 2
 
 
+def paired_ratios(paired: Dict[str, List[float]], nbytes: int, d_in: int,
+                  array_bytes: int) -> Tuple[float, float]:
+    """(step / Allreduce, step / memory bound): medians of the ratios of the loops that
+    ran in turn in each repeat; the bound of a repeat comes from its own bandwidth copy
+    of 2 x array_bytes."""
+    per_allreduce, per_bound = [], []
+    for step, allreduce, stream in zip(paired["step"], paired["allreduce"],
+                                       paired["stream"]):
+        per_allreduce.append(step / allreduce)
+        per_bound.append(step / bound_seconds(nbytes, d_in, 2 * array_bytes / stream))
+    return statistics.median(per_allreduce), statistics.median(per_bound)
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
@@ -244,14 +263,19 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                     seconds = step["seconds"]
                     checked = (job["path"] == "shared-memory" and rec["size"] >= LARGE
                                and policy == MAIN_POLICY)
+                    x_allreduce = _ratio(seconds, rec["allreduce"])
                     x_bound = seconds / bound
+                    if "paired" in step:        # ratios per repeat (see the docstring)
+                        x_allreduce, x_bound = paired_ratios(
+                            step["paired"], rec["size"], deg["in"],
+                            job["memory_bandwidth"]["array_bytes"])
                     rows.append({
                         "path": job["path"], "ranks": job["ranks"], "size": rec["size"],
                         "graph": graph, "policy": policy, "seconds": seconds,
                         "transport": step["transport"],
                         "allreduce": rec["allreduce"], "gloo": rec["gloo"],
                         "memcpy": rec["memcpy"], "bound": bound, "copy_bound": copy_bound,
-                        "x_allreduce": _ratio(seconds, rec["allreduce"]),
+                        "x_allreduce": x_allreduce,
                         "x_gloo": _ratio(seconds, rec["gloo"]), "x_bound": x_bound,
                         "x_copy": seconds / copy_bound,
                         "bound_verdict": (("PASS" if x_bound <= BOUND_MAX else "FAIL")

@@ -11,7 +11,10 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   gloo        torch.distributed.all_reduce of the same buffer, gloo backend (TCP on
               127.0.0.1), when torch is importable;
   steps       Exchange.step() for every graph and policy, and each graph's maximum
-              in- and out-degree, with the transport the Exchange chose;
+              in- and out-degree, with the transport the Exchange chose; for the
+              policies in "paired_policies" the step's loops take turns with an
+              Allreduce's and a memory-bandwidth copy's in every repeat ("paired":
+              seconds per call of each, repeat by repeat, for ratios per repeat);
 and, once per job, the memory bandwidth (the memory bound's unit): bytes per second a
 rank moves when every rank copies arrays 4x the last-level cache at once.
 """
@@ -20,8 +23,10 @@ from __future__ import annotations
 import datetime
 import json
 import socket
+import statistics
 import sys
 import warnings
+from functools import partial
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -83,13 +88,23 @@ class Gloo:
 
 
 def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, policy: str,
-                       timeout: float) -> Dict[str, Any]:
-    """Seconds per Exchange.step() of a float32 buffer of nbytes, and the transport."""
+                       timeout: float,
+                       references: Optional[Dict[str, Callable[[], Any]]] = None
+                       ) -> Dict[str, Any]:
+    """Seconds per Exchange.step() of a float32 buffer of nbytes, and the transport.
+    With `references` (name -> callable) the step's loops and theirs take turns in every
+    repeat, and "paired" holds each one's seconds per call, repeat by repeat."""
     buf = np.full(nbytes // 4, 1.0, dtype=np.float32)
     with Exchange(buf, graph=graph, sync=policy, comm=comm, timeout=timeout) as ex:
-        seconds = timer.seconds_per_call(ex.step)
+        if references:
+            names = ["step", *references]
+            series = timer.interleaved([ex.step, *references.values()])
+            result = {"seconds": statistics.median(series[0]), "transport": ex.transport,
+                      "paired": dict(zip(names, series))}
+        else:
+            result = {"seconds": timer.seconds_per_call(ex.step), "transport": ex.transport}
         comm.Barrier()          # nobody frees its window while a neighbour still puts
-        return {"seconds": seconds, "transport": ex.transport}
+        return result
 
 
 def degrees(graph: str, n: int) -> Dict[str, int]:
@@ -103,6 +118,8 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
     """Every figure of the spec on `comm`; the same dict on every rank."""
     timer = Timer(comm, spec["repeats"], spec["min_time"])
     bandwidth = measure_memory_bandwidth(timer, comm)
+    stream_src = np.ones(bandwidth["array_bytes"] // 4, dtype=np.float32)
+    stream_dst = np.zeros_like(stream_src)
     records = []
     for nbytes in spec["sizes"]:
         if progress:
@@ -111,10 +128,14 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
                                   "memcpy": time_memcpy(timer, nbytes),
                                   "allreduce": time_allreduce(timer, comm, nbytes),
                                   "gloo": None, "steps": {}}
+        zeros = np.zeros(nbytes // 4, dtype=np.float32)     # zeros stay zeros when summed
+        references = {"allreduce": partial(comm.Allreduce, MPI.IN_PLACE, zeros, op=MPI.SUM),
+                      "stream": partial(np.copyto, stream_dst, stream_src)}
         for graph in spec["graphs"]:
             record["steps"][graph] = {
-                policy: time_exchange_step(timer, comm, nbytes, graph, policy,
-                                           spec["timeout"])
+                policy: time_exchange_step(
+                    timer, comm, nbytes, graph, policy, spec["timeout"],
+                    references if policy in spec.get("paired_policies", ()) else None)
                 for policy in spec["policies"]}
         records.append(record)
     # gloo last, in a loop of its own: a live process group keeps threads that take CPU
