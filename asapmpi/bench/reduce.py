@@ -233,15 +233,15 @@ def copy_bound_seconds(memcpy: float, d_in: int) -> float:
 
 
 def paired_ratios(paired: Dict[str, List[float]], nbytes: int, d_in: int,
-                  array_bytes: int) -> Tuple[float, float]:
+                  array_bytes: int) -> Tuple[float, Optional[float]]:
     """(step / Allreduce, step / memory bound): medians of the ratios of the loops that
     ran in turn in each repeat; the bound of a repeat comes from its own bandwidth copy
-    of 2 x array_bytes."""
-    per_allreduce, per_bound = [], []
-    for step, allreduce, stream in zip(paired["step"], paired["allreduce"],
-                                       paired["stream"]):
-        per_allreduce.append(step / allreduce)
-        per_bound.append(step / bound_seconds(nbytes, d_in, 2 * array_bytes / stream))
+    of 2 x array_bytes (None where no copy was timed: off shared memory)."""
+    per_allreduce = [s / a for s, a in zip(paired["step"], paired["allreduce"])]
+    if "stream" not in paired:
+        return statistics.median(per_allreduce), None
+    per_bound = [s / bound_seconds(nbytes, d_in, 2 * array_bytes / t)
+                 for s, t in zip(paired["step"], paired["stream"])]
     return statistics.median(per_allreduce), statistics.median(per_bound)
 
 
@@ -266,9 +266,10 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                     x_allreduce = _ratio(seconds, rec["allreduce"])
                     x_bound = seconds / bound
                     if "paired" in step:        # ratios per repeat (see the docstring)
-                        x_allreduce, x_bound = paired_ratios(
+                        x_allreduce, paired_bound = paired_ratios(
                             step["paired"], rec["size"], deg["in"],
                             job["memory_bandwidth"]["array_bytes"])
+                        x_bound = paired_bound or x_bound
                     rows.append({
                         "path": job["path"], "ranks": job["ranks"], "size": rec["size"],
                         "graph": graph, "policy": policy, "seconds": seconds,
