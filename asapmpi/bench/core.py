@@ -189,6 +189,9 @@ class Timer:
         out: List[List[float]] = [[] for _ in fns]
         for _ in range(self.repeats):
             for fn, n, seconds in zip(fns, calls, out):
+                # one untimed call first: the loop before evicted this one's data from the
+                # caches, and every loop is to be timed warm, as seconds_per_call's are
+                self._loop(fn, 1)
                 seconds.append(self._loop(fn, n) / n)
         return out
 
