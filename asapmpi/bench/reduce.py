@@ -12,9 +12,9 @@ started inside one (mpiexec, srun) it measures that job's ranks and path only.
 Every figure is seconds per call: the slowest rank's loop time / calls, median over
 --repeats loops (asapmpi.bench.core.Timer), float32 buffers of SIZE bytes on every rank.
 Ratios are time / reference; for notify_ack (the targets' policy) the step's loops take
-turns with an Allreduce's and a bandwidth copy's in every repeat, and its ratios to
-MPI_Allreduce and to the bound are the medians of the ratios per repeat (a host that
-slows down for a while then moves both sides of a ratio).
+turns with an Allreduce's and (on shared memory) a bandwidth copy's in every repeat, and
+its ratios to MPI_Allreduce and to the bound are the medians of the ratios per repeat
+(a host that slows down for a while then moves both sides of a ratio).
   step         Exchange(buf, graph, sync=POLICY).step(): the whole averaging step
                (sends, waits, verified reduce into buf) as a training loop calls it.
   allreduce    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) through mpi4py, same MPI.

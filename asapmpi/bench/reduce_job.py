@@ -13,8 +13,8 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   steps       Exchange.step() for every graph and policy, and each graph's maximum
               in- and out-degree, with the transport the Exchange chose; for the
               policies in "paired_policies" the step's loops take turns with an
-              Allreduce's and a memory-bandwidth copy's in every repeat ("paired":
-              seconds per call of each, repeat by repeat, for ratios per repeat);
+              Allreduce's and (on shared memory) a memory-bandwidth copy's in every
+              repeat ("paired": seconds per call of each, repeat by repeat);
 and, once per job, the memory bandwidth (the memory bound's unit): bytes per second a
 rank moves when every rank copies arrays 4x the last-level cache at once.
 """
@@ -113,8 +113,8 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
     bandwidth = measure_memory_bandwidth(timer, comm)
     references: Dict[str, Callable[[], Any]] = {}
     if rma_path() == "shared-memory":
-        # the bound applies on shared memory only; elsewhere these arrays (2 x 64 MB per
-        # rank here) would only crowd 8 ranks' 64 MB windows out of memory
+        # the bound applies on shared memory only; on the network path these arrays
+        # (2 x 128 MB per rank here) got a rank of 8 with 64 MB windows OOM-killed
         stream_src = np.ones(bandwidth["array_bytes"] // 4, dtype=np.float32)
         references["stream"] = partial(np.copyto, np.zeros_like(stream_src), stream_src)
     records = []
