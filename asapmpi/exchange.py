@@ -5,6 +5,16 @@
             train_step(params, batch)
             ex.step()        # params = w_self*params + sum_i w_i * params of in-neighbour i
 
+With double_buffer=True the exchange keeps the buffer in its own shared memory and
+step() returns where the result is (use that array from then on):
+
+    with asapmpi.Exchange(params, double_buffer=True) as ex:
+        x = ex.buffer
+        for batch in data:
+            train_step(x, batch)
+            x = ex.step()
+    # params holds the final values again
+
 Creation is collective over `comm`.  Every rank checks its own input, then one
 allgather shares what each rank was given; from it every rank builds the same global
 graph and mixing matrix and runs the same checks, so bad input on any rank raises the
@@ -22,6 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
+from ._core.segments import SharedSegments
 from .errors import ConfigError, FreedError, NonFiniteError
 from .faults import install_abort_hook
 from .launch import check_world_size, network_forced
@@ -279,10 +290,19 @@ class Exchange:
     checksum: put a checksum of the payload in every slot footer and verify it.
     transport: how updates reach the slots.  "put": MPI_Put into each out-neighbour's
         slot (any MPI path).  "shared": every rank copies its update once into its own
-        slot of a shared-memory window and its out-neighbours reduce from it in place
-        (one host only; notify_ack only).  "auto" (default): "shared" where it applies
+        slot in shared memory and its out-neighbours reduce from it in place (one host
+        only; notify_ack only).  "auto" (default): "shared" where it applies
         (notify_ack, every rank on one host, the network path not forced with
         MPIR_CVAR_NOLOCAL=1), else "put".
+    double_buffer: with the shared transport, keep the buffer in two slots of this
+        rank's shared memory, computed on in place and reduced from one into the other:
+        no copy at all per step (the reduce moves only its own inputs and output, the
+        memory-bandwidth bound).  `buffer` is copied in at creation and the values are
+        then in `ex.buffer`, which step() and receive() return and which alternates
+        between the two slots: after each step use the array they return (the previous
+        one turns read-only: its neighbours may still be reading it).  free() copies the
+        final values back into `buffer`.  On the put transport nothing changes:
+        ex.buffer is `buffer`.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
@@ -293,17 +313,20 @@ class Exchange:
                  comm: Optional[MPI.Comm] = None, *,
                  weights: Union[str, Mapping[int, float], Any] = "auto",
                  timeout: Optional[float] = None, checksum: bool = False,
-                 reject_nonfinite: bool = False, transport: str = "auto", **options):
+                 reject_nonfinite: bool = False, transport: str = "auto",
+                 double_buffer: bool = False, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
         self._win = None
         self._comm = None
+        self._segments = None
+        self._slots: Tuple[np.ndarray, ...] = ()
         if comm == MPI.COMM_WORLD:
             check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, options,
-                                    rank, size, transport)
+                                    rank, size, transport, double_buffer)
         meta = comm.allgather(local["meta"])
         for r, m in enumerate(meta):
             if m["problem"]:
@@ -311,7 +334,8 @@ class Exchange:
                                   else f"rank {r} was given bad input: {m['problem']}")
         for key, what in (("dtype", "buffer dtype"), ("nbytes", "buffer size in bytes"),
                           ("sync", "sync policy"), ("checksum", "checksum option"),
-                          ("options", "policy options"), ("transport", "transport")):
+                          ("options", "policy options"), ("transport", "transport"),
+                          ("double_buffer", "double_buffer option")):
             _same_everywhere(meta, key, what)
         g = _global_graph(meta, comm)
         _check_connected(g)
@@ -319,6 +343,7 @@ class Exchange:
         w = _global_weights(meta, g, local["matrix"])
 
         self.buffer = buffer
+        self._user_buffer = buffer
         self.comm = comm
         self.dtype, self.nbytes = local["dtype"], local["nbytes"]
         self.rank, self.size = rank, size
@@ -345,9 +370,13 @@ class Exchange:
                                 np.ascontiguousarray(w[rank, self.in_neighbours]),
                                 self.timeout, bool(checksum))
         self.transport = "put"
+        self.double_buffered = False
         if self._policy.uses_window:
             self.transport = _choose_transport(transport, self._policy, comm)
+            self.double_buffered = bool(double_buffer) and self.transport == "shared"
             self._win = self._make_window(comm)
+            if self.double_buffered:
+                self._enter_slots()
             self._policy.start()
         else:
             self._comm = comm.Dup()
@@ -355,13 +384,13 @@ class Exchange:
             self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
 
     def _check_locally(self, buffer, graph, sync, weights, timeout, checksum, options,
-                       rank, size, transport="auto") -> Dict[str, Any]:
+                       rank, size, transport="auto", double_buffer=False) -> Dict[str, Any]:
         """Every check that needs no communication; problems go into the allgather so
         that no rank leaves while the others wait in it."""
         out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                                "matrix": None}
         meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync, "options": None,
-                "transport": transport,
+                "transport": transport, "double_buffer": double_buffer,
                 "checksum": None, "graph_kind": None,
                 "graph_key": None, "graph_name": None, "in": [], "out": [],
                 "weights_kind": None, "weights_key": None, "weights_row": None}
@@ -386,6 +415,9 @@ class Exchange:
             wspec = _weight_spec("uniform" if not out["policy"].uses_window else weights,
                                  size)
             out["timeout"] = _positive_seconds(rc.timeout if timeout is None else timeout)
+            if not isinstance(double_buffer, bool):
+                raise ConfigError(f"double_buffer must be True or False, got "
+                                  f"{double_buffer!r}")
             if transport not in TRANSPORTS:
                 raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
                                   f"{transport!r}")
@@ -408,6 +440,8 @@ class Exchange:
         g, rank, depth = self.graph, self.rank, self._policy.depth
         publish = 1 if getattr(self._policy, "publishes", False) else 0
         outbox = self.transport == "shared"
+        if self.double_buffered:
+            depth = 2       # version k computed in slot k % 2, reduced into the other
         layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, self.nbytes,
                                 self._policy.user_words(r, g.n), publish, outbox)
                    for r in range(g.n)]
@@ -419,21 +453,55 @@ class Exchange:
                       for j in self.out_neighbours]
         in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
                   for i in self.in_neighbours]
-        win = _core.SlotWindow(
-            comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
-            out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
-            poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
-            flush_timeout=self.timeout,
-            in_outbox_disp=[layouts[i].off_slots for i in self.in_neighbours] if outbox
-            else None,
-        )
+        outboxes = None
+        if outbox:
+            self._segments = SharedSegments(comm, layouts[rank].segment_bytes,
+                                            self.in_neighbours)
+            outboxes = (self._segments.own, self._segments.peers)
+        try:
+            win = _core.SlotWindow(
+                comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
+                out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
+                poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
+                flush_timeout=self.timeout, outboxes=outboxes)
+        except BaseException:
+            if self._segments is not None:
+                self._segments.close()
+            raise
         win.max_transfer = max_transfer()
         return win
 
+    def _enter_slots(self) -> None:
+        """Double buffering: the buffer's values move into own slot 1 (version 1 is
+        computed there), and ex.buffer follows the slots from now on."""
+        layout = self._policy.layouts[self.rank]
+        count = self.nbytes // np.dtype(self.dtype).itemsize
+        def slot(s):
+            return np.frombuffer(self._segments.own, dtype=self.dtype, count=count,
+                                 offset=layout.segment_payload(s))
+        # the policy's (always writable) and the user's (one read-only at a time)
+        self._ctx.buffers = (slot(0), slot(1))
+        self._slots = (slot(0), slot(1))
+        self._slots[1][...] = np.frombuffer(self._user_buffer, dtype=self.dtype)
+        self._follow_slots()
+
+    def _follow_slots(self) -> None:
+        # the next version is computed in slot (next % 2); the other is what the
+        # out-neighbours may still be reading: read-only, so a stale reference fails
+        # loudly instead of corrupting their reduce
+        current = self._slots[(self._window_version + 1) % 2]
+        other = self._slots[self._window_version % 2]
+        other.flags.writeable = False
+        current.flags.writeable = True
+        self.buffer = current
+        self._ctx.array = current
+
     # ------------------------------------------------------------------ use
 
-    def step(self) -> None:
-        """Send the buffer to the out-neighbours and reduce the in-neighbours' into it."""
+    def step(self):
+        """Send the buffer to the out-neighbours and reduce the in-neighbours' into it.
+        Returns the array holding the result: `ex.buffer` (with double_buffer, not the
+        array computed on before)."""
         win = self._alive()
         if self._sending:
             raise ConfigError("send() was called without its receive(); call receive() "
@@ -442,6 +510,7 @@ class Exchange:
         self._iteration_started()
         done = self._policy.step(win, self.buffer, self._window_version + 1, self._ctx)
         self._advance(done)
+        return self.buffer
 
     def send(self) -> None:
         """The first half of step(): publish the buffer.  Until receive() the buffer may
@@ -455,14 +524,16 @@ class Exchange:
         self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
         self._sending = True
 
-    def receive(self) -> None:
-        """The second half of step(): wait for the neighbours, reduce into the buffer."""
+    def receive(self):
+        """The second half of step(): wait for the neighbours, reduce into the buffer.
+        Returns `ex.buffer`, as step()."""
         win = self._alive()
         if not self._sending:
             raise ConfigError("receive() without send(); call send() first (or step())")
         self._sending = False
         done = self._policy.receive(win, self.buffer, self._window_version + 1, self._ctx)
         self._advance(done)
+        return self.buffer
 
     def _iteration_started(self) -> None:
         """Time whole iterations, from one step (or send) to the next: a neighbour's
@@ -486,6 +557,8 @@ class Exchange:
         # a policy that skips iterations (hop) reports the last one it completed
         self._window_version = self._window_version + 1 if done is None else done
         self.version = self._base + self._window_version
+        if self._slots:
+            self._follow_slots()
 
     @property
     def current_timeout(self) -> float:
@@ -636,9 +709,15 @@ class Exchange:
         raise FreedError("this Exchange was freed; create a new one")
 
     def free(self) -> None:
-        """Release the window and communicator (collective). Safe to call twice."""
+        """Release the window and communicator (collective). Safe to call twice.  With
+        double_buffer, the final values are copied back into the buffer given at
+        creation first; arrays of the slots stay readable (not exchanged any more)."""
+        if self._slots and self._win is not None and not self._win.freed:
+            np.frombuffer(self._user_buffer, dtype=self.dtype)[...] = self.buffer
         if self._win is not None:
             self._win.free()
+        if self._segments is not None:
+            self._segments.close()
         if self._comm is not None and self._comm != MPI.COMM_NULL:
             self._comm.Free()
 

@@ -20,6 +20,25 @@ def test_roundtrip_exact_values_and_versions(graph, n, path):
         assert res["in"] == expected_in
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n", (2, 4, 8))
+@pytest.mark.parametrize("graph", ["ring", "complete"])
+def test_double_buffered_roundtrip_exact_values(graph, n, path):
+    # shared memory: computed in the slots, reduced from one into the other, no copy;
+    # the network path: the same calls on the put transport, the buffer never moves
+    results = run("roundtrip", n, path, timeout=300, graph=graph, iters=500, n=257,
+                  double_buffer=True)
+    for res in results:
+        assert res["double_buffered"] == (path == "shm"), res
+        assert res["transport"] == ("shared" if path == "shm" else "put"), res
+
+
+def test_double_buffered_float32_with_checksum_across_the_copy_threshold():
+    # 3M + 1 float32 (12 MB): past the streaming-copy size, odd length
+    run("roundtrip", 4, "shm", timeout=300, graph="bidirectional-ring", iters=6,
+        n=3 * (1 << 20) + 1, dtype="float32", checksum=True, double_buffer=True)
+
+
 def test_roundtrip_on_libfabrics_own_tcp_rma():
     # the network path runs RMA as MPICH active messages; libfabric's tcp RMA must work too
     results = run("roundtrip", 4, "net-native", timeout=300, graph="complete", iters=100,

@@ -41,31 +41,43 @@ static inline void asap_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 /* ---------- copying an update out for other ranks ---------- */
 
+#if defined(__SSE2__)
+/* dst = src with non-temporal stores (dst 16-byte aligned), no fence: the caller fences
+ * once after its last piece. */
+static inline void asap_stream(void *dst, const void *src, size_t n) {
+  __m128i *d = (__m128i *)dst;
+  const __m128i *s = (const __m128i *)src;
+  size_t v = n / 16, i = 0;
+  for (; i + 4 <= v; i += 4) {
+    __m128i a = _mm_loadu_si128(s + i), b = _mm_loadu_si128(s + i + 1);
+    __m128i c = _mm_loadu_si128(s + i + 2), e = _mm_loadu_si128(s + i + 3);
+    _mm_stream_si128(d + i, a);
+    _mm_stream_si128(d + i + 1, b);
+    _mm_stream_si128(d + i + 2, c);
+    _mm_stream_si128(d + i + 3, e);
+  }
+  for (; i < v; i++) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
+  memcpy((char *)dst + 16 * v, (const char *)src + 16 * v, n - 16 * v);
+}
+#define ASAP_CAN_STREAM(dst, n) ((n) >= ASAP_STREAM_MIN_BYTES && ((uintptr_t)(dst) & 15) == 0)
+#else
+#define ASAP_CAN_STREAM(dst, n) 0
+static inline void asap_stream(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+#endif
+
 /* dst = src, n bytes, for a payload that other ranks (other cores) read next: a large
  * copy streams past the caches (non-temporal stores: no read-for-ownership of dst, no
  * eviction of the writer's working set), a small one stays in cache where the readers
  * find it.  Ends with a store fence: the stores are globally visible before any later
  * store (the footer, the notify). */
 static inline void asap_copy_out(void *dst, const void *src, size_t n) {
+  if (ASAP_CAN_STREAM(dst, n)) {
+    asap_stream(dst, src, n);
 #if defined(__SSE2__)
-  if (n >= ASAP_STREAM_MIN_BYTES && ((uintptr_t)dst & 15) == 0) {
-    __m128i *d = (__m128i *)dst;
-    const __m128i *s = (const __m128i *)src;
-    size_t v = n / 16, i = 0;
-    for (; i + 4 <= v; i += 4) {
-      __m128i a = _mm_loadu_si128(s + i), b = _mm_loadu_si128(s + i + 1);
-      __m128i c = _mm_loadu_si128(s + i + 2), e = _mm_loadu_si128(s + i + 3);
-      _mm_stream_si128(d + i, a);
-      _mm_stream_si128(d + i + 1, b);
-      _mm_stream_si128(d + i + 2, c);
-      _mm_stream_si128(d + i + 3, e);
-    }
-    for (; i < v; i++) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
-    memcpy((char *)dst + 16 * v, (const char *)src + 16 * v, n - 16 * v);
     _mm_sfence();
+#endif
     return;
   }
-#endif
   memcpy(dst, src, n);
   __atomic_thread_fence(__ATOMIC_RELEASE);
 }
@@ -168,21 +180,29 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
     for (size_t j = 0; j < n; j++) out[j] = out[j] + w * in[j];                          \
   }                                                                                      \
   /* out = w0*own + sum_i ws[i]*ins[i]; out may equal own; if cks is not NULL the bytes \
-   * of every input are checksummed in the same pass (inputs padded to 32 bytes). */     \
+   * of every input are checksummed in the same pass (inputs padded to 32 bytes).  A    \
+   * large out that is not own (a double-buffered exchange) is summed block by block in \
+   * a cache-resident scratch and streamed out: no read-for-ownership of out, which    \
+   * would add a fourth of the traffic to a reduce of two inputs. */                    \
   static void NAME(T *out, const T *own, T w0, const T *const *ins, const T *ws,         \
                    int n_in, size_t n, asap_cksum_t *cks) {                              \
     const size_t blk = ASAP_BLOCK_BYTES / sizeof(T);                                     \
+    T scratch[ASAP_BLOCK_BYTES / sizeof(T)] __attribute__((aligned(64)));                \
+    const int stream = out != own && ASAP_CAN_STREAM(out, n * sizeof(T));                \
     for (size_t s = 0; s < n; s += blk) {                                                \
       size_t m = n - s < blk ? n - s : blk;                                              \
-      NAME##_first(out + s, own + s, w0, m);                                             \
+      T *acc = stream ? scratch : out + s;                                               \
+      NAME##_first(acc, own + s, w0, m);                                                 \
       for (int i = 0; i < n_in; i++) {                                                   \
-        NAME##_add(out + s, ins[i] + s, ws[i], m);                                       \
+        NAME##_add(acc, ins[i] + s, ws[i], m);                                           \
         if (cks) {                                                                       \
           if (s + m < n) asap_cksum_feed(&cks[i], ins[i] + s, m * sizeof(T));            \
           else asap_cksum_feed_tail(&cks[i], ins[i] + s, m * sizeof(T));                 \
         }                                                                                \
       }                                                                                  \
+      if (stream) asap_stream(out + s, scratch, m * sizeof(T));                          \
     }                                                                                    \
+    if (stream) asap_fence();                                                            \
   }
 
 ASAP_DEFINE_WSUM(asap_wsum_f32, float)

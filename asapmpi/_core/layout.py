@@ -12,10 +12,11 @@ A rank's window (one per exchanged buffer)::
                      header  64 B: version, iteration, sender, nbytes (int64)
                      payload nbytes rounded up to 64 B
                      footer  64 B: version, checksum (0 = none)
-                   or, with the shared-memory transport (outbox=True), `depth` slots
-                   holding this rank's OWN updates, which its out-neighbours reduce
-                   from directly (MPI_Win_allocate_shared): one copy per update
-                   instead of one put per out-neighbour
+                   or, with the shared-memory transport (outbox=True), none: the
+                   window holds control words only, and `depth` slots of this rank's
+                   OWN updates live in a shared-memory segment of `segment_bytes`
+                   (asapmpi._core.segments) that its out-neighbours map and reduce
+                   from directly: no put, at most one copy per update
 
 Every region starts on a 64-byte boundary.  Version 0 means "never written".
 """
@@ -51,7 +52,18 @@ class Layout:
 
     @property
     def n_slots(self) -> int:
-        return self.depth if self.outbox else self.n_in * self.depth
+        """Slots inside the window (none with outbox: they are in the segment)."""
+        return 0 if self.outbox else self.n_in * self.depth
+
+    @property
+    def segment_bytes(self) -> int:
+        """Bytes of the shared-memory segment holding this rank's own slots (outbox),
+        else 0."""
+        return self.depth * self.slot_stride if self.outbox else 0
+
+    def segment_payload(self, slot: int) -> int:
+        """Offset of own slot `slot`'s payload in the outbox segment."""
+        return slot * self.slot_stride + HEADER_BYTES
 
     @property
     def off_notify(self) -> int:
@@ -100,7 +112,7 @@ class Layout:
 
     def slot_disp(self, in_index: int, slot: int = 0) -> int:
         """Offset of the header of in-neighbour `in_index`'s slot `slot` (with outbox:
-        of this rank's own slot `slot`; in_index is ignored)."""
+        of this rank's own slot `slot` in its segment; in_index is ignored)."""
         if self.outbox:
-            return self.off_slots + slot * self.slot_stride
+            return slot * self.slot_stride
         return self.off_slots + (in_index * self.depth + slot) * self.slot_stride

@@ -5,7 +5,8 @@ See asapmpi/_core/layout.py for the byte layout and docs/PROTOCOL.md for the cal
 sequence and why it is correct.  This module knows MPI and memory only: which ranks are
 neighbours and at which displacements their slots live is computed by the caller.
 """
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
+                            PyBUF_WRITABLE, PyBUF_SIMPLE)
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.stdio cimport snprintf
@@ -62,8 +63,13 @@ cdef class SlotWindow:
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
     cdef bint has_publish
     cdef readonly bint outbox
-    # outbox transport: where each in-neighbour's own slots are mapped in this process
+    # outbox transport: this rank's own slots and, per in-neighbour, where its slots are
+    # mapped in this process (shared-memory segments held through buffer views)
+    cdef char *out_slots
     cdef char **in_slots
+    cdef Py_buffer _own_segment
+    cdef Py_buffer *_in_segments
+    cdef int _segments_held
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -120,15 +126,12 @@ cdef class SlotWindow:
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
-                 int poll_max_sleep_us=100, double flush_timeout=60.0, in_outbox_disp=None):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0, outboxes=None):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
         cdef int i
         cdef MPI_Aint my_size
-        cdef MPI_Aint peer_size
-        cdef int peer_unit
-        cdef char *peer_base = NULL
         self.n_in = layout.n_in
         self.n_out = layout.n_out
         self.depth = layout.depth
@@ -144,8 +147,10 @@ cdef class SlotWindow:
         self.off_publish = layout.off_publish
         self.has_publish = layout.n_publish > 0
         self.outbox = layout.outbox
-        if self.outbox and (in_outbox_disp is None or len(in_outbox_disp) != self.n_in):
-            raise ConfigError("an outbox layout needs every in-neighbour's outbox offset")
+        if self.outbox and (outboxes is None or len(outboxes) != 2
+                            or len(outboxes[1]) != self.n_in):
+            raise ConfigError("an outbox layout needs this rank's segment and every "
+                              "in-neighbour's: outboxes=(own, [in-neighbours'])")
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
         self._max_transfer = MAX_PUT_CHUNK
@@ -161,6 +166,8 @@ cdef class SlotWindow:
             raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
         self.size = comm.Get_size()
         self._alloc_arrays()
+        if self.outbox:
+            self._hold_segments(outboxes[0], outboxes[1], layout.segment_bytes)
         for i in range(self.n_in):
             self._in[i] = in_ranks[i]
             self.in_ack_disp[i] = in_ack_disp[i]
@@ -186,22 +193,10 @@ cdef class SlotWindow:
             CHKERR(MPI_Comm_size(self.comm, &self.size), "MPI_Comm_size")
             CHKERR(MPI_Info_create(&info), "MPI_Info_create")
             CHKERR(MPI_Info_set(info, b"same_disp_unit", b"true"), "MPI_Info_set")
-            if self.outbox:
-                # every rank's segment on its own pages: no false sharing between ranks
-                CHKERR(MPI_Info_set(info, b"alloc_shared_noncontig", b"true"), "MPI_Info_set")
-                CHKERR(MPI_Win_allocate_shared(self.total_bytes, 1, info, self.comm,
-                                               &self.base, &self.win),
-                       "MPI_Win_allocate_shared")
-            else:
-                CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
-                                        &self.win), "MPI_Win_allocate")
+            CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
+                                    &self.win), "MPI_Win_allocate")
             CHKERR(MPI_Info_free(&info), "MPI_Info_free")
         self._freed = False
-        if self.outbox:
-            for i in range(self.n_in):
-                CHKERR(MPI_Win_shared_query(self.win, self._in[i], &peer_size, &peer_unit,
-                                            &peer_base), "MPI_Win_shared_query")
-                self.in_slots[i] = peer_base + <MPI_Aint>in_outbox_disp[i]
         with nogil:
             CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler")
             CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag), "MPI_Win_get_attr")
@@ -228,6 +223,36 @@ cdef class SlotWindow:
             my_size = self.total_bytes
             CHKERR(MPI_Allgather(&my_size, 1, MPI_AINT, self.sizes, 1, MPI_AINT, self.comm),
                    "MPI_Allgather")
+
+    cdef _hold_segments(self, own, ins, Py_ssize_t nbytes):
+        # Views held until free(): the segments cannot be unmapped under the kernels.
+        cdef int i
+        self._in_segments = <Py_buffer *>calloc(max(self.n_in, 1), sizeof(Py_buffer))
+        if self._in_segments == NULL:
+            raise MemoryError()
+        PyObject_GetBuffer(own, &self._own_segment, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        self._segments_held = 1
+        for i in range(self.n_in):
+            PyObject_GetBuffer(ins[i], &self._in_segments[i], PyBUF_SIMPLE)
+            self._segments_held += 1
+        if self._own_segment.len < nbytes or any(
+                self._in_segments[i].len < nbytes for i in range(self.n_in)):
+            self._release_segments()
+            raise ConfigError(f"outbox segments must hold {nbytes} bytes each")
+        self.out_slots = <char *>self._own_segment.buf
+        for i in range(self.n_in):
+            self.in_slots[i] = <char *>self._in_segments[i].buf
+
+    cdef void _release_segments(self) noexcept:
+        cdef int i
+        if self._segments_held:
+            PyBuffer_Release(&self._own_segment)
+            for i in range(self._segments_held - 1):
+                PyBuffer_Release(&self._in_segments[i])
+            self._segments_held = 0
+        free(self._in_segments)
+        self._in_segments = NULL
+        self.out_slots = NULL
 
     cdef _alloc_arrays(self):
         cdef int n = max(self.n_in, 1)
@@ -281,6 +306,7 @@ cdef class SlotWindow:
         free(self.skip); self.skip = NULL
         free(self.own_copy); self.own_copy = NULL
         free(self.sizes); self.sizes = NULL
+        self._release_segments()
 
     def __dealloc__(self):
         cdef int finalized = 1
@@ -327,6 +353,7 @@ cdef class SlotWindow:
         finally:
             self._freed = True
             self._locked = False
+            self._release_segments()
 
     @property
     def max_transfer(self):
@@ -454,15 +481,19 @@ cdef class SlotWindow:
         # out-neighbour reduces from in place, then the notifies.  Written in the
         # seqlock order (header, payload, footer, fences between), so a reader checking
         # header == footer == version never takes a partial write for a whole one.
+        # A source that IS the slot's payload (a double-buffered Exchange computes in
+        # its slots) is not copied at all: only the header, footer and notifies.
         cdef Py_ssize_t slot = version % self.depth
-        cdef char *hdr = self.base + self.off_slots + slot * self.slot_stride
+        cdef char *hdr = self.out_slots + slot * self.slot_stride
         cdef char *ftr = hdr + HEADER_BYTES + self.payload_stride
         asap_store_i64(hdr + 8, iteration)
         asap_store_i64(hdr + 16, self.rank)
         asap_store_i64(hdr + 24, self.nbytes)
         asap_store_i64(hdr, version)
         asap_fence()
-        asap_copy_out(hdr + HEADER_BYTES, src, payload)
+        if src != hdr + HEADER_BYTES:
+            asap_copy_out(hdr + HEADER_BYTES, src, payload)
+        asap_fence()
         self.bytes_put += payload * self.n_out
         if torn:
             return 0
@@ -936,7 +967,8 @@ cdef class SlotWindow:
         """Offset of the header of in-neighbour `in_index`'s slot for `version`."""
         if self.outbox:
             raise ConfigError("with the shared-memory transport a neighbour's slot is in "
-                              "its own window; create the Exchange with transport='put'")
+                              "its own shared-memory segment, not in this window; create "
+                              "the Exchange with transport='put'")
         if not 0 <= in_index < self.n_in:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
         self._check_version(version)
@@ -954,7 +986,7 @@ cdef class SlotWindow:
     def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
                int64_t min_version, int64_t max_version, bint seqlock=False,
                bint checksum=False, bint renormalize=False, bint require_all=False,
-               bint only_notified=False):
+               bint only_notified=False, own=None):
         """buf = w_self*buf + sum_i weights[i]*slot_i, over the usable inputs, in one pass.
 
         Reads slot `expected % depth` of every in-neighbour.  An input is usable when its
@@ -969,9 +1001,14 @@ cdef class SlotWindow:
         the full one).  require_all: if any input is not usable, raise ProtocolError
         before buf is touched.  only_notified: inputs whose notify word for this slot is not
         `expected` are not read at all (counted stale): their sender may be writing them.
+        own: this rank's own input, when it is not buf (buf = w_self*own + ...: a
+        double-buffered Exchange reduces its current slot into the other one).
         Returns the number of inputs reduced.
         """
         cdef Py_buffer view
+        cdef Py_buffer own_view
+        cdef const char *own_ptr
+        cdef bint own_held = False
         cdef int r, i
         self._check_alive()
         self._check_version(expected)
@@ -982,7 +1019,16 @@ cdef class SlotWindow:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
                                   f"{self.nbytes}")
-            if (seqlock or checksum) and self.own_copy == NULL:
+            own_ptr = <const char *>view.buf
+            if own is not None:
+                PyObject_GetBuffer(own, &own_view, PyBUF_ANY_CONTIGUOUS)
+                own_held = True
+                if own_view.len != self.nbytes:
+                    raise ConfigError(f"own has {own_view.len} bytes but the window's slots "
+                                      f"hold {self.nbytes}")
+                own_ptr = <const char *>own_view.buf
+            if ((seqlock or checksum) and own_ptr == <const char *>view.buf
+                    and self.own_copy == NULL):
                 self.own_copy = <char *>malloc(max(self.nbytes, 1))
                 if self.own_copy == NULL:
                     raise MemoryError()
@@ -991,9 +1037,11 @@ cdef class SlotWindow:
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
                                  min_version, max_version, False, seqlock, checksum,
-                                 renormalize, require_all, only_notified)
+                                 renormalize, require_all, only_notified, own_ptr)
         finally:
             PyBuffer_Release(&view)
+            if own_held:
+                PyBuffer_Release(&own_view)
         if r == -1:
             torn = [self._in[i] for i in range(self.n_in) if self.status[i] == TORN]
             raise ProtocolError(f"rank {self.rank}: the slot(s) of rank(s) {torn} changed while "
@@ -1034,7 +1082,8 @@ cdef class SlotWindow:
                 self.exp_v[i] = versions[i]
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
-                                 0, 0, True, True, checksum, renormalize, False, False)
+                                 0, 0, True, True, checksum, renormalize, False, False,
+                                 <const char *>view.buf)
         finally:
             PyBuffer_Release(&view)
         return r
@@ -1094,10 +1143,11 @@ cdef class SlotWindow:
     cdef int _reduce(self, char *out, double w_self, const double *weights,
                      int64_t min_version, int64_t max_version, bint exact_each, bint seqlock,
                      bint checksum, bint renormalize, bint require_all,
-                     bint only_notified) except -2 nogil:
+                     bint only_notified, const char *own_in) except -2 nogil:
         # self.exp_v[i]: the version expected from in-neighbour i (its slot is
         # exp_v[i] % depth).  exact_each: input i is usable only as exactly exp_v[i] > 0;
-        # else any whole version in [min_version, max_version].
+        # else any whole version in [min_version, max_version].  own_in: this rank's
+        # own input (== out for an in-place reduce).
         cdef Py_ssize_t slot
         cdef int64_t expected
         cdef int i, n_used, passes
@@ -1105,7 +1155,7 @@ cdef class SlotWindow:
         cdef char *hdr
         cdef char *ftr
         cdef bint changed
-        cdef const char *own = out
+        cdef const char *own = own_in
         # MPI_Win_sync: the standard's way to make remote updates of this window visible
         # to local loads (a memory barrier on MPICH)
         CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
@@ -1146,7 +1196,7 @@ cdef class SlotWindow:
         # A failure found after the fused pass (a slot that changed, a bad checksum) can
         # only be undone from a copy of the reader's own buffer; keep one when the mode
         # can find such failures.
-        if seqlock or checksum:
+        if (seqlock or checksum) and own_in == out:
             memcpy(self.own_copy, out, self.nbytes)
             own = self.own_copy
         passes = 0

@@ -5,7 +5,7 @@ A policy drives a SlotWindow through one step; it never touches bytes itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -20,6 +20,9 @@ class StepContext:
     checksum: bool
     comm: Optional[Any] = None          # policies that use collectives (allreduce)
     array: Optional[np.ndarray] = None  # the buffer as a NumPy array, for them
+    #: double buffering (Exchange(double_buffer=True)): this rank's two own slots;
+    #: version k is computed in buffers[k % 2] and reduced into the other
+    buffers: Tuple[np.ndarray, ...] = ()
 
 
 def server_star(policy: str, server: int, n: int):

@@ -8,6 +8,14 @@ Step k on every rank:
   5. acknowledge version k to every in-neighbour.
 Every rank sends (2) before it waits (3), so cyclic graphs cannot deadlock: the acks of
 step k-1 only need the notifies of step k-1, which were all sent before anyone waited.
+
+Double buffering (the shared transport with Exchange(double_buffer=True)): version k
+is computed in own slot k % 2 and the reduce writes slot (k+1) % 2, so the step's
+order becomes: notify k (nothing to copy, nothing to wait for: slot k % 2 was last read
+as version k-2, acknowledged before the reduce of step k-1 wrote it), wait for the
+notifies of k, wait for acks >= k-1 (the out-neighbours are done reading slot
+(k+1) % 2; having notified k, this rank may see an ack of k already), reduce into it,
+acknowledge k.  Sends still precede every wait.
 """
 from __future__ import annotations
 
@@ -44,17 +52,25 @@ class NotifyAck(Policy):
                     len(self._reduced), -1) if self._reduced else np.zeros((0, 1), np.int64)}
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Steps 1-2: wait for the acks of version-1, then put and notify `version`."""
+        """Steps 1-2: wait for the acks of version-1, then put and notify `version`
+        (double-buffered: notify at once, buf already is the slot)."""
         self._started = time.monotonic()
-        win.wait_acks(version - 1, ctx.timeout)
+        if not ctx.buffers:
+            win.wait_acks(version - 1, ctx.timeout)
         win.put(buf, version, version, checksum=ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
         win.wait_notifies(version, ctx.timeout)
+        out, own = buf, None
+        if ctx.buffers:
+            # notify k went out before this wait: a neighbour may have acknowledged k
+            # already, so ">= k-1" (read atomically), not "== k-1"
+            win.wait_acks(version - 1, ctx.timeout, at_least=True)
+            out, own = ctx.buffers[(version + 1) % 2], buf
         # every in-neighbour's version k, or ProtocolError before the buffer is touched
-        win.reduce(buf, ctx.w_self, ctx.weights, version, version, version,
-                   checksum=ctx.checksum, require_all=True)
+        win.reduce(out, ctx.w_self, ctx.weights, version, version, version,
+                   checksum=ctx.checksum, require_all=True, own=own)
         win.ack(version)
         # iteration k+1 cannot have begun before step k started, and has begun by now
         self._lo.append(self._started)

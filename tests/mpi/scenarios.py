@@ -31,16 +31,25 @@ def pattern(rank, k, n, dtype):
     return (rank * 1000.0 + k + np.arange(n) * 0.25).astype(dtype)
 
 
-def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False):
-    """Every step reduces exactly w_self*own + sum w_i*pattern(i, k), from version k."""
+def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buffer=False):
+    """Every step reduces exactly w_self*own + sum w_i*pattern(i, k), from version k.
+    double_buffer: compute in ex.buffer, take the result from what step() returns, and
+    find the last one in the original buffer after free()."""
     rank = comm.rank
-    buf = np.zeros(n, dtype=dtype)
+    original = np.zeros(n, dtype=dtype)
     g = asapmpi.graph(graph, comm.size)
-    with asapmpi.Exchange(buf, graph=g, comm=comm, checksum=checksum, timeout=60) as ex:
+    with asapmpi.Exchange(original, graph=g, comm=comm, checksum=checksum, timeout=60,
+                          double_buffer=double_buffer) as ex:
         w = ex.weights
+        buf = ex.buffer
+        assert (buf is not original) == ex.double_buffered
         for k in range(1, iters + 1):
             buf[:] = pattern(rank, k, n, dtype)
-            ex.step()
+            previous = buf
+            buf = ex.step()
+            assert buf is ex.buffer
+            if ex.double_buffered:
+                assert buf is not previous and not previous.flags.writeable
             # the NumPy reference, in the kernel's order: self first, then in-neighbours
             expected = dtype_cast(w[rank], dtype) * pattern(rank, k, n, dtype)
             for i in ex.in_neighbours:
@@ -52,10 +61,14 @@ def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False):
         stats = ex.stats
         last = ex.window.last_versions.tolist()
         assert ex.version == iters
+        transport = ex.transport
+    # after free(): the result is in the original buffer, and the slot still readable
+    assert np.array_equal(original, buf)
     for sender, counts in stats.items():
         assert counts == {"consistent": iters, "torn": 0, "stale": 0, "ahead": 0}, (sender, counts)
     assert last == [iters] * len(ex.in_neighbours), last
-    return {"in": ex.in_neighbours, "stats": {str(k): v for k, v in stats.items()}}
+    return {"in": ex.in_neighbours, "stats": {str(k): v for k, v in stats.items()},
+            "transport": transport, "double_buffered": ex.double_buffered}
 
 
 def dtype_cast(w, dtype):
