@@ -157,7 +157,7 @@ def _positive_seconds(value) -> float:
 
 # ---------------------------------------------------------------------- global checks
 
-TRANSPORTS = ("auto", "put", "shared")
+TRANSPORTS = ("auto", "put", "shared", "messages")
 
 
 def _on_one_host(comm: MPI.Comm) -> bool:
@@ -170,18 +170,21 @@ def _on_one_host(comm: MPI.Comm) -> bool:
 
 
 def _choose_transport(requested: str, policy, comm: MPI.Comm) -> str:
-    """'shared' or 'put' for this exchange, the same on every rank (collective)."""
-    if requested == "put" or not policy.outbox:
-        return "put"
+    """'shared', 'messages' or 'put' for this exchange, the same on every rank
+    (collective)."""
+    if requested in ("put", "messages") or not (policy.outbox or policy.messages):
+        return requested if requested == "messages" else "put"
     one_host = _on_one_host(comm)
     if requested == "shared":
         if not one_host:
             raise ConfigError("transport='shared' needs every rank on one host; use "
-                              "transport='put' or 'auto'")
+                              "transport='messages', 'put' or 'auto'")
         return "shared"
     # the environment could differ between ranks: agree on the most conservative
     shared = comm.allreduce(int(one_host and not network_forced()), op=MPI.MIN)
-    return "shared" if shared else "put"
+    if shared and policy.outbox:
+        return "shared"
+    return "messages" if policy.messages else "put"
 
 
 def _same_everywhere(meta: List[Dict[str, Any]], key: str, what: str) -> None:
@@ -291,9 +294,14 @@ class Exchange:
     transport: how updates reach the slots.  "put": MPI_Put into each out-neighbour's
         slot (any MPI path).  "shared": every rank copies its update once into its own
         slot in shared memory and its out-neighbours reduce from it in place (one host
-        only; notify_ack only).  "auto" (default): "shared" where it applies
-        (notify_ack, every rank on one host, the network path not forced with
-        MPIR_CVAR_NOLOCAL=1), else "put".
+        only; notify_ack only).  "messages": every update is one two-sided message per
+        out-neighbour, received straight into the reader's slot; the receive posted for
+        the next version is the ack (notify_ack only; any path: on TCP networks MPICH
+        runs one-sided operations as active messages that cost each target CPU time
+        per piece, while its two-sided messages are its fastest path).  "auto"
+        (default): for notify_ack "shared" where it applies (every rank on one host,
+        the network path not forced with MPIR_CVAR_NOLOCAL=1), else "messages"; "put"
+        for every other policy.
     double_buffer: with the shared transport, keep the buffer in two slots of this
         rank's shared memory, computed on in place and reduced from one into the other:
         no copy at all per step (the reduce moves only its own inputs and output, the
@@ -424,6 +432,9 @@ class Exchange:
             if transport == "shared" and not pol.outbox:
                 raise ConfigError(f"transport='shared' works with sync='notify_ack' only, "
                                   f"not {sync!r}; use transport='put' or 'auto'")
+            if transport == "messages" and not pol.messages:
+                raise ConfigError(f"transport='messages' works with sync='notify_ack' only, "
+                                  f"not {sync!r}; use transport='put' or 'auto'")
             out["matrix"] = wspec.get("matrix")
             meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
                         graph_kind=spec["kind"], graph_key=spec["key"],
@@ -463,12 +474,16 @@ class Exchange:
                 comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
                 out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
                 poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
-                flush_timeout=self.timeout, outboxes=outboxes)
+                flush_timeout=self.timeout, outboxes=outboxes,
+                messages=self.transport == "messages")
         except BaseException:
             if self._segments is not None:
                 self._segments.close()
             raise
         win.max_transfer = max_transfer()
+        if self.transport == "messages":
+            # the "ack" of version 0: every slot is free for version 1
+            win.post_receives(1, checksum=self._ctx.checksum)
         return win
 
     def _enter_slots(self) -> None:

@@ -25,12 +25,12 @@ def test_roundtrip_exact_values_and_versions(graph, n, path):
 @pytest.mark.parametrize("graph", ["ring", "complete"])
 def test_double_buffered_roundtrip_exact_values(graph, n, path):
     # shared memory: computed in the slots, reduced from one into the other, no copy;
-    # the network path: the same calls on the put transport, the buffer never moves
+    # the network path: the same calls on the message transport, the buffer never moves
     results = run("roundtrip", n, path, timeout=300, graph=graph, iters=500, n=257,
                   double_buffer=True)
     for res in results:
         assert res["double_buffered"] == (path == "shm"), res
-        assert res["transport"] == ("shared" if path == "shm" else "put"), res
+        assert res["transport"] == ("shared" if path == "shm" else "messages"), res
 
 
 def test_double_buffered_float32_with_checksum_across_the_copy_threshold():
@@ -86,12 +86,19 @@ def test_silent_neighbour_times_out_naming_it(n, path):
     assert results[1]["error"] is None
     # rank 2 % n receives from rank 1: waits for a notify that never comes
     victim = results[2 % n]
-    assert victim["ranks"] == [1] and "notify of version 1" in victim["what"], victim
+    awaited = "notify of version 1" if path == "shm" else "update of version 1"
+    assert victim["ranks"] == [1] and awaited in victim["what"], victim
     assert "rank 1 (expected 1, last seen 0)" in victim["error"]
     assert timeout <= victim["elapsed"] < timeout + 10
-    if n > 2:
+    if n > 2 and path == "shm":
         # rank 0 sends to rank 1: its step 1 completes, step 2 waits for rank 1's ack
         assert results[0]["ranks"] == [1] and "ack of version 1" in results[0]["what"]
+    elif n > 2:
+        # messages: rank 0's small update of version 2 leaves without rank 1's receive
+        # (MPI buffers it), and its in-neighbour n-1 sent version 2 before it waited
+        # in turn: rank 0 completes both steps; the wait travels down the chain instead
+        assert results[0]["error"] is None, results[0]
+        assert results[n - 1]["ranks"] == [n - 2], results[n - 1]
 
 
 def test_payload_view_is_read_only_and_pins_the_window_on_every_rank():
@@ -113,8 +120,15 @@ def test_stalled_target_times_out_on_shared_memory():
     assert results[0]["elapsed"] < 2.0 + 4
 
 
-def test_stalled_target_ends_the_job_on_the_network_path():
-    proc = launch("stalled_target", 2, "net", timeout=120, wait_timeout=2.0, stall=30.0)
+def test_stalled_target_times_out_on_the_network_path_with_messages():
+    results = run("stalled_target", 2, "net", timeout=120, wait_timeout=2.0, stall=6.0)
+    assert "update of version 2 from rank 1 (expected 2, last seen 1)" in results[0]["error"]
+    assert results[0]["elapsed"] < 2.0 + 4
+
+
+def test_stalled_target_ends_the_job_on_the_network_path_with_puts():
+    proc = launch("stalled_target", 2, "net", timeout=120, wait_timeout=2.0, stall=30.0,
+                  transport="put")
     assert proc.returncode != 0, "the job survived a stalled target"
     # Which flush stalls depends on how far rank 1 got into MPI before it stopped: the
     # put of version 2, or (if that completed) the notify of version 2, which rank 0
@@ -141,7 +155,7 @@ BAD_INPUT = {
     "hop_options_differ": "same policy options",
     "hop_unknown_option": "has no option(s) named ['max_gapp']",
     "timeout": "timeout must be a number of seconds, got 'soon'",
-    "transport": "transport must be one of auto, put, shared, got 'pigeon'",
+    "transport": "transport must be one of auto, put, shared, messages, got 'pigeon'",
     "transport_policy": "transport='shared' works with sync='notify_ack' only, not 'hop'",
     "transport_differs": "same transport",
 }

@@ -99,7 +99,7 @@ class SharedSegments:
     def close(self) -> None:
         """Drop this object's mappings.  Memory still viewed (a NumPy array of a slot)
         stays mapped until the last view is gone."""
-        for m in [self.own] + self.peers:
+        for m in [self.own, *self.peers]:
             if m is None:
                 continue
             try:

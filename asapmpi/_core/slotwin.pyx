@@ -43,6 +43,9 @@ cdef enum:
     MAX_PUT_CHUNK = 1 << 30
     LAZY_WORDS = 16
     HEADER_BYTES = 64
+    # message transport: tags are versions modulo this (MPI guarantees tags up to 32767;
+    # NOTIFY-ACK keeps a sender within one version of its receiver)
+    TAG_MODULUS = 32768
 
 cdef int64_t MAGIC = _layout.MAGIC
 cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
@@ -70,6 +73,16 @@ cdef class SlotWindow:
     cdef Py_buffer _own_segment
     cdef Py_buffer *_in_segments
     cdef int _segments_held
+    # message transport: updates travel as two-sided messages into the slots
+    cdef readonly bint messages
+    cdef MPI_Comm msg_comm
+    cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum
+    cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum
+    cdef int64_t *recv_cksum
+    cdef Py_buffer _send_view
+    cdef bint _send_held
+    cdef bint _msg_checksum
+    cdef int64_t _posted            # version the receives are posted for (0: none)
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -122,11 +135,13 @@ cdef class SlotWindow:
     def __cinit__(self):
         self.win = MPI_WIN_NULL
         self.comm = MPI_COMM_NULL
+        self.msg_comm = MPI_COMM_NULL
         self._freed = True
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
-                 int poll_max_sleep_us=100, double flush_timeout=60.0, outboxes=None):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0, outboxes=None,
+                 bint messages=False):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -147,6 +162,9 @@ cdef class SlotWindow:
         self.off_publish = layout.off_publish
         self.has_publish = layout.n_publish > 0
         self.outbox = layout.outbox
+        self.messages = messages
+        if messages and self.outbox:
+            raise ConfigError("an outbox layout cannot also receive messages")
         if self.outbox and (outboxes is None or len(outboxes) != 2
                             or len(outboxes[1]) != self.n_in):
             raise ConfigError("an outbox layout needs this rank's segment and every "
@@ -187,6 +205,10 @@ cdef class SlotWindow:
 
         with nogil:
             CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.comm), "MPI_Comm_dup")
+            if self.messages:
+                CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.msg_comm), "MPI_Comm_dup")
+                CHKERR(MPI_Comm_set_errhandler(self.msg_comm, MPI_ERRORS_RETURN),
+                       "MPI_Comm_set_errhandler")
             CHKERR(MPI_Comm_set_errhandler(self.comm, MPI_ERRORS_RETURN),
                    "MPI_Comm_set_errhandler")
             CHKERR(MPI_Comm_rank(self.comm, &self.rank), "MPI_Comm_rank")
@@ -255,6 +277,7 @@ cdef class SlotWindow:
         self.out_slots = NULL
 
     cdef _alloc_arrays(self):
+        cdef int i
         cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
         cdef int w = max(n, m)
@@ -266,6 +289,15 @@ cdef class SlotWindow:
         self.wait_offs = <MPI_Aint *>calloc(w, sizeof(MPI_Aint))
         self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
         self.ins = <const void **>calloc(n, sizeof(void *))
+        self.recv_reqs = <MPI_Request *>calloc(2 * n, sizeof(MPI_Request))
+        self.send_reqs = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
+        self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
+        if self.recv_reqs == NULL or self.send_reqs == NULL or self.recv_cksum == NULL:
+            raise MemoryError()
+        for i in range(2 * n):
+            self.recv_reqs[i] = MPI_REQUEST_NULL
+        for i in range(2 * m):
+            self.send_reqs[i] = MPI_REQUEST_NULL
         self.in_slots = <char **>calloc(n, sizeof(char *))
         self.ws_f64 = <double *>calloc(n, sizeof(double))
         self.ws_f32 = <float *>calloc(n, sizeof(float))
@@ -294,6 +326,12 @@ cdef class SlotWindow:
         free(self.wait_offs); self.wait_offs = NULL
         free(self.wait_expected); self.wait_expected = NULL
         free(self.ins); self.ins = NULL
+        free(self.recv_reqs); self.recv_reqs = NULL
+        free(self.send_reqs); self.send_reqs = NULL
+        free(self.recv_cksum); self.recv_cksum = NULL
+        if self._send_held:
+            PyBuffer_Release(&self._send_view)
+            self._send_held = False
         free(self.in_slots); self.in_slots = NULL
         free(self.ws_f64); self.ws_f64 = NULL
         free(self.ws_f32); self.ws_f32 = NULL
@@ -346,6 +384,9 @@ cdef class SlotWindow:
                               f".release()) on every rank before free()")
         try:
             with nogil:
+                self._cancel_receives()
+                if self.msg_comm != MPI_COMM_NULL:
+                    CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
                 if self._locked:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
                 CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
@@ -541,6 +582,161 @@ cdef class SlotWindow:
                 CHKERR(MPI_Put(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
                                MPI_BYTE, self.win), "MPI_Put")
             done += chunk
+        return 0
+
+    # ------------------------------------------------------------------ messages
+
+    # The message transport (NOTIFY-ACK on network paths): version k of an update is one
+    # message per out-neighbour, received straight into the reader's slot.  The receive
+    # posted for k is the ack of k-1 (the slot is free again), its completion the notify
+    # of k; on arrival the reader stamps the slot's header and footer with k, so the
+    # verified reduce checks it like any other.  MPI matching keeps versions apart: a
+    # receive takes only the tag of the version it expects.
+
+    def post_receives(self, int64_t version, bint checksum=False):
+        """Post the receives of `version` into every in-neighbour's slot version % depth
+        (the slots must not be read again until wait_updates(version))."""
+        cdef int i
+        cdef char *hdr
+        self._check_messages()
+        self._check_version(version)
+        if self._posted:
+            raise ConfigError(f"the receives of version {self._posted} are still posted")
+        with nogil:
+            for i in range(self.n_in):
+                hdr = self._slot(i, version % self.depth)
+                # the slot is about to change: no reader may take it for a whole version
+                asap_store_i64(hdr, -version)
+                CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>self.nbytes, MPI_BYTE, self._in[i],
+                                 <int>(version % TAG_MODULUS), self.msg_comm,
+                                 &self.recv_reqs[2 * i]), "MPI_Irecv")
+                if checksum:
+                    CHKERR(MPI_Irecv(&self.recv_cksum[i], 1, MPI_INT64_T, self._in[i],
+                                     <int>(version % TAG_MODULUS), self.msg_comm,
+                                     &self.recv_reqs[2 * i + 1]), "MPI_Irecv")
+        self._posted = version
+        self._msg_checksum = checksum
+
+    def send_update(self, buf, int64_t version, bint checksum=False):
+        """Send `buf` as `version` to every out-neighbour (nonblocking: buf must not be
+        written before wait_updates(version) returned)."""
+        cdef int j
+        self._check_messages()
+        self._check_version(version)
+        if self._send_held:
+            raise ConfigError("send_update() twice without wait_updates()")
+        if self.nbytes > 0x7fffffff:
+            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
+                              f"{self.nbytes} bytes; use transport='put'")
+        PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
+        self._send_held = True
+        if self._send_view.len != self.nbytes:
+            PyBuffer_Release(&self._send_view)
+            self._send_held = False
+            raise ConfigError(f"buffer has {self._send_view.len} bytes but the window's "
+                              f"slots hold {self.nbytes}")
+        with nogil:
+            if checksum:
+                self.ftr[1] = <int64_t>asap_checksum(self._send_view.buf, self.nbytes)
+            for j in range(self.n_out):
+                CHKERR(MPI_Isend(self._send_view.buf, <int>self.nbytes, MPI_BYTE, self._out[j],
+                                 <int>(version % TAG_MODULUS), self.msg_comm,
+                                 &self.send_reqs[2 * j]), "MPI_Isend")
+                if checksum:
+                    CHKERR(MPI_Isend(&self.ftr[1], 1, MPI_INT64_T, self._out[j],
+                                     <int>(version % TAG_MODULUS), self.msg_comm,
+                                     &self.send_reqs[2 * j + 1]), "MPI_Isend")
+                self.bytes_put += self.nbytes
+
+    def wait_updates(self, int64_t version, double timeout):
+        """Wait until `version` arrived from every in-neighbour (its slot stamped with
+        it) and this rank's own sends of `version` completed; NeighbourTimeoutError
+        naming the ranks after `timeout` seconds."""
+        cdef long polls = 0
+        cdef double t0, t
+        cdef int got_in = 0, got_out = 0
+        cdef int i
+        cdef char *hdr
+        self._check_messages()
+        if self._posted != version:
+            raise ConfigError(f"wait_updates({version}) but the receives are posted for "
+                              f"version {self._posted}")
+        with nogil:
+            t0 = asap_now()
+            while True:
+                CHKERR(MPI_Testall(2 * self.n_in, self.recv_reqs, &got_in,
+                                   MPI_STATUSES_IGNORE), "MPI_Testall")
+                CHKERR(MPI_Testall(2 * self.n_out, self.send_reqs, &got_out,
+                                   MPI_STATUSES_IGNORE), "MPI_Testall")
+                if got_in and got_out:
+                    break
+                t = asap_now()
+                if t - t0 > timeout:
+                    break
+                asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+                polls += 1
+                self.wait_seconds += asap_now() - t
+        if not (got_in and got_out):
+            self._message_timeout(version, timeout)
+        if self._send_held:
+            PyBuffer_Release(&self._send_view)
+            self._send_held = False
+        with nogil:
+            asap_fence()
+            for i in range(self.n_in):
+                hdr = self._slot(i, version % self.depth)
+                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride + 8,
+                               self.recv_cksum[i] if self._msg_checksum else 0)
+                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride, version)
+                asap_store_i64(hdr + 8, version)
+                asap_store_i64(hdr + 16, self._in[i])
+                asap_store_i64(hdr + 24, self.nbytes)
+                asap_store_i64(hdr, version)
+            asap_fence()
+        self._posted = 0
+
+    cdef _message_timeout(self, int64_t version, double timeout):
+        cdef int flag = 0
+        late_in = []
+        for i in range(self.n_in):
+            for k in (2 * i, 2 * i + 1):
+                if self.recv_reqs[k] != MPI_REQUEST_NULL:
+                    late_in.append(self._in[i])
+                    break
+        late_out = []
+        for j in range(self.n_out):
+            for k in (2 * j, 2 * j + 1):
+                if self.send_reqs[k] != MPI_REQUEST_NULL:
+                    late_out.append(self._out[j])
+                    break
+        if late_in:
+            raise NeighbourTimeoutError(self.rank, f"the update of version {version}",
+                                        sorted(set(late_in)), [version] * len(set(late_in)),
+                                        [version - 1] * len(set(late_in)), timeout)
+        raise NeighbourTimeoutError(self.rank, f"the receive of its update of version "
+                                    f"{version} (posted when the neighbour is done with "
+                                    f"version {version - 1})", sorted(set(late_out)),
+                                    [version - 1] * len(set(late_out)),
+                                    [version - 2] * len(set(late_out)), timeout)
+
+    cdef int _cancel_receives(self) except -1 nogil:
+        # Receives posted for a version that will never come (the last one, at free)
+        cdef int k
+        cdef int flag = 0
+        if self.recv_reqs == NULL:
+            return 0
+        for k in range(2 * self.n_in):
+            if self.recv_reqs[k] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Cancel(&self.recv_reqs[k]), "MPI_Cancel")
+                CHKERR(MPI_Wait(&self.recv_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
+        self._posted = 0
+        return 0
+
+    cdef int _check_messages(self) except -1:
+        self._check_alive()
+        if not self.messages:
+            raise ConfigError("this window was not created for the message transport "
+                              "(messages=True)")
         return 0
 
     # ------------------------------------------------------------------ pull (gossip)

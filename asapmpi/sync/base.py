@@ -52,6 +52,9 @@ class Policy:
     #: place (the shared-memory transport): the sender must not rewrite a slot before
     #: every reader acknowledged it
     outbox = False
+    #: whether it can run on the message transport: each version one two-sided message
+    #: per out-neighbour into the reader's slot, a posted receive acting as the ack
+    messages = False
 
     def options(self) -> dict:
         """The policy's options (compared across ranks at creation)."""

@@ -16,6 +16,13 @@ as version k-2, acknowledged before the reduce of step k-1 wrote it), wait for t
 notifies of k, wait for acks >= k-1 (the out-neighbours are done reading slot
 (k+1) % 2; having notified k, this rank may see an ack of k already), reduce into it,
 acknowledge k.  Sends still precede every wait.
+
+The message transport (Exchange(transport="messages"), the default on network paths):
+send is one message of version k per out-neighbour; receive waits until the messages of
+k arrived in the slots and its own sends completed, reduces, and posts the receives of
+k+1, which is the ack: a sender's message can only land in a receive its reader posted
+after it reduced k.  Every rank posts its receives of k before it sends k, so no send
+waits on a receive that needs that send.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ class NotifyAck(Policy):
     depth = 1
     # a slot is rewritten only after every out-neighbour acknowledged it
     outbox = True
+    messages = True
     # what asapmpi.trace needs to pick the bound of Hop's Table 1 for NOTIFY-ACK
     setting = "notify_ack"
     max_gap = 1
@@ -55,13 +63,19 @@ class NotifyAck(Policy):
         """Steps 1-2: wait for the acks of version-1, then put and notify `version`
         (double-buffered: notify at once, buf already is the slot)."""
         self._started = time.monotonic()
+        if win.messages:
+            win.send_update(buf, version, checksum=ctx.checksum)
+            return
         if not ctx.buffers:
             win.wait_acks(version - 1, ctx.timeout)
         win.put(buf, version, version, checksum=ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
-        win.wait_notifies(version, ctx.timeout)
+        if win.messages:
+            win.wait_updates(version, ctx.timeout)
+        else:
+            win.wait_notifies(version, ctx.timeout)
         out, own = buf, None
         if ctx.buffers:
             # notify k went out before this wait: a neighbour may have acknowledged k
@@ -71,7 +85,10 @@ class NotifyAck(Policy):
         # every in-neighbour's version k, or ProtocolError before the buffer is touched
         win.reduce(out, ctx.w_self, ctx.weights, version, version, version,
                    checksum=ctx.checksum, require_all=True, own=own)
-        win.ack(version)
+        if win.messages:
+            win.post_receives(version + 1, checksum=ctx.checksum)
+        else:
+            win.ack(version)
         # iteration k+1 cannot have begun before step k started, and has begun by now
         self._lo.append(self._started)
         self._hi.append(time.monotonic())

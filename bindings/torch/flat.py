@@ -7,7 +7,8 @@
 Every parameter's storage becomes a view of one contiguous tensor, so the exchange puts
 the model straight from its own memory and reduces straight into it: no flatten or
 unflatten copies per step.  The Parameter objects stay the same (optimizers and hooks
-keep working); only their `.data` is re-pointed once, here.
+keep working); only their `.data` is re-pointed: once here, and by `rehome` when a
+double-buffered Exchange moves the values to its other buffer.
 """
 from __future__ import annotations
 
@@ -63,11 +64,34 @@ class FlatParameters:
         self.tensor = torch.zeros(offset, dtype=self.dtype)
         with torch.no_grad():
             for p, (start, count) in zip(self.params, self.spans):
-                view = self.tensor[start:start + count].view_as(p)
-                view.copy_(p.detach())
-                p.data = view
+                self.tensor[start:start + count].view_as(p).copy_(p.detach())
         #: the same memory as a NumPy array: what asapmpi.Exchange sends and reduces
         self.array = self.tensor.numpy()
+        #: the process-private buffer the parameters started in
+        self.home = self.array
+        # per buffer the parameters may live in: (its tensor, one view per parameter)
+        self._views = {}
+        self.rehome(self.array)
+
+    def rehome(self, array: np.ndarray) -> None:
+        """Point every parameter at its span of `array` (a buffer of this layout, such
+        as a double-buffered Exchange's `buffer`).  Cheap when already there; the views
+        of each buffer are made once."""
+        if array is self.array and self._views:
+            return
+        entry = self._views.get(id(array))
+        if entry is None or entry[0] is not array:
+            if array.shape != self.home.shape or array.dtype != self.home.dtype:
+                raise ConfigError(f"a buffer of {array.shape} {array.dtype} cannot hold "
+                                  f"this model's {self.home.shape} {self.home.dtype}")
+            tensor = torch.from_numpy(array)
+            views = [tensor[start:start + count].view_as(p)
+                     for p, (start, count) in zip(self.params, self.spans)]
+            entry = self._views[id(array)] = (array, tensor, views)
+        _, self.tensor, views = entry
+        self.array = array
+        for p, view in zip(self.params, views):
+            p.data = view
 
     @property
     def numel(self) -> int:

@@ -10,8 +10,11 @@
                               # parameters with the neighbours'
 
 The optimizer's parameters are moved into one flat buffer (FlatParameters) that the
-Exchange sends from and reduces into, zero-copy.  Two computation graphs (Hop section
-3.2):
+Exchange sends from and reduces into, zero-copy.  On one host the Exchange is
+double-buffered: the parameters live in its shared memory and move between its two
+buffers at every mix (no copy at all); `free()` brings them back to private memory.
+
+Two computation graphs (Hop section 3.2):
 
 - serial (default): Compute, Appl, Send, Rec, Reduce: gradients are computed on and
   applied to the same parameters;
@@ -58,6 +61,8 @@ class DecentralizedOptimizer:
     mode: "serial" or "parallel" (module docstring).
     broadcast: start every rank from rank 0's parameters (default True).
     comm: the communicator (default COMM_WORLD).
+    double_buffer: as asapmpi.Exchange (default True here: the parameters' storage
+        alternates between the exchange's two buffers; the Parameter objects stay).
 
     Creating, freeing and the first step are collective.  `iteration` counts optimizer
     steps, including those a Hop worker skipped when it jumped ahead.  It is not a
@@ -93,8 +98,10 @@ class DecentralizedOptimizer:
             shown = ", ".join(f"rank {r}: period={per} mode={m}"
                               for r, (_, per, m) in enumerate(seen))
             raise ConfigError(f"every rank must pass the same period and mode; got {shown}")
+        exchange_options.setdefault("double_buffer", True)
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
                                          **exchange_options)
+        self.flat.rehome(self.exchange.buffer)
         if self.exchange.global_iterations and (period != 1 or mode != "serial"):
             self.exchange.free()
             raise ConfigError(f"sync={sync!r} decides itself when each worker synchronizes: "
@@ -137,12 +144,13 @@ class DecentralizedOptimizer:
         if self.mode == "serial":
             loss = apply(closure)
             if self._mixes(target):
-                self.exchange.step()
+                self.flat.rehome(self.exchange.step())
         else:
             if self._mixes(target):
                 if not self._sent:      # first iteration (or after a resume): send now
                     self.exchange.send()
-                self.exchange.receive()
+                # the gradients were computed on the sent buffer; Appl updates the result
+                self.flat.rehome(self.exchange.receive())
                 self._sent = False
             loss = apply(closure)
             if self._mixes(target + 1):
@@ -190,8 +198,10 @@ class DecentralizedOptimizer:
     # ------------------------------------------------------------------ lifetime
 
     def free(self) -> None:
-        """Free the exchange (collective)."""
+        """Free the exchange (collective); the parameters end in private memory."""
         self.exchange.free()
+        # free() copied the final values into the buffer the exchange was created with
+        self.flat.rehome(self.flat.home)
 
     def __enter__(self) -> "DecentralizedOptimizer":
         return self

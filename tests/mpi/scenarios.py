@@ -13,8 +13,16 @@ from mpi4py.MPI import MIN as MPI_MIN
 import asapmpi
 from asapmpi import _core
 from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, ProtocolError
+from asapmpi.launch import network_forced
 
 HEADER = 64  # bytes before the payload in a slot
+
+
+def slot_transport():
+    """The transport of scenarios that drive the slot protocol themselves (puts, tears,
+    seqlock reads): shared memory where it runs, else puts (the message transport has
+    no puts to tear)."""
+    return "put" if network_forced() else "auto"
 
 
 def message_of(error, call, what):
@@ -85,7 +93,8 @@ def tear_detected(comm, n=4096):
     """
     rank, size = comm.rank, comm.size
     buf = np.full(n, float(rank), dtype=np.float32)
-    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=30) as ex:
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=30,
+                          transport=slot_transport()) as ex:
         win = ex.window
         w = np.asarray([ex.weights[ex.in_neighbours[0]]])
         w_self = ex.weights[rank]
@@ -123,7 +132,8 @@ def notify_ack_refuses_torn(comm, n=1024):
     """Under notify_ack, a torn input makes step() raise ProtocolError naming the sender."""
     rank = comm.rank
     buf = np.full(n, float(rank))
-    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=30) as ex:
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=30,
+                          transport=slot_transport()) as ex:
         ex.step()
         sender = ex.in_neighbours[0]
         # a writer that breaks the protocol: the slot of version 2 is half written
@@ -150,7 +160,8 @@ def concurrent_seqlock(comm, iters=2000, n=65536, seed=0):
     rng = random.Random(seed + rank)
     src = np.zeros(n, dtype=np.float64)
     out = np.zeros(n, dtype=np.float64)
-    with asapmpi.Exchange(src, graph="ring", comm=comm, timeout=60) as ex:
+    with asapmpi.Exchange(src, graph="ring", comm=comm, timeout=60,
+                          transport=slot_transport()) as ex:
         win = ex.window
         ones = np.ones(1)
         big = 1 << 62
@@ -330,13 +341,15 @@ def bounds_are_checked(comm):
     return {"problems": problems}
 
 
-def stalled_target(comm, wait_timeout=2.0, stall=8.0):
-    """Rank 1 stops calling MPI after step 1.  Shared memory: rank 0's put completes and
-    its wait for rank 1 times out with NeighbourTimeoutError.  Network path: rank 0's
-    flush cannot complete, and the watchdog ends the job, naming rank 1."""
+def stalled_target(comm, wait_timeout=2.0, stall=8.0, transport="auto"):
+    """Rank 1 stops calling MPI after step 1.  Shared memory, and messages on the network
+    path: rank 0's wait for rank 1 times out with NeighbourTimeoutError.  Puts on the
+    network path: rank 0's flush cannot complete, and the watchdog ends the job, naming
+    rank 1."""
     rank = comm.rank
     buf = np.zeros(1 << 16)
-    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=wait_timeout) as ex:
+    with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=wait_timeout,
+                          transport=transport) as ex:
         ex.step()
         t0 = time.monotonic()
         error, elapsed = None, None

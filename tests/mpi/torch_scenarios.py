@@ -42,9 +42,8 @@ def torch_wrapper_replays(comm, optimizer="momentum", mode="serial", steps=6, gr
                                  period=period, mode=mode, broadcast=False, comm=comm,
                                  **(options or {}))
     shadow_opt = _make(optimizer, shadow.parameters())
-    flat_lo = opt.flat.tensor.data_ptr()
-    flat_hi = flat_lo + opt.flat.nbytes
     w = opt.exchange.mixing
+    homes = set()
     errors = []
     for k in range(1, steps + 1):
         x, y = _batch(rank, k)
@@ -62,13 +61,27 @@ def torch_wrapper_replays(comm, optimizer="momentum", mode="serial", steps=6, gr
             shadow_opt.step()
         opt.step()
         errors.append(float(np.max(np.abs(_flat(model) - _flat(shadow)))))
+        # zero-copy: every parameter lives in the buffer the exchange reduces into
+        assert opt.flat.array is opt.exchange.buffer
+        flat_lo = opt.flat.tensor.data_ptr()
+        assert opt.flat.array.ctypes.data == flat_lo
         for p in model.parameters():
-            assert flat_lo <= p.data_ptr() < flat_hi, "a parameter left the exchange buffer"
+            assert flat_lo <= p.data_ptr() < flat_lo + opt.flat.nbytes, \
+                "a parameter left the exchange buffer"
         opt.flat.check()
+        homes.add(flat_lo)
     sent = opt.exchange.bytes_sent
     version = opt.exchange.version
+    double_buffered = opt.exchange.double_buffered
+    final = _flat(model)
     opt.free()
+    # after free the parameters are back in private memory, with the final values
+    assert opt.flat.array is opt.flat.home
+    assert all(opt.flat.tensor.data_ptr() <= p.data_ptr()
+               < opt.flat.tensor.data_ptr() + opt.flat.nbytes for p in model.parameters())
+    assert np.array_equal(_flat(model), final)
     return {"errors": errors, "bytes_sent": sent, "version": version,
+            "homes": len(homes), "double_buffered": double_buffered,
             "model_bytes": int(opt.flat.nbytes), "out_degree": len(opt.exchange.out_neighbours)}
 
 
