@@ -494,10 +494,12 @@ class Exchange:
         def slot(s):
             return np.frombuffer(self._segments.own, dtype=self.dtype, count=count,
                                  offset=layout.segment_payload(s))
-        # the policy's (always writable) and the user's (one read-only at a time)
+        # the policy's (flat, always writable) and the user's (in the shape of the
+        # array given, one of them read-only at a time)
         self._ctx.buffers = (slot(0), slot(1))
-        self._slots = (slot(0), slot(1))
-        self._slots[1][...] = np.frombuffer(self._user_buffer, dtype=self.dtype)
+        shape = getattr(self._user_buffer, "shape", (count,))
+        self._slots = (slot(0).reshape(shape), slot(1).reshape(shape))
+        self._ctx.buffers[1][...] = np.frombuffer(self._user_buffer, dtype=self.dtype)
         self._follow_slots()
 
     def _follow_slots(self) -> None:
@@ -509,7 +511,7 @@ class Exchange:
         other.flags.writeable = False
         current.flags.writeable = True
         self.buffer = current
-        self._ctx.array = current
+        self._ctx.array = self._ctx.buffers[(self._window_version + 1) % 2]
 
     # ------------------------------------------------------------------ use
 
@@ -728,7 +730,7 @@ class Exchange:
         double_buffer, the final values are copied back into the buffer given at
         creation first; arrays of the slots stay readable (not exchanged any more)."""
         if self._slots and self._win is not None and not self._win.freed:
-            np.frombuffer(self._user_buffer, dtype=self.dtype)[...] = self.buffer
+            np.frombuffer(self._user_buffer, dtype=self.dtype)[...] = self.buffer.reshape(-1)
         if self._win is not None:
             self._win.free()
         if self._segments is not None:

@@ -39,6 +39,16 @@ def test_double_buffered_float32_with_checksum_across_the_copy_threshold():
         n=3 * (1 << 20) + 1, dtype="float32", checksum=True, double_buffer=True)
 
 
+def test_double_buffer_keeps_the_shape_and_guards_the_read_slot():
+    run("double_buffer_keeps_shape", 3, "shm", timeout=120)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_free_after_a_send_leaves_nothing_in_flight(path):
+    results = run("free_after_send", 4, path, timeout=300)
+    assert {r["transport"] for r in results} == {"shared" if path == "shm" else "messages"}
+
+
 def test_roundtrip_on_libfabrics_own_tcp_rma():
     # the network path runs RMA as MPICH active messages; libfabric's tcp RMA must work too
     results = run("roundtrip", 4, "net-native", timeout=300, graph="complete", iters=100,

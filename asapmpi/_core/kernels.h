@@ -1,7 +1,8 @@
 /* asapmpi core kernels: plain C so that the compiler vectorizes them.
  *
  * - the fused weighted reduce out = w0*own + sum_i w_i*in_i, blocked so that each block
- *   of `out` stays in L1 while every input streams through once;
+ *   of `out` stays in L1 while every input streams through once, up to four inputs
+ *   folded per pass in registers, vectorized for the widest unit the CPU has;
  * - a lane-parallel Fletcher-64 checksum (position sensitive, vectorizable);
  * - atomic loads and fences for polling words that other ranks write;
  * - the polling backoff (yield, then sleep with exponential growth).
@@ -166,18 +167,67 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
 
 /* ---------- fused weighted reduce ---------- */
 
+/* The widest vector unit the CPU has, chosen at load time (GCC's target_clones: one
+ * copy of the reduce per target and an ifunc resolver), so one build runs everywhere
+ * and uses AVX-512 or AVX2 where they exist.  The order of operations is the same in
+ * every copy (no FMA: -ffp-contract=off), so every copy gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASAP_NO_CLONES)
+#define ASAP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ASAP_CLONES
+#endif
+
+/* One pass over m elements folding up to four inputs into d, left to right:
+ * d = (((start + w1*x1) + w2*x2) + w3*x3) + w4*x4, where start is w0*own (first pass;
+ * 0 when w0 == 0, so a NaN in own does not survive as 0*NaN) or d itself (later
+ * passes).  Inputs are folded in registers: d is read and written once per pass, not
+ * once per input. */
+#define ASAP_FOLD(T, START)                                                              \
+  switch (k) {                                                                           \
+    case 1:                                                                              \
+      for (size_t j = 0; j < m; j++) d[j] = START + w[0] * x[0][j];                      \
+      break;                                                                             \
+    case 2:                                                                              \
+      for (size_t j = 0; j < m; j++) d[j] = (START + w[0] * x[0][j]) + w[1] * x[1][j];   \
+      break;                                                                             \
+    case 3:                                                                              \
+      for (size_t j = 0; j < m; j++)                                                     \
+        d[j] = ((START + w[0] * x[0][j]) + w[1] * x[1][j]) + w[2] * x[2][j];             \
+      break;                                                                             \
+    default:                                                                             \
+      for (size_t j = 0; j < m; j++)                                                     \
+        d[j] = (((START + w[0] * x[0][j]) + w[1] * x[1][j]) + w[2] * x[2][j]) +          \
+               w[3] * x[3][j];                                                           \
+  }
+
 #define ASAP_DEFINE_WSUM(NAME, T)                                                        \
-  /* w0 == 0 (a parameter server's or a fetching worker's "replace"): own is not read,  \
-   * so a NaN or Inf in it does not survive as 0*NaN */                                  \
-  static inline void NAME##_first(T *out, const T *own, T w0, size_t n) {                \
-    if (w0 == (T)0) {                                                                    \
-      for (size_t j = 0; j < n; j++) out[j] = (T)0;                                      \
+  static inline void NAME##_fold(T *d, const T *own, T w0, int first,                   \
+                                 const T *const *x, const T *w, int k, size_t m) {       \
+    if (!first) {                                                                        \
+      ASAP_FOLD(T, d[j])                                                                 \
+    } else if (w0 == (T)0) {                                                             \
+      ASAP_FOLD(T, (T)0)                                                                 \
+    } else {                                                                             \
+      ASAP_FOLD(T, w0 * own[j])                                                          \
+    }                                                                                    \
+  }                                                                                      \
+  /* the block's result into acc (first fold scales own; no inputs: acc = w0*own) */    \
+  ASAP_CLONES static void NAME##_block(T *acc, const T *own, T w0, const T *const *ins, \
+                                       const T *ws, int n_in, size_t s, size_t m) {      \
+    const T *x[4];                                                                       \
+    if (n_in == 0) {                                                                     \
+      if (w0 == (T)0) {                                                                  \
+        for (size_t j = 0; j < m; j++) acc[j] = (T)0;                                    \
+      } else {                                                                           \
+        for (size_t j = 0; j < m; j++) acc[j] = w0 * own[j];                             \
+      }                                                                                  \
       return;                                                                            \
     }                                                                                    \
-    for (size_t j = 0; j < n; j++) out[j] = w0 * own[j];                                 \
-  }                                                                                      \
-  static inline void NAME##_add(T *restrict out, const T *restrict in, T w, size_t n) {  \
-    for (size_t j = 0; j < n; j++) out[j] = out[j] + w * in[j];                          \
+    for (int i = 0; i < n_in; i += 4) {                                                  \
+      int k = n_in - i < 4 ? n_in - i : 4;                                               \
+      for (int q = 0; q < k; q++) x[q] = ins[i + q] + s;                                 \
+      NAME##_fold(acc, own, w0, i == 0, x, ws + i, k, m);                                \
+    }                                                                                    \
   }                                                                                      \
   /* out = w0*own + sum_i ws[i]*ins[i]; out may equal own; if cks is not NULL the bytes \
    * of every input are checksummed in the same pass (inputs padded to 32 bytes).  A    \
@@ -192,10 +242,9 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
     for (size_t s = 0; s < n; s += blk) {                                                \
       size_t m = n - s < blk ? n - s : blk;                                              \
       T *acc = stream ? scratch : out + s;                                               \
-      NAME##_first(acc, own + s, w0, m);                                                 \
-      for (int i = 0; i < n_in; i++) {                                                   \
-        NAME##_add(acc, ins[i] + s, ws[i], m);                                           \
-        if (cks) {                                                                       \
+      NAME##_block(acc, own + s, w0, ins, ws, n_in, s, m);                               \
+      if (cks) {                                                                         \
+        for (int i = 0; i < n_in; i++) {                                                 \
           if (s + m < n) asap_cksum_feed(&cks[i], ins[i] + s, m * sizeof(T));            \
           else asap_cksum_feed_tail(&cks[i], ins[i] + s, m * sizeof(T));                 \
         }                                                                                \

@@ -83,6 +83,7 @@ cdef class SlotWindow:
     cdef bint _send_held
     cdef bint _msg_checksum
     cdef int64_t _posted            # version the receives are posted for (0: none)
+    cdef int64_t _sent              # version of the last send_update (0: none)
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -367,6 +368,7 @@ cdef class SlotWindow:
         cdef int finalized = 0
         cdef long long exports = self._exports
         cdef long long most = 0
+        cdef int64_t *sent = NULL
         if self._freed:
             return
         MPI_Finalized(&finalized)
@@ -383,15 +385,22 @@ cdef class SlotWindow:
                               f"on one rank: {most}); release every payload() view (del or "
                               f".release()) on every rank before free()")
         try:
+            if self.messages:
+                sent = <int64_t *>calloc(self.size, sizeof(int64_t))
+                if sent == NULL:
+                    raise MemoryError()
             with nogil:
-                self._cancel_receives()
-                if self.msg_comm != MPI_COMM_NULL:
+                if self.messages:
+                    CHKERR(MPI_Allgather(&self._sent, 1, MPI_INT64_T, sent, 1, MPI_INT64_T,
+                                         self.comm), "MPI_Allgather")
+                    self._drain_messages(sent)
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
                 if self._locked:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
                 CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
                 CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
         finally:
+            free(sent)
             self._freed = True
             self._locked = False
             self._release_segments()
@@ -631,10 +640,12 @@ cdef class SlotWindow:
         PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
         self._send_held = True
         if self._send_view.len != self.nbytes:
+            length = self._send_view.len
             PyBuffer_Release(&self._send_view)
             self._send_held = False
-            raise ConfigError(f"buffer has {self._send_view.len} bytes but the window's "
-                              f"slots hold {self.nbytes}")
+            raise ConfigError(f"buffer has {length} bytes but the window's slots hold "
+                              f"{self.nbytes}")
+        self._sent = version
         with nogil:
             if checksum:
                 self.ftr[1] = <int64_t>asap_checksum(self._send_view.buf, self.nbytes)
@@ -664,10 +675,10 @@ cdef class SlotWindow:
         with nogil:
             t0 = asap_now()
             while True:
-                CHKERR(MPI_Testall(2 * self.n_in, self.recv_reqs, &got_in,
-                                   MPI_STATUSES_IGNORE), "MPI_Testall")
-                CHKERR(MPI_Testall(2 * self.n_out, self.send_reqs, &got_out,
-                                   MPI_STATUSES_IGNORE), "MPI_Testall")
+                # one test per request (not MPI_Testall, which frees none until all are
+                # done): what is still pending after a timeout names the late ranks
+                got_in = self._test_each(self.recv_reqs, 2 * self.n_in)
+                got_out = self._test_each(self.send_reqs, 2 * self.n_out)
                 if got_in and got_out:
                     break
                 t = asap_now()
@@ -695,8 +706,19 @@ cdef class SlotWindow:
             asap_fence()
         self._posted = 0
 
-    cdef _message_timeout(self, int64_t version, double timeout):
+    cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
+        # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)
+        cdef int k
         cdef int flag = 0
+        cdef int done = 1
+        for k in range(n):
+            if reqs[k] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Test(&reqs[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+                if not flag:
+                    done = 0
+        return done
+
+    cdef _message_timeout(self, int64_t version, double timeout):
         late_in = []
         for i in range(self.n_in):
             for k in (2 * i, 2 * i + 1):
@@ -719,16 +741,24 @@ cdef class SlotWindow:
                                     [version - 1] * len(set(late_out)),
                                     [version - 2] * len(set(late_out)), timeout)
 
-    cdef int _cancel_receives(self) except -1 nogil:
-        # Receives posted for a version that will never come (the last one, at free)
-        cdef int k
-        cdef int flag = 0
+    cdef int _drain_messages(self, int64_t *sent) except -1 nogil:
+        # At free (collective): every rank's last sent version is in sent[].  A receive
+        # whose sender did send that version is completed, the others cancelled, and this
+        # rank's own sends completed: no message outlives the communicator (a message
+        # left in flight could match a receive of a later one that reuses its context).
+        cdef int i, k
         if self.recv_reqs == NULL:
             return 0
-        for k in range(2 * self.n_in):
-            if self.recv_reqs[k] != MPI_REQUEST_NULL:
-                CHKERR(MPI_Cancel(&self.recv_reqs[k]), "MPI_Cancel")
+        for i in range(self.n_in):
+            for k in range(2 * i, 2 * i + 2):
+                if self.recv_reqs[k] == MPI_REQUEST_NULL:
+                    continue
+                if sent[self._in[i]] != self._posted:
+                    CHKERR(MPI_Cancel(&self.recv_reqs[k]), "MPI_Cancel")
                 CHKERR(MPI_Wait(&self.recv_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
+        for k in range(2 * self.n_out):
+            if self.send_reqs[k] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Wait(&self.send_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
         self._posted = 0
         return 0
 

@@ -783,3 +783,47 @@ def nonfinite_update(comm, n=100):
     except (asapmpi.NonFiniteError, NeighbourTimeoutError) as exc:
         error = str(exc)
     return {"error": error}
+
+
+def free_after_send(comm, n=20000, iters=5):
+    """Free an exchange whose last update is sent but not received (parallel mode's
+    Send(k+1) at the end of training), then run a new exchange on the same ranks: every
+    step of the new one is exact, so nothing of the old one was left in flight."""
+    rank = comm.rank
+    buf = np.zeros(n)
+    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=60) as ex:
+        transport = ex.transport
+        for k in range(1, 3):
+            buf[:] = pattern(rank, 100 + k, n, "float64")
+            ex.step()
+        buf[:] = pattern(rank, 103, n, "float64")
+        ex.send()                       # version 3 sent, never received
+    results = roundtrip(comm, "complete", iters, n)
+    return {"transport": transport, "stats": results["stats"]}
+
+
+def double_buffer_keeps_shape(comm):
+    """A double-buffered exchange of a 2-D array hands out 2-D arrays, the mean after one
+    step on the complete graph, and leaves the result in the array it was given."""
+    rank, size = comm.rank, comm.size
+    original = np.full((4, 5), float(rank))
+    with asapmpi.Exchange(original, graph="complete", comm=comm, timeout=60,
+                          double_buffer=True) as ex:
+        x = ex.buffer
+        assert x.shape == (4, 5) and x is not original and np.all(x == rank)
+        x = ex.step()
+        assert x.shape == (4, 5)
+        np.testing.assert_allclose(x, (size - 1) / 2)
+        x += 1.0
+        y = ex.step()
+        assert not x.flags.writeable and y.flags.writeable
+        try:
+            x[0, 0] = 5.0
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("the slot neighbours may be reading was writable")
+        assert np.all(original == rank), "the original changed before free()"
+    np.testing.assert_allclose(original, (size - 1) / 2 + 1.0)
+    assert np.array_equal(original, y), "free() did not copy the result back"
+    return {}
