@@ -93,6 +93,11 @@ class FlatParameters:
         for p, view in zip(self.params, views):
             p.data = view
 
+    def forget_other_homes(self) -> None:
+        """Drop the views of every buffer but the current one (they keep its memory
+        mapped: an exchange's shared memory, after the exchange was freed)."""
+        self._views = {id(self.array): self._views[id(self.array)]}
+
     @property
     def numel(self) -> int:
         """Elements in the flat buffer (padding included)."""

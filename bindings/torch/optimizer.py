@@ -202,6 +202,7 @@ class DecentralizedOptimizer:
         self.exchange.free()
         # free() copied the final values into the buffer the exchange was created with
         self.flat.rehome(self.flat.home)
+        self.flat.forget_other_homes()
 
     def __enter__(self) -> "DecentralizedOptimizer":
         return self

@@ -77,6 +77,7 @@ def torch_wrapper_replays(comm, optimizer="momentum", mode="serial", steps=6, gr
     opt.free()
     # after free the parameters are back in private memory, with the final values
     assert opt.flat.array is opt.flat.home
+    assert len(opt.flat._views) == 1, "the freed exchange's memory is still referenced"
     assert all(opt.flat.tensor.data_ptr() <= p.data_ptr()
                < opt.flat.tensor.data_ptr() + opt.flat.nbytes for p in model.parameters())
     assert np.array_equal(_flat(model), final)
