@@ -718,28 +718,23 @@ cdef class SlotWindow:
                     done = 0
         return done
 
+    cdef list _pending(self, MPI_Request *reqs, const int *ranks, int n):
+        """The ranks (sorted) whose requests reqs[2i], reqs[2i+1] are not all complete."""
+        return [ranks[i] for i in range(n)
+                if reqs[2 * i] != MPI_REQUEST_NULL or reqs[2 * i + 1] != MPI_REQUEST_NULL]
+
     cdef _message_timeout(self, int64_t version, double timeout):
-        late_in = []
-        for i in range(self.n_in):
-            for k in (2 * i, 2 * i + 1):
-                if self.recv_reqs[k] != MPI_REQUEST_NULL:
-                    late_in.append(self._in[i])
-                    break
-        late_out = []
-        for j in range(self.n_out):
-            for k in (2 * j, 2 * j + 1):
-                if self.send_reqs[k] != MPI_REQUEST_NULL:
-                    late_out.append(self._out[j])
-                    break
-        if late_in:
-            raise NeighbourTimeoutError(self.rank, f"the update of version {version}",
-                                        sorted(set(late_in)), [version] * len(set(late_in)),
-                                        [version - 1] * len(set(late_in)), timeout)
+        late = sorted(self._pending(self.recv_reqs, self._in, self.n_in))
+        if late:
+            raise NeighbourTimeoutError(self.rank, f"the update of version {version}", late,
+                                        [version] * len(late), [version - 1] * len(late),
+                                        timeout)
+        late = sorted(self._pending(self.send_reqs, self._out, self.n_out))
         raise NeighbourTimeoutError(self.rank, f"the receive of its update of version "
                                     f"{version} (posted when the neighbour is done with "
-                                    f"version {version - 1})", sorted(set(late_out)),
-                                    [version - 1] * len(set(late_out)),
-                                    [version - 2] * len(set(late_out)), timeout)
+                                    f"version {version - 1})", late,
+                                    [version - 1] * len(late), [version - 2] * len(late),
+                                    timeout)
 
     cdef int _drain_messages(self, int64_t *sent) except -1 nogil:
         # At free (collective): every rank's last sent version is in sent[].  A receive
