@@ -109,6 +109,11 @@ cdef class SlotWindow:
     # origin buffers of notifies and acks not yet completed (see _lazy_word)
     cdef int64_t lazy_words[LAZY_WORDS]
     cdef int n_lazy
+    # result buffers of those operations: LAZY_WORDS rows of max(n_in, n_out) words,
+    # the row of the newest word at lazy_results (see _lazy_word)
+    cdef int64_t *lazy_sink
+    cdef int64_t *lazy_results
+    cdef int64_t word_sink
     cdef int64_t word_in
     cdef long poll_yields, poll_max_sleep_us
     # reduce scratch
@@ -310,7 +315,8 @@ cdef class SlotWindow:
         self.exp_v = <int64_t *>calloc(n, sizeof(int64_t))
         self.skip = <int *>calloc(m, sizeof(int))
         self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
-        if (self.sizes == NULL or self.exp_v == NULL or self.skip == NULL or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
+        self.lazy_sink = <int64_t *>calloc(LAZY_WORDS * w, sizeof(int64_t))
+        if (self.lazy_sink == NULL or self.sizes == NULL or self.exp_v == NULL or self.skip == NULL or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
                 or self.out_notify_disp == NULL or self.in_ack_disp == NULL
                 or self.wait_offs == NULL or self.wait_expected == NULL or self.ins == NULL
                 or self.ws_f64 == NULL or self.ws_f32 == NULL or self.cks == NULL
@@ -345,6 +351,7 @@ cdef class SlotWindow:
         free(self.skip); self.skip = NULL
         free(self.own_copy); self.own_copy = NULL
         free(self.sizes); self.sizes = NULL
+        free(self.lazy_sink); self.lazy_sink = NULL
         self._release_segments()
 
     def __dealloc__(self):
@@ -841,9 +848,9 @@ cdef class SlotWindow:
         for j in range(self.n_out):
             if self.skip[j]:
                 continue
-            CHKERR(MPI_Accumulate(word, 1, MPI_INT64_T, self._out[j],
-                                  self.out_notify_disp[j] + 8 * slot, 1, MPI_INT64_T,
-                                  MPI_REPLACE, self.win), "MPI_Accumulate")
+            CHKERR(MPI_Fetch_and_op(word, self.lazy_results + j, MPI_INT64_T, self._out[j],
+                                    self.out_notify_disp[j] + 8 * slot, MPI_REPLACE,
+                                    self.win), "MPI_Fetch_and_op")
         return 0
 
     cdef int64_t *_lazy_word(self, int64_t value) except NULL nogil:
@@ -854,10 +861,17 @@ cdef class SlotWindow:
         # buffer, untouched until completion; completion comes with the next flush_all
         # (the next put), or in _idle as soon as this rank has to wait for anyone, so
         # no rank waits on a neighbour while holding an incomplete word of its own.
+        # The words are written with MPI_Fetch_and_op(MPI_REPLACE), not MPI_Accumulate:
+        # both are atomic and ordered alike (accumulate_ordering), but MPICH 5.0.2 keeps
+        # 128 bytes per MPI_Accumulate on its shared-memory path for the life of the
+        # window (dev/repro/mpich_accumulate_leak.py): 0.5 KB per NOTIFY-ACK step, a
+        # gigabyte per rank in a few million steps.  Each operation has its own result
+        # word in lazy_sink, untouched until the flush that completes it.
         if self.n_lazy == LAZY_WORDS:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", value,
                             self.nbr_desc)
         self.lazy_words[self.n_lazy] = value
+        self.lazy_results = self.lazy_sink + self.n_lazy * max(self.n_in, self.n_out, 1)
         self.n_lazy += 1
         return &self.lazy_words[self.n_lazy - 1]
 
@@ -877,9 +891,9 @@ cdef class SlotWindow:
         with nogil:
             word = self._lazy_word(version)
             for i in range(self.n_in):
-                CHKERR(MPI_Accumulate(word, 1, MPI_INT64_T, self._in[i],
-                                      self.in_ack_disp[i], 1, MPI_INT64_T, MPI_REPLACE,
-                                      self.win), "MPI_Accumulate")
+                CHKERR(MPI_Fetch_and_op(word, self.lazy_results + i, MPI_INT64_T,
+                                        self._in[i], self.in_ack_disp[i], MPI_REPLACE,
+                                        self.win), "MPI_Fetch_and_op")
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
@@ -894,8 +908,9 @@ cdef class SlotWindow:
             raise ConfigError(f"op must be 'replace' or 'sum', got {op!r}")
         with nogil:
             self.word_out = value
-            CHKERR(MPI_Accumulate(&self.word_out, 1, MPI_INT64_T, target, disp, 1,
-                                  MPI_INT64_T, mop, self.win), "MPI_Accumulate")
+            # Fetch_and_op rather than Accumulate: see _lazy_word (MPICH's leak)
+            CHKERR(MPI_Fetch_and_op(&self.word_out, &self.word_sink, MPI_INT64_T, target,
+                                    disp, mop, self.win), "MPI_Fetch_and_op")
             self._flush(target, b"MPI_Win_flush after an accumulate")
 
     def allgather_doubles(self, values, double timeout=-1.0):
