@@ -47,9 +47,10 @@ class NeighbourTimeoutError(AsapError, TimeoutError):
         self.expected = list(expected)
         self.observed = list(observed)
         self.timeout = timeout
+        # a collective has no per-rank value to show: just the ranks that never arrived
         detail = ", ".join(
             f"rank {r} (expected {e}, last seen {o})" for r, e, o in zip(ranks, expected, observed)
-        )
+        ) if self.expected else ", ".join(f"rank {r}" for r in ranks)
         super().__init__(
             f"rank {rank}: timed out after {timeout:g} s waiting for {what} from {detail}; "
             f"the neighbour is dead or stalled (raise the timeout with ASAPMPI_TIMEOUT if "

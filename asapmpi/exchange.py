@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -31,7 +32,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, U
 import numpy as np
 from mpi4py import MPI
 
-from . import _core
+from . import _core, collectives
 from ._core.segments import SharedSegments
 from .errors import ConfigError, FreedError, NonFiniteError
 from .faults import install_abort_hook
@@ -43,6 +44,7 @@ from .reduce.user import graph_from, hosts_of
 from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
 from .sync import StepContext
 from .sync import policy as make_policy
+from .sync.records import Records
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
                   Any]
@@ -141,6 +143,20 @@ def _weight_spec(weights, size: int) -> Dict[str, Any]:
         raise ConfigError(f"a weight matrix for {size} ranks must be {size}x{size}, got "
                           f"{w.shape}")
     return {"kind": "matrix", "key": _fingerprint(w.tobytes()), "matrix": w}
+
+
+def _check_trace_file(path, policy) -> None:
+    """A trace file must be a path in a writable folder, for a policy that traces."""
+    if path is None:
+        return
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"trace_file must be a file name, got {path!r}")
+    if not policy.uses_window:
+        raise ConfigError(f"sync={policy.name!r} keeps no trace; leave trace_file out")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ConfigError(f"trace_file {path!r}: folder {folder} does not exist or is not "
+                          f"writable; create it or write the trace elsewhere")
 
 
 def _positive_seconds(value) -> float:
@@ -311,6 +327,12 @@ class Exchange:
         one turns read-only: its neighbours may still be reading it).  free() copies the
         final values back into `buffer`.  On the put transport nothing changes:
         ex.buffer is `buffer`.
+    trace_file: stream the policy's whole per-iteration trace (entry times, versions
+        reduced, pulls, supersteps) to this HDF5 file: every rank writes its rows in
+        chunks to FILE.rankNNNNN.part, and free() merges the parts into FILE (check it
+        with `asapmpi trace check FILE`).  Without it only the newest
+        asapmpi.rc.trace_iterations iterations are kept, in `ex.trace`: memory stays flat
+        over any number of steps.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
@@ -322,8 +344,10 @@ class Exchange:
                  weights: Union[str, Mapping[int, float], Any] = "auto",
                  timeout: Optional[float] = None, checksum: bool = False,
                  reject_nonfinite: bool = False, transport: str = "auto",
-                 double_buffer: bool = False, **options):
+                 double_buffer: bool = False, trace_file: Optional[str] = None, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
+        if isinstance(trace_file, os.PathLike):
+            trace_file = os.fspath(trace_file)
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
@@ -334,8 +358,11 @@ class Exchange:
         if comm == MPI.COMM_WORLD:
             check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = self._check_locally(buffer, graph, sync, weights, timeout, checksum, options,
-                                    rank, size, transport, double_buffer)
-        meta = comm.allgather(local["meta"])
+                                    rank, size, transport, double_buffer, trace_file)
+        # a rank that never comes (dead, or stuck before its Exchange) is named, not
+        # waited for
+        meta = collectives.allgather(comm, local["meta"], local["timeout"] or rc.timeout,
+                                     "the creation of an Exchange")
         for r, m in enumerate(meta):
             if m["problem"]:
                 raise ConfigError(m["problem"] if r == rank
@@ -343,7 +370,8 @@ class Exchange:
         for key, what in (("dtype", "buffer dtype"), ("nbytes", "buffer size in bytes"),
                           ("sync", "sync policy"), ("checksum", "checksum option"),
                           ("options", "policy options"), ("transport", "transport"),
-                          ("double_buffer", "double_buffer option")):
+                          ("double_buffer", "double_buffer option"),
+                          ("trace_file", "trace_file")):
             _same_everywhere(meta, key, what)
         g = _global_graph(meta, comm)
         _check_connected(g)
@@ -353,6 +381,8 @@ class Exchange:
         self.buffer = buffer
         self._user_buffer = buffer
         self.comm = comm
+        self.hosts = [m["host"] for m in meta]
+        self.trace_file = trace_file
         self.dtype, self.nbytes = local["dtype"], local["nbytes"]
         self.rank, self.size = rank, size
         self.graph = g
@@ -385,6 +415,7 @@ class Exchange:
             self._win = self._make_window(comm)
             if self.double_buffered:
                 self._enter_slots()
+            self._policy.records = Records(path=trace_file, rank=rank)
             self._policy.start()
         else:
             self._comm = comm.Dup()
@@ -392,13 +423,15 @@ class Exchange:
             self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
 
     def _check_locally(self, buffer, graph, sync, weights, timeout, checksum, options,
-                       rank, size, transport="auto", double_buffer=False) -> Dict[str, Any]:
+                       rank, size, transport="auto", double_buffer=False,
+                       trace_file=None) -> Dict[str, Any]:
         """Every check that needs no communication; problems go into the allgather so
         that no rank leaves while the others wait in it."""
         out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                                "matrix": None}
         meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync, "options": None,
                 "transport": transport, "double_buffer": double_buffer,
+                "trace_file": trace_file, "host": MPI.Get_processor_name(),
                 "checksum": None, "graph_kind": None,
                 "graph_key": None, "graph_name": None, "in": [], "out": [],
                 "weights_kind": None, "weights_key": None, "weights_row": None}
@@ -426,6 +459,7 @@ class Exchange:
             if not isinstance(double_buffer, bool):
                 raise ConfigError(f"double_buffer must be True or False, got "
                                   f"{double_buffer!r}")
+            _check_trace_file(trace_file, pol)
             if transport not in TRANSPORTS:
                 raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
                                   f"{transport!r}")
@@ -728,7 +762,21 @@ class Exchange:
     def free(self) -> None:
         """Release the window and communicator (collective). Safe to call twice.  With
         double_buffer, the final values are copied back into the buffer given at
-        creation first; arrays of the slots stay readable (not exchanged any more)."""
+        creation first; arrays of the slots stay readable (not exchanged any more).  With
+        trace_file, rank 0 writes the trace file from every rank's part first.  A rank
+        that does not come to free() within the timeout is named (NeighbourTimeoutError)
+        instead of hanging the others in MPI_Win_free."""
+        live = (self._win is not None and not self._win.freed) or \
+            (self._comm is not None and self._comm != MPI.COMM_NULL)
+        if live:
+            records = self._policy.records
+            if records is not None:
+                records.close()         # this rank's part of the trace file is complete
+            collectives.arrive(self.comm, self.timeout, "free() of an Exchange")
+            if self.trace_file and self.rank == 0:
+                from . import trace
+
+                trace.merge_parts(self.trace_file, self)
         if self._slots and self._win is not None and not self._win.freed:
             np.frombuffer(self._user_buffer, dtype=self.dtype)[...] = self.buffer.reshape(-1)
         if self._win is not None:

@@ -15,10 +15,12 @@ ENVIRONMENT = {
     "ASAPMPI_TIMEOUT": "timeout",
     "ASAPMPI_TIMEOUT_MIN": "timeout_min",
     "ASAPMPI_TIMEOUT_FACTOR": "timeout_factor",
+    "ASAPMPI_TIMEOUT_STARTUP": "timeout_startup",
     "ASAPMPI_ABORT_ON_ERROR": "abort_on_error",
     "ASAPMPI_POLL_YIELDS": "poll_yields",
     "ASAPMPI_POLL_MAX_SLEEP_US": "poll_max_sleep_us",
     "ASAPMPI_MAX_TRANSFER": "max_transfer",
+    "ASAPMPI_TRACE_ITERATIONS": "trace_iterations",
 }
 
 #: MPICH's active-message RMA (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0) crashes (MPICH 5.0.2,
@@ -38,6 +40,8 @@ class RC:
         that is a function of the reduce time).
     timeout_min: the floor of that derived timeout, seconds.
     timeout_factor: how many median steps a wait may last.
+    timeout_startup: the deadline of the collectives that start a training run (the
+        ranks may need a while to read their data), seconds; at least `timeout`.
     abort_on_error: an uncaught exception in a job of several ranks calls MPI_Abort
         (asapmpi.faults), so that a failing rank ends the job instead of hanging it.
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.
@@ -45,15 +49,21 @@ class RC:
     max_transfer: the largest single MPI_Put/MPI_Get of a payload, bytes; larger
         payloads go in pieces.  0: automatic, AM_RMA_MAX_TRANSFER when MPICH runs RMA
         as active messages (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0), else 1 GiB.
+    trace_iterations: how many of the newest iterations the policies keep in memory
+        (iteration entry times, reduced versions, pulls, supersteps: `Exchange.trace`);
+        older ones are dropped, so memory stays flat over any number of steps.  An
+        Exchange with trace_file= streams every iteration to the file besides.
     """
 
     timeout: float = 60.0
     timeout_min: float = 10.0
     timeout_factor: float = 100.0
+    timeout_startup: float = 300.0
     abort_on_error: bool = True
     poll_yields: int = 32
     poll_max_sleep_us: int = 100
     max_transfer: int = 0
+    trace_iterations: int = 10000
 
     def __setattr__(self, name, value):
         known = {f.name: f.type for f in fields(self)}

@@ -1,11 +1,13 @@
 """Iteration traces and the bounds of Hop's Theorems 1-2 and Table 1.
 
-A trace gives, per rank, for iterations 1, 2, ...: `lo[k-1]`, a time at or before which
-the rank cannot have entered iteration k, and `hi[k-1]`, a time by which it had entered
-it, on one monotonic clock shared by the host.  The checker is sound: at every recorded
-instant t it compares the iteration rank i had certainly reached (largest k with
-hi_i(k) <= t) with the one rank j can at most have reached (largest k with lo_j(k) <= t)
-and reports a violation only if their difference exceeds the bound for (i, j).
+A trace gives, per rank, for iterations first, first + 1, ... (`first` is 1 unless the
+policy kept only the newest asapmpi.rc.trace_iterations of them): `lo[k-first]`, a time
+at or before which the rank cannot have entered iteration k, and `hi[k-first]`, a time by
+which it had entered it, on one monotonic clock shared by the host.  The checker is
+sound: at every recorded instant t it compares the iteration rank i had certainly
+reached (largest k with hi_i(k) <= t) with the one rank j can at most have reached
+(largest k with lo_j(k) <= t) and reports a violation only if their difference exceeds
+the bound for (i, j).
 """
 from __future__ import annotations
 
@@ -57,14 +59,29 @@ def gap_bounds(g: Graph, setting: str, max_gap: int = 1, staleness: int = 0) -> 
     raise ConfigError(f"setting must be one of {SETTINGS}, got {setting!r}")
 
 
+def _reached(traces: Sequence[Dict[str, np.ndarray]]):
+    """The instants to check and, at each, the iteration every rank had surely reached
+    (hi) and could at most have reached (lo).  A trace that starts at iteration first > 1
+    says nothing about the times before its hi[0]: only instants at or after every such
+    start are checked (lo and hi never decrease, so the counts are exact there)."""
+    firsts = [int(t.get("first", 1)) for t in traces]
+    instants = np.unique(np.concatenate([t["hi"] for t in traces]))
+    starts = [float(t["hi"][0]) for t, f in zip(traces, firsts) if f > 1 and len(t["hi"])]
+    if starts:
+        instants = instants[instants >= max(starts)]
+    surely = np.stack([f - 1 + np.searchsorted(t["hi"], instants, side="right")
+                       for t, f in zip(traces, firsts)])
+    at_most = np.stack([f - 1 + np.searchsorted(t["lo"], instants, side="right")
+                        for t, f in zip(traces, firsts)])
+    return instants, surely, at_most
+
+
 def check_gaps(traces: Sequence[Dict[str, np.ndarray]], bounds: np.ndarray,
                limit: int = 20) -> List[Dict[str, float]]:
     """Violations of `bounds` in the traces (at most `limit`); empty when the run kept
     every bound."""
     n = len(traces)
-    instants = np.unique(np.concatenate([t["hi"] for t in traces]))
-    surely = np.stack([np.searchsorted(t["hi"], instants, side="right") for t in traces])
-    at_most = np.stack([np.searchsorted(t["lo"], instants, side="right") for t in traces])
+    instants, surely, at_most = _reached(traces)
     found = []
     for i in range(n):
         for j in range(n):
@@ -84,59 +101,98 @@ def check_gaps(traces: Sequence[Dict[str, np.ndarray]], bounds: np.ndarray,
 def max_gaps(traces: Sequence[Dict[str, np.ndarray]]) -> np.ndarray:
     """G[i, j]: the largest Iter(i) - Iter(j) seen (surely i, at most j): how close a run
     came to its bounds."""
-    instants = np.unique(np.concatenate([t["hi"] for t in traces]))
-    surely = np.stack([np.searchsorted(t["hi"], instants, side="right") for t in traces])
-    at_most = np.stack([np.searchsorted(t["lo"], instants, side="right") for t in traces])
+    _, surely, at_most = _reached(traces)
+    if surely.shape[1] == 0:
+        return np.zeros((len(traces), len(traces)), dtype=np.int64)
     return (surely[:, None, :] - at_most[None, :, :]).max(axis=2)
 
 
 # ---------------------------------------------------------------------- files
 
-FORMAT = "asapmpi-trace-1"
+FORMAT = "asapmpi-trace-2"
+#: files of the first format (datasets lo and hi instead of entries) still load
+OLD_FORMATS = ("asapmpi-trace-1",)
+
+
+def _header(f, exchange, ranks: int, attrs) -> None:
+    policy = exchange._policy
+    f.attrs.update({"format": FORMAT, "ranks": ranks, "sync": policy.name,
+                    "setting": policy.setting or "",
+                    "max_gap": getattr(policy, "max_gap", 0),
+                    "staleness": -1 if getattr(policy, "staleness", None) is None
+                    else policy.staleness,
+                    "backup": getattr(policy, "backup", 0), **attrs})
+    f.create_dataset("graph_edges", data=np.array(exchange.graph.edges(), dtype=np.int64)
+                     .reshape(-1, 2))
+    # the times come from each host's monotonic clock: record where each rank ran
+    f.attrs["hosts"] = ",".join(exchange.hosts)
 
 
 def save(path, exchange, comm=None, **attrs) -> None:
-    """Write every rank's trace of a Hop exchange to one HDF5 file (collective; rank 0
-    writes): per rank lo, hi (iteration entry times), reduced (per reduce: the iteration,
-    then the version used from each in-neighbour, 0 = none) and in_neighbours; the graph
-    and the policy's setting as attributes."""
-    from mpi4py import MPI
+    """Write every rank's trace of an exchange, as kept in memory (the newest
+    asapmpi.rc.trace_iterations iterations), to one HDF5 file (collective; rank 0
+    writes): per rank `entries` (lo, hi: iteration entry times, from iteration `first`),
+    `reduced` (per reduce: the iteration, then the version used from each in-neighbour,
+    0 = none) and in_neighbours; the graph and the policy's setting as attributes.  For
+    the whole of a long run, create the Exchange with trace_file= instead."""
+    from . import collectives
 
+    if getattr(exchange, "trace_file", None) == path:
+        raise ConfigError(f"this Exchange streams its whole trace to {path}; free() writes "
+                          f"that file, do not save() over it")
     comm = exchange.comm if comm is None else comm
-    policy = exchange._policy
-    # the times come from each host's monotonic clock: record where each rank ran
-    gathered = comm.gather(dict(exchange.trace, host=MPI.Get_processor_name()), root=0)
+    gathered = collectives.gather(comm, exchange.trace, exchange.timeout,
+                                  f"the trace of {path}")
     if comm.Get_rank() != 0:
         return
     import h5py
 
     with h5py.File(path, "w") as f:
-        f.attrs.update({"format": FORMAT, "ranks": len(gathered), "sync": policy.name,
-                        "setting": policy.setting, "max_gap": policy.max_gap,
-                        "staleness": -1 if policy.staleness is None else policy.staleness,
-                        "backup": policy.backup, **attrs})
-        f.create_dataset("graph_edges", data=np.array(exchange.graph.edges(), dtype=np.int64)
-                         .reshape(-1, 2))
-        f.attrs["hosts"] = ",".join(t["host"] for t in gathered)
+        _header(f, exchange, len(gathered), attrs)
         for r, t in enumerate(gathered):
             g = f.create_group(f"rank_{r}")
-            for key in ("lo", "hi", "reduced", "in_neighbours"):
+            g.attrs["first"] = int(t.get("first", 1))
+            g.create_dataset("entries", data=np.column_stack([t["lo"], t["hi"]]))
+            for key in ("reduced", "in_neighbours"):
                 g.create_dataset(key, data=t[key])
 
 
+def merge_parts(path, exchange, **attrs) -> None:
+    """Rank 0, once every rank closed its part file (asapmpi.sync.records): write the
+    trace file `path` from the parts, whole runs, and delete them."""
+    import os
+
+    import h5py
+
+    from .sync.records import part_path
+
+    tmp = f"{path}.merging"
+    with h5py.File(tmp, "w") as f:
+        _header(f, exchange, exchange.size, attrs)
+        for r in range(exchange.size):
+            g = f.create_group(f"rank_{r}")
+            g.attrs["first"] = 1
+            g.create_dataset("in_neighbours", data=np.array(
+                exchange.graph.in_neighbours(r), dtype=np.int64))
+            with h5py.File(part_path(path, r), "r") as part:
+                for name in part:
+                    part.copy(part[name], g, name=name)
+    os.replace(tmp, path)
+    for r in range(exchange.size):
+        os.unlink(part_path(path, r))
+
+
 def load(path) -> Dict:
-    """Read a trace file written by save()."""
+    """Read a trace file written by save() or by an Exchange with trace_file=."""
     import h5py
 
     from .reduce.user import from_edges
 
     with h5py.File(path, "r") as f:
-        if f.attrs.get("format") != FORMAT:
+        if f.attrs.get("format") not in (FORMAT, *OLD_FORMATS):
             raise ConfigError(f"{path} is not an asapmpi trace file")
         n = int(f.attrs["ranks"])
-        traces = [{key: f[f"rank_{r}/{key}"][()] for key in ("lo", "hi", "reduced",
-                                                             "in_neighbours")}
-                  for r in range(n)]
+        traces = [_rank_trace(f[f"rank_{r}"]) for r in range(n)]
         staleness = int(f.attrs["staleness"])
         hosts = set(str(f.attrs.get("hosts", "")).split(","))
         if len(hosts) > 1:
@@ -146,6 +202,17 @@ def load(path) -> Dict:
         return {"traces": traces, "graph": from_edges(f["graph_edges"][()].tolist(), n),
                 "setting": str(f.attrs["setting"]), "max_gap": int(f.attrs["max_gap"]),
                 "staleness": None if staleness < 0 else staleness}
+
+
+def _rank_trace(g) -> Dict[str, np.ndarray]:
+    if "entries" in g:
+        entries = g["entries"][()].reshape(-1, 2)
+        lo, hi = entries[:, 0], entries[:, 1]
+    else:
+        lo, hi = g["lo"][()], g["hi"][()]
+    reduced = g["reduced"][()] if "reduced" in g else np.zeros((0, 1), dtype=np.int64)
+    return {"lo": lo, "hi": hi, "first": int(g.attrs.get("first", 1)), "reduced": reduced,
+            "in_neighbours": g["in_neighbours"][()]}
 
 
 def window_violations(traces, setting: str, staleness: Optional[int] = None,
@@ -175,7 +242,7 @@ def check_file(path) -> Dict:
     g = data["graph"]
     return {
         "setting": data["setting"], "ranks": g.n,
-        "iterations": [len(t["hi"]) for t in data["traces"]],
+        "iterations": [t["first"] - 1 + len(t["hi"]) for t in data["traces"]],
         "gap_violations": check_gaps(data["traces"], bounds),
         "window_violations": window_violations(data["traces"], data["setting"],
                                                data["staleness"]),

@@ -29,7 +29,7 @@ it then skips ahead, as a late worker in Algorithm 3 fetches the current paramet
 from __future__ import annotations
 
 import time
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 
@@ -52,7 +52,6 @@ class BackupPS(Policy):
                                   f"{value!r}")
         self.backup, self.server, self.seed = int(backup), int(server), int(seed)
         self._rng = np.random.default_rng(seed)
-        self._reduced: List[np.ndarray] = []
         self.dropped = 0            # contributions of iterations reduced without them
 
     def options(self) -> Dict[str, object]:
@@ -67,6 +66,11 @@ class BackupPS(Policy):
                               f"number of workers ({n - 1}): the server averages "
                               f"N = workers - backup >= 1 of them")
         return graph
+
+    def start(self) -> None:
+        """Per iteration: the server's [k, version from each worker], a worker's [k,
+        version of theta it continued from] (bounded: asapmpi.sync.records)."""
+        self.reduced = self.table("reduced", np.int64)
 
     def role(self, rank: int) -> str:
         """"server" or "worker"."""
@@ -102,7 +106,7 @@ class BackupPS(Policy):
                                 f"contributions to iteration {k} failed their version "
                                 f"check; a worker broke the protocol")
         self.dropped += win.n_in - need
-        self._reduced.append(np.concatenate([[k], versions]))
+        self.reduced.append((k, *versions))
         # workers may be reading the previous version: seqlock write
         win.put(buf, k, k, seqlock=True, checksum=ctx.checksum)
 
@@ -114,7 +118,7 @@ class BackupPS(Policy):
             if win.reduce(buf, 0.0, np.ones(1), k, k, NEWEST, seqlock=True,
                           checksum=ctx.checksum, renormalize=False) == 1:
                 got = int(win.last_versions[0])
-                self._reduced.append(np.array([k, got]))
+                self.reduced.append((k, got))
                 return got
             # the server was writing a newer version as we read: read again
             if time.monotonic() - start > ctx.timeout:
@@ -125,6 +129,6 @@ class BackupPS(Policy):
     def trace(self) -> Dict[str, np.ndarray]:
         """Per iteration: the server's row [k, version read from each worker (0: not
         reduced)]; a worker's row [k, version of theta it continued from]."""
-        if not self._reduced:
+        if not self.reduced.count:
             return {}
-        return {"reduced": np.array(self._reduced, dtype=np.int64)}
+        return {"reduced": self.reduced.array()}

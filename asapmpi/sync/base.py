@@ -9,6 +9,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from .records import Records, Table
+
 
 @dataclass
 class StepContext:
@@ -56,9 +58,18 @@ class Policy:
     #: per out-neighbour into the reader's slot, a posted receive acting as the ack
     messages = False
 
+    #: where the policy's per-iteration rows go (set by the Exchange before start())
+    records: Optional[Records] = None
+
     def options(self) -> dict:
         """The policy's options (compared across ranks at creation)."""
         return {}
+
+    def table(self, name: str, dtype=np.float64) -> Table:
+        """A bounded table of per-iteration rows for the trace (asapmpi.sync.records)."""
+        if self.records is None:
+            self.records = Records()
+        return self.records.table(name, dtype)
 
     def user_words(self, rank: int, n: int) -> int:
         """Control words the policy needs in `rank`'s window (default none)."""

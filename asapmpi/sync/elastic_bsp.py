@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 
@@ -60,7 +60,6 @@ class ElasticBSP(Policy):
         self.R, self.server, self.algorithm, self.window = int(R), int(server), algorithm, \
             int(window)
         self.layouts = None                 # every rank's window layout (set by Exchange)
-        self._rows: List[list] = []
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""
@@ -84,6 +83,7 @@ class ElasticBSP(Policy):
         self._ends = deque([time.monotonic()], maxlen=self.window + 1)
         self._local, self._assigned, self._superstep = 0, 1, 0
         self._global, self._total, self._pending = 0, 0, False
+        self.supersteps = self.table("supersteps")
 
     # ------------------------------------------------------------------ worker
 
@@ -116,7 +116,7 @@ class ElasticBSP(Policy):
         self._global = int(win.local_word(own.user_disp(_GLOBAL)))
         self._local, self._pending = 0, False
         self._ends = deque([time.monotonic()], maxlen=self.window + 1)
-        self._rows.append([s, self._global, self._assigned])
+        self.supersteps.append((s, self._global, self._assigned))
         return self._global
 
     # ------------------------------------------------------------------ server
@@ -143,12 +143,12 @@ class ElasticBSP(Policy):
             win.accumulate_word(r, theirs.user_disp(_COUNT), int(count))
             win.accumulate_word(r, theirs.user_disp(_GLOBAL), self._global)
         win.put(buf, s, s, checksum=ctx.checksum)
-        self._rows.append([s, self._global, waited, float(choice.spread),
-                           *self._counts.tolist()])
+        self.supersteps.append((s, self._global, waited, float(choice.spread),
+                                *self._counts.tolist()))
         return self._global
 
     @property
     def trace(self) -> Dict[str, np.ndarray]:
         """Server: per superstep [s, G, seconds waited for the workers, predicted spread,
         next count per worker]; worker: per superstep [s, G, next count]."""
-        return {"supersteps": np.array(self._rows, dtype=float)} if self._rows else {}
+        return {"supersteps": self.supersteps.array()} if self.supersteps.count else {}

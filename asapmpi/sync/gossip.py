@@ -84,7 +84,6 @@ class Gossip(Policy):
                                float(latency_ms))
         self.layouts = None
         self.report: Optional[Dict[str, object]] = None
-        self._rows: List[list] = []
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""
@@ -116,6 +115,7 @@ class Gossip(Policy):
         self._rng = None
         self._tmp = None
         self._comm_seconds = 0.0
+        self.pulls = self.table("pulls")       # version, peer, got, seconds
 
     # ------------------------------------------------------------------ one iteration
 
@@ -161,7 +161,7 @@ class Gossip(Policy):
         peer_model = np.frombuffer(self._tmp, dtype=array.dtype)
         np.add(array, peer_model, out=array)
         array *= 0.5
-        self._rows.append([version, peer, got, took])
+        self.pulls.append((version, peer, got, took))
 
     def _dtype(self, win):
         return np.float32 if win.itemsize == 4 else np.float64
@@ -244,7 +244,7 @@ class Gossip(Policy):
     @property
     def trace(self) -> Dict[str, np.ndarray]:
         """Per pull: [iteration, peer, version read, seconds]."""
-        return {"pulls": np.array(self._rows, dtype=float)} if self._rows else {}
+        return {"pulls": self.pulls.array()} if self.pulls.count else {}
 
 
 def congestion_report(g: np.ndarray, c: np.ndarray, period: int) -> Dict[str, object]:

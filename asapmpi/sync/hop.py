@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .base import Policy, StepContext
+from .records import entry_trace
 
 
 class Hop(Policy):
@@ -78,9 +79,6 @@ class Hop(Policy):
         # a reader may pick any version in [k - s, k] while senders run up to max_gap ahead
         self.depth = self.max_gap + 1 + (self.staleness or 0)
         self.jumps = 0
-        self._lo = [0.0, 0.0]
-        self._hi = [0.0, 0.0]
-        self._reduced = []
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""
@@ -108,9 +106,9 @@ class Hop(Policy):
 
     def start(self) -> None:
         """Iteration 1 is entered when the exchange is created."""
-        self._lo = [0.0, float("-inf")]
-        self._hi = [0.0, time.monotonic()]
-        self._reduced = []
+        self.entries = self.table("entries")                # lo, hi per iteration
+        self.reduced = self.table("reduced", np.int64)      # k, version per in-neighbour
+        self.entries.append((float("-inf"), time.monotonic()))
 
     # ------------------------------------------------------------------ one iteration
 
@@ -158,7 +156,7 @@ class Hop(Policy):
         # record what the kernel verified it read: the footer version of every input it
         # reduced (0 for the others)
         versions = win.last_versions * (np.array(win.last_status()) == 0)
-        self._reduced.append((k, versions.copy()))
+        self.reduced.append((k, *versions))
 
     def _staleness_weights(self, k: int, versions: np.ndarray, ctx: StepContext):
         """Hop eq. (2): weight Iter(u) - (k - s) + 1 for every satisfactory update, the
@@ -194,20 +192,16 @@ class Hop(Policy):
         win.wait_acks(t - 1 - self.max_gap, ctx.timeout, at_least=True)
         win.ack(t - 1)
         hi = time.monotonic()
-        while len(self._hi) - 1 < t:          # iterations jumped over are entered with t
-            self._lo.append(lo)
-            self._hi.append(hi)
+        while self.entries.count < t:         # iterations jumped over are entered with t
+            self.entries.append((lo, hi))
 
     @property
     def trace(self) -> Dict[str, np.ndarray]:
-        """Entry times of iterations 1, 2, ...: lo (before the token wait: the iteration
-        cannot have been entered earlier) and hi (after publishing: entered by then);
-        `reduced`: per reduce, the iteration and the version used from each in-neighbour
-        (0 = none)."""
-        reduced = np.array([[k, *v] for k, v in self._reduced]) if self._reduced else \
-            np.zeros((0, 1), dtype=np.int64)
-        return {"lo": np.array(self._lo[1:]), "hi": np.array(self._hi[1:]),
-                "reduced": reduced}
+        """Entry times of the iterations kept (the newest rc.trace_iterations; `first` is
+        the iteration of lo[0]): lo (before the token wait: the iteration cannot have
+        been entered earlier) and hi (after publishing: entered by then); `reduced`: per
+        reduce, the iteration and the version used from each in-neighbour (0 = none)."""
+        return entry_trace(self.entries, self.reduced)
 
 
 def _integer(label: str, value, low: int) -> None:

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from .base import Policy, StepContext
+from .records import entry_trace
 
 
 class NotifyAck(Policy):
@@ -49,15 +50,14 @@ class NotifyAck(Policy):
 
     def start(self) -> None:
         """Iteration 1 is entered when the exchange is created."""
-        self._lo, self._hi, self._reduced = [float("-inf")], [time.monotonic()], []
-
+        self.entries = self.table("entries")                # lo, hi per iteration
+        self.reduced = self.table("reduced", np.int64)      # k, version per in-neighbour
+        self.entries.append((float("-inf"), time.monotonic()))
 
     @property
     def trace(self):
-        """Entry times of iterations 1, 2, ... and the versions reduced (asapmpi.trace)."""
-        return {"lo": np.array(self._lo), "hi": np.array(self._hi),
-                "reduced": np.array(self._reduced, dtype=np.int64).reshape(
-                    len(self._reduced), -1) if self._reduced else np.zeros((0, 1), np.int64)}
+        """Entry times of the iterations kept (asapmpi.trace) and the versions reduced."""
+        return entry_trace(self.entries, self.reduced)
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 1-2: wait for the acks of version-1, then put and notify `version`
@@ -90,9 +90,8 @@ class NotifyAck(Policy):
         else:
             win.ack(version)
         # iteration k+1 cannot have begun before step k started, and has begun by now
-        self._lo.append(self._started)
-        self._hi.append(time.monotonic())
-        self._reduced.append([version] + [version] * win.n_in)
+        self.entries.append((self._started, time.monotonic()))
+        self.reduced.append((version,) * (win.n_in + 1))
 
 
 class NotifyAckIgnoringAcks(NotifyAck):

@@ -553,9 +553,10 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
             k = ex.version + 1
             expected = rank * 1000.0 + k
             buf[:] = expected
-            before = len(policy._reduced)
+            before = policy.reduced.count
             ex.step()
-            for kk, versions in policy._reduced[before:]:
+            for row in policy.reduced.last(policy.reduced.count - before):
+                kk, versions = int(row[0]), row[1:]
                 low = kk - (policy.staleness or 0)
                 assert all(v == 0 or low <= v <= kk for v in versions), (kk, versions)
                 if policy.staleness is None:

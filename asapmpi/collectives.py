@@ -1,0 +1,116 @@
+"""Collectives with a deadline, for the moments outside the steps: agreeing on options
+before an Exchange exists, starting the clocks, gathering results, freeing.
+
+A plain MPI collective waits forever for a rank that died or stalls outside MPI.  Each
+function here first runs `arrive`, a barrier relayed through rank 0 with point-to-point
+messages that are polled with backoff: every rank sends rank 0 one byte; rank 0 waits
+for them until the deadline and then tells every rank that arrived which ranks did not
+(none: go on).  A missing rank is named on every rank that arrived, in a
+NeighbourTimeoutError; if rank 0 itself is missing, the others name it.  Only after
+everyone arrived does the real collective run, so it cannot wait on a dead rank (short
+of one dying in between).  Pending requests are cancelled and completed before the
+error is raised: nothing outlives the call.
+
+The messages use tags ARRIVE_TAG and VERDICT_TAG on the caller's communicator; a
+program must not receive those tags with MPI_ANY_TAG on it at the same time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, List, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import NeighbourTimeoutError
+
+# below 32767, the smallest MPI_TAG_UB the standard allows
+ARRIVE_TAG = 32701
+VERDICT_TAG = 32702
+_MAX_SLEEP_S = 1e-3
+#: how much longer than the deadline a rank waits for rank 0's verdict
+VERDICT_GRACE_S = 2.0
+
+
+def _backoff(polls: int) -> None:
+    # yield at first, then sleep up to a millisecond: ranks may share cores
+    time.sleep(0 if polls < 32 else min(_MAX_SLEEP_S, 1e-6 * (polls - 31) ** 2))
+
+
+def _wait_all(requests: List[MPI.Request], deadline: float) -> List[int]:
+    """Poll until every request completed or the deadline passed; returns the indices
+    still pending (each request tested on its own, so that one late peer is told
+    apart from the rest)."""
+    pending = list(range(len(requests)))
+    polls = 0
+    while pending:
+        pending = [i for i in pending if not requests[i].Test()]
+        if not pending or time.monotonic() > deadline:
+            break
+        _backoff(polls)
+        polls += 1
+    return pending
+
+
+def _cancel(requests: List[MPI.Request]) -> None:
+    for req in requests:
+        if req != MPI.REQUEST_NULL:
+            req.Cancel()
+            req.Wait()
+
+
+def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
+    """A barrier with a deadline over `comm`: returns once every rank called it, or
+    raises NeighbourTimeoutError naming the ranks that did not arrive within `timeout`
+    seconds (on every rank that did).  `what` says what the ranks were meeting for."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        return
+    deadline = time.monotonic() + timeout
+    # verdict: number of missing ranks, then their ranks
+    verdict = np.zeros(size + 1, dtype=np.int64)
+    if rank == 0:
+        byte = np.zeros(size, dtype=np.uint8)
+        recvs = [comm.Irecv([byte[r:r + 1], MPI.BYTE], source=r, tag=ARRIVE_TAG)
+                 for r in range(1, size)]
+        missing = [i + 1 for i in _wait_all(recvs, deadline)]
+        _cancel([recvs[r - 1] for r in missing])
+        verdict[0] = len(missing)
+        verdict[1:1 + len(missing)] = missing
+        present = [r for r in range(1, size) if r not in missing]
+        sends = [comm.Isend([verdict, MPI.INT64_T], dest=r, tag=VERDICT_TAG) for r in present]
+        # the verdict is small (sent eagerly): a rank that arrived cannot keep it waiting
+        late = _wait_all(sends, time.monotonic() + timeout)
+        _cancel([sends[i] for i in late])
+    else:
+        one = np.ones(1, dtype=np.uint8)
+        send = comm.Isend([one, MPI.BYTE], dest=0, tag=ARRIVE_TAG)
+        recv = comm.Irecv([verdict, MPI.INT64_T], source=0, tag=VERDICT_TAG)
+        # rank 0 sends its verdict at its own deadline, which may be after ours: wait a
+        # little longer, so that the missing rank, not rank 0, is named
+        if _wait_all([recv], deadline + min(timeout, VERDICT_GRACE_S)):
+            _cancel([recv, send])
+            raise NeighbourTimeoutError(rank, f"{what} (relayed by rank 0)", [0], [], [],
+                                        timeout)
+        send.Wait()
+        missing = verdict[1:1 + int(verdict[0])].tolist()
+    if missing:
+        raise NeighbourTimeoutError(rank, what, missing, [], [], timeout)
+
+
+def barrier(comm: MPI.Comm, timeout: float, what: str) -> None:
+    """MPI_Barrier with a deadline (see arrive)."""
+    arrive(comm, timeout, what)
+
+
+def allgather(comm: MPI.Comm, obj: Any, timeout: float, what: str) -> List[Any]:
+    """comm.allgather(obj) once every rank arrived within `timeout` seconds."""
+    arrive(comm, timeout, what)
+    return comm.allgather(obj)
+
+
+def gather(comm: MPI.Comm, obj: Any, timeout: float, what: str,
+           root: int = 0) -> Optional[List[Any]]:
+    """comm.gather(obj, root) once every rank arrived within `timeout` seconds."""
+    arrive(comm, timeout, what)
+    return comm.gather(obj, root=root)
