@@ -89,3 +89,26 @@ def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
             listed = re.search(r"rank\(s\) ([\d, ]+)", line)
             if line.startswith("asapmpi: rank") and listed:
                 assert "2" in listed.group(1).replace(" ", "").split(","), line
+
+
+@pytest.mark.parametrize("where, what", [("start", "the start of the run"),
+                                         ("end", "the final gather of metrics")])
+def test_a_rank_dying_in_a_training_run_s_start_or_end_collective_is_named(tmp_path, where,
+                                                                          what):
+    # the trainer's own collectives have deadlines too: before them, a rank that died
+    # there left the others in MPI_Allgather/MPI_Gather until the launcher's limit
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120", ASAPMPI_TIMEOUT_STARTUP="3")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    cmd = [mpiexec(), "-disable-auto-cleanup", "-n", "4", sys.executable, "-m", "asapmpi",
+           "train", "svm", "--iters", "40", "--timeout", "3", "--kill-rank", "2",
+           "--kill-in", where, "--no-progress", "--out", str(tmp_path)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    named = [line for line in proc.stderr.splitlines()
+             if f"waiting for {what} from rank 2;" in line]
+    assert named, proc.stdout[-2000:] + proc.stderr[-3000:]
+    # 3 s deadline (+2 s for rank 0's verdict) after the survivors' own start-up
+    assert elapsed < 60, elapsed

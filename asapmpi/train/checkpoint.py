@@ -6,7 +6,7 @@ attributes (JSON-encoded, so types survive), keys in a group keep their order.
 
     ckpts = CheckpointDir("runs/svm/checkpoints/notify_ack", rank, keep=2)
     ckpts.save(200, {"model": {...}, "iteration": 200, ...})
-    it = ckpts.latest_common(comm)          # newest iteration every rank has, or None
+    it = ckpts.latest_common(comm, 60)       # newest iteration every rank has, or None
     tree = ckpts.load(it)
 
 A killed job leaves at worst a temporary file behind (the rename is atomic), never a
@@ -130,10 +130,14 @@ class CheckpointDir:
         """This rank's checkpoint at `iteration`."""
         return load_tree(self.path(iteration))
 
-    def latest_common(self, comm) -> Optional[int]:
+    def latest_common(self, comm, timeout: float) -> Optional[int]:
         """Collective: the newest iteration every rank of `comm` has a checkpoint of, or
-        None when some rank has none (or their sets do not meet)."""
+        None when some rank has none (or their sets do not meet); NeighbourTimeoutError
+        naming the ranks that did not take part within `timeout` seconds."""
+        from .. import collectives
+
         mine = set(self.iterations())
-        every = comm.allgather(sorted(mine))
+        every = collectives.allgather(comm, sorted(mine), timeout,
+                                      "the agreement on a checkpoint to resume from")
         common = set(every[0]).intersection(*map(set, every[1:]))
         return max(common) if common else None

@@ -96,6 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument("--kill-rank", type=int, help="this rank kills itself (SIGKILL)")
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
+    faults.add_argument("--kill-in", choices=("start", "end"),
+                        help="... just before the run's start or end collective")
 
 
 def configs(args: argparse.Namespace) -> List[TrainConfig]:
@@ -112,7 +114,8 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         keep=args.keep, out=args.out, resume=args.resume, timeout=args.timeout,
         slowdown=args.slowdown, slow_factor=args.slow_factor,
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
-        threads=args.threads, kill_rank=args.kill_rank, kill_at=args.kill_at)
+        threads=args.threads, kill_rank=args.kill_rank, kill_at=args.kill_at,
+        kill_in=args.kill_in)
     if args.compare and args.options:
         raise ConfigError("with --compare, put policy options in each run "
                           "(hop:backup=1), not in --hop")

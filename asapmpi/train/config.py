@@ -75,6 +75,11 @@ def parse_options(pairs, where: str) -> Dict[str, Any]:
     return options
 
 
+#: where --kill-in kills the rank: just before the run's first (start) or last (end)
+#: collective (fault injection for the tests of their deadlines)
+KILL_POINTS = (None, "start", "end")
+
+
 @dataclass
 class TrainConfig:
     """Everything one training run needs (see `asapmpi train --help`)."""
@@ -109,7 +114,7 @@ class TrainConfig:
     threads: int = 0
     kill_rank: Optional[int] = None
     kill_at: Optional[int] = None
-
+    kill_in: Optional[str] = None
     def resolved(self) -> "TrainConfig":
         """Defaults of the chosen demo filled in, every field checked (ConfigError)."""
         if self.model not in MODELS:
@@ -162,6 +167,11 @@ class TrainConfig:
                                                        or self.period != 1):
             raise ConfigError(f"{self.sync} runs the serial computation graph and decides "
                               f"when workers synchronize; drop --mode/--period")
+        if self.kill_in not in KILL_POINTS:
+            raise ConfigError(f"--kill-in must be one of {KILL_POINTS[1:]}, got "
+                              f"{self.kill_in!r}")
+        if (self.kill_in is not None or self.kill_at is not None) and self.kill_rank is None:
+            raise ConfigError("--kill-at/--kill-in need --kill-rank (which rank dies)")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0 (0: cores / ranks on the host), got "
                               f"{self.threads}")

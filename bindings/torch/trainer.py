@@ -14,7 +14,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from asapmpi import collectives
 from asapmpi.errors import ConfigError
+from asapmpi.rc import rc
 from asapmpi.slowdown import from_environment, from_options
 from asapmpi.sync import POLICIES
 from asapmpi.train import data as datasets
@@ -114,6 +116,11 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     every rank's metrics; the others return None."""
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
+    # every collective of the run has a deadline: a rank that died or hangs outside MPI
+    # is named by the others instead of hanging them (asapmpi.collectives)
+    timeout = cfg.timeout or rc.timeout
+    _maybe_die(cfg, rank, "start")
+    collectives.barrier(comm, max(timeout, rc.timeout_startup), "the start of the run")
     torch.set_num_threads(threads_per_rank(comm, cfg.threads))
     torch.manual_seed(cfg.seed)
     problem = None
@@ -125,8 +132,9 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
             else from_environment(size)       # asapmpi-run --slowdown
     except (ConfigError, TypeError, ValueError) as exc:
         problem = str(exc)
-    # a file missing on one host must not leave the other ranks waiting in the Exchange
-    _agree(comm, problem)
+    # a file missing on one host must not leave the other ranks waiting in the Exchange;
+    # reading the data may take a while on some ranks
+    _agree(comm, problem, max(timeout, rc.timeout_startup), "the check of every rank's data")
     # policies that average over everybody or fix their own topology take no graph
     policy = POLICIES[cfg.sync]
     fixed = not policy.uses_window or hasattr(policy, "topology")
@@ -138,7 +146,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
                           cfg.keep)
     log, elapsed, resumed_loop = MetricsLog(), 0.0, None
     if cfg.resume:
-        tree = _load_checkpoint(cfg, ckpts, comm, model, opt)
+        tree = _load_checkpoint(cfg, ckpts, comm, model, opt, timeout)
         if tree is not None:
             log = MetricsLog.from_arrays(tree["metrics"])
             elapsed = float(tree["elapsed_s"])
@@ -153,13 +161,15 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar)
     if resumed_loop:
         loop.restore(resumed_loop)
-    comm.Barrier()                      # the clocks of all ranks start together
+    # the clocks of all ranks start together
+    collectives.barrier(comm, timeout, "the start of the clocks")
     try:
         loop.run(elapsed)
     finally:
         if bar:
             bar.close()
-    logs = comm.gather(log.arrays(), root=0)
+    _maybe_die(cfg, rank, "end")
+    logs = collectives.gather(comm, log.arrays(), timeout, "the final gather of metrics")
     opt.free()
     if rank != 0:
         return None
@@ -169,24 +179,32 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
                             "policy_report": opt.exchange.report})
 
 
-def _agree(comm: MPI.Comm, problem: Optional[str]) -> None:
-    """Collective: raise the same ConfigError on every rank if any rank had a problem."""
-    for r, p in enumerate(comm.allgather(problem)):
+def _maybe_die(cfg: TrainConfig, rank: int, where: str) -> None:
+    """Fault injection (--kill-rank R --kill-in start|end): die as a killed process."""
+    if cfg.kill_rank == rank and cfg.kill_in == where:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _agree(comm: MPI.Comm, problem: Optional[str], timeout: float, what: str) -> None:
+    """Collective: raise the same ConfigError on every rank if any rank had a problem
+    (NeighbourTimeoutError naming the ranks that never arrived within `timeout`)."""
+    for r, p in enumerate(collectives.allgather(comm, problem, timeout, what)):
         if p:
             raise ConfigError(p if r == comm.Get_rank() else f"rank {r}: {p}")
 
 
 #: settings a resumed run may change (everything else must match the checkpoint)
-RESUMABLE_CHANGES = {"iters", "resume", "kill_rank", "kill_at", "out", "threads", "timeout",
+RESUMABLE_CHANGES = {"iters", "resume", "kill_rank", "kill_at", "kill_in", "out", "threads",
+                     "timeout",
                      "eval_every", "checkpoint_every", "keep", "target"}
 
 
 def _load_checkpoint(cfg: TrainConfig, ckpts: CheckpointDir, comm: MPI.Comm, model,
-                     opt: DecentralizedOptimizer) -> Optional[dict]:
+                     opt: DecentralizedOptimizer, timeout: float) -> Optional[dict]:
     """Collective: restore every rank from the newest iteration all of them saved, or
     return None (nothing common: start afresh).  A checkpoint that cannot be read or was
     written by another configuration is a ConfigError on every rank."""
-    start = ckpts.latest_common(comm)
+    start = ckpts.latest_common(comm, timeout)
     if start is None:
         if comm.Get_rank() == 0:
             print(f"asapmpi: no checkpoint of {cfg.label!r} under {ckpts.root} that every "
@@ -208,7 +226,7 @@ def _load_checkpoint(cfg: TrainConfig, ckpts: CheckpointDir, comm: MPI.Comm, mod
         state.set_rng_state(tree["rng"]["torch"])
     except (ConfigError, KeyError, RuntimeError, ValueError) as exc:
         problem = f"cannot resume from {ckpts.path(start)}: {exc}"
-    _agree(comm, problem)
+    _agree(comm, problem, timeout, "the check of every rank's checkpoint")
     if comm.Get_rank() == 0:
         print(f"asapmpi: {cfg.label!r} resumes from iteration {start}", flush=True)
     return tree
