@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import consistency as bench_consistency
     from .bench import core as bench_core
     from .bench import reduce as bench_reduce
+    from .bench import soak as bench_soak
     from .bench import stragglers as bench_stragglers
     from .bench import zipline as bench_zipline
     from .train import cli as train_cli
@@ -94,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "graphs, policies, shm and network path; "
                                                    "targets PASS/FAIL")
     bench_reduce.add_arguments(p_reduce)
+    p_soak = bench_sub.add_parser("soak", help="a long run: resident memory per rank, file "
+                                               "descriptors, /dev/shm and step time over "
+                                               "many steps, one job per policy")
+    bench_soak.add_arguments(p_soak)
     return parser
 
 
@@ -111,6 +116,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .bench import reduce as bench_reduce
 
             return bench_reduce.run(args)       # launches one job per path and rank count
+        if args.command == "bench" and args.bench == "soak":
+            from .bench import soak as bench_soak
+
+            return bench_soak.run(args)         # launches one job per run
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
         if args.command == "graph":

@@ -117,7 +117,7 @@ OLD_FORMATS = ("asapmpi-trace-1",)
 def _header(f, exchange, ranks: int, attrs) -> None:
     policy = exchange._policy
     f.attrs.update({"format": FORMAT, "ranks": ranks, "sync": policy.name,
-                    "setting": policy.setting or "",
+                    "setting": getattr(policy, "setting", None) or "",
                     "max_gap": getattr(policy, "max_gap", 0),
                     "staleness": -1 if getattr(policy, "staleness", None) is None
                     else policy.staleness,

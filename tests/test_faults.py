@@ -11,7 +11,8 @@ import pytest
 
 from mpilaunch import launch, mpiexec, run
 
-pytestmark = pytest.mark.mpi
+# ranks killed here leave their MPI library's shared-memory files: the tests remove them
+pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("shm_cleaned")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -112,3 +113,30 @@ def test_a_rank_dying_in_a_training_run_s_start_or_end_collective_is_named(tmp_p
     assert named, proc.stdout[-2000:] + proc.stderr[-3000:]
     # 3 s deadline (+2 s for rank 0's verdict) after the survivors' own start-up
     assert elapsed < 60, elapsed
+
+
+def test_a_timed_out_barrier_is_completed_by_the_next_one():
+    # MPI allows neither cancelling nor freeing a nonblocking collective: the request
+    # of a barrier that timed out must be kept and completed, not leaked
+    results = run("late_barrier_completes", 3, "shm", timeout=120)
+    for rank in (0, 1):
+        assert "the barrier of version 1" in results[rank]["timed_out"], results[rank]
+        assert results[rank]["pending_after_timeout"] is True
+    assert results[2]["timed_out"] is None and not results[2]["pending_after_timeout"]
+    assert not any(r["pending_after_next"] for r in results), results
+
+
+@pytest.mark.parametrize("where", ["create", "step", "free"])
+def test_a_rank_killed_with_shared_segments_leaves_nothing_in_dev_shm(where):
+    # the shared transport's segments are anonymous memory (memfd): nothing of asapmpi's
+    # has a name in /dev/shm at any moment, so a kill at any point leaves nothing there
+    from asapmpi._core.segments import FILE_PREFIX, SHM_DIR
+
+    def ours():
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(FILE_PREFIX)}
+
+    before = ours()
+    proc = launch("killed_with_segments", 4, "shm", timeout=60, where=where)
+    assert proc.returncode != 0 and "signal 9" in proc.stdout + proc.stderr, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ours() - before == set()

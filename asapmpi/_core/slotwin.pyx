@@ -134,6 +134,11 @@ cdef class SlotWindow:
     cdef readonly long long bytes_put, bytes_got
     cdef Py_ssize_t _max_transfer
     cdef readonly double wait_seconds
+    # a nonblocking collective that timed out, and the buffers it may still write: MPI
+    # allows neither cancelling nor freeing it, so it is completed before the next
+    # collective (every rank issues them in the same order) or at free()
+    cdef MPI_Request _late
+    cdef object _late_buffers
     cdef int64_t[:, ::1] _stats
     cdef int64_t[::1] _last_version
     cdef object _stats_array, _last_array
@@ -143,6 +148,7 @@ cdef class SlotWindow:
         self.comm = MPI_COMM_NULL
         self.msg_comm = MPI_COMM_NULL
         self._freed = True
+        self._late = MPI_REQUEST_NULL
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
@@ -382,6 +388,8 @@ cdef class SlotWindow:
         if finalized:
             self._freed = True
             return
+        # a collective that once timed out completes once its late ranks reach free()
+        self._finish_late(self.flush_timeout)
         # agree first, so that all ranks raise together instead of some entering
         # MPI_Win_free while one refuses
         with nogil:
@@ -423,6 +431,11 @@ cdef class SlotWindow:
         if not 0 < value <= MAX_PUT_CHUNK:
             raise ConfigError(f"max_transfer must be in 1..{MAX_PUT_CHUNK} bytes, got {value}")
         self._max_transfer = value
+
+    @property
+    def late_collective(self):
+        """True while a barrier or allgather that timed out waits for its late ranks."""
+        return self._late != MPI_REQUEST_NULL
 
     @property
     def freed(self):
@@ -918,7 +931,8 @@ cdef class SlotWindow:
         count on every rank), as an array (size, count).  An MPI_Iallgather polled with
         backoff: a rank that never arrives is a NeighbourTimeoutError after `timeout`
         seconds (< 0: flush_timeout), not a hang."""
-        cdef double[::1] mine = np.ascontiguousarray(values, dtype=np.float64)
+        mine_array = np.ascontiguousarray(values, dtype=np.float64)
+        cdef double[::1] mine = mine_array
         cdef int n = <int>mine.shape[0]
         cdef MPI_Request req
         cdef int r = 0
@@ -930,14 +944,30 @@ cdef class SlotWindow:
         cdef double[:, ::1] o = out
         if n == 0:
             return out[:, :0]
+        self._finish_late(timeout)
         with nogil:
             t0 = asap_now()
             CHKERR(MPI_Iallgather(&mine[0], n, MPI_DOUBLE, &o[0, 0], n, MPI_DOUBLE,
                                   self.comm, &req), "MPI_Iallgather")
             r = self._complete(&req, t0, timeout)
         if r:
+            self._late, self._late_buffers = req, (mine_array, out)
             self._collective_timeout("an allgather", 0, timeout)
         return out
+
+    cdef _finish_late(self, double timeout):
+        """Complete a collective that timed out earlier (its late ranks have had the
+        time since), or raise NeighbourTimeoutError again."""
+        cdef int r = 0
+        cdef double t0
+        if self._late == MPI_REQUEST_NULL:
+            return
+        with nogil:
+            t0 = asap_now()
+            r = self._complete(&self._late, t0, timeout)
+        if r:
+            self._collective_timeout("a collective that timed out before", 0, timeout)
+        self._late_buffers = None
 
     cdef int _complete(self, MPI_Request *req, double t0, double timeout) except -1 nogil:
         """Poll a nonblocking collective with backoff: 0 when done, 1 after `timeout`."""
@@ -1147,18 +1177,21 @@ cdef class SlotWindow:
         """The BSP baseline's global barrier on the window's communicator: MPI_Ibarrier
         polled with backoff, so that a rank that never arrives is a timeout
         (NeighbourTimeoutError after `timeout` seconds; < 0: flush_timeout), not a hang.
-        A barrier that timed out leaves its request pending: end the job."""
+        A barrier that timed out is completed by the next barrier or allgather, or by
+        free(), once the late ranks reach it."""
         cdef MPI_Request req
         cdef int r = 0
         cdef double t0
         self._check_alive()
         if timeout < 0:
             timeout = self.flush_timeout
+        self._finish_late(timeout)
         with nogil:
             t0 = asap_now()
             CHKERR(MPI_Ibarrier(self.comm, &req), "MPI_Ibarrier")
             r = self._complete(&req, t0, timeout)
         if r:
+            self._late = req
             self._collective_timeout(f"the barrier of version {version}", version, timeout)
 
     def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):

@@ -828,3 +828,54 @@ def double_buffer_keeps_shape(comm):
     np.testing.assert_allclose(original, (size - 1) / 2 + 1.0)
     assert np.array_equal(original, y), "free() did not copy the result back"
     return {}
+
+
+def late_barrier_completes(comm, n=100):
+    """Rank 2 reaches a window barrier 1.5 s late: the others time out after 0.5 s and
+    keep the request; the next barrier first completes it, then runs its own, and free()
+    finds nothing pending.  Returns what each rank saw."""
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=10.0)
+    win = ex.window
+    timed_out = None
+    if comm.Get_rank() == 2:
+        time.sleep(1.5)
+    try:
+        win.barrier(0.5, 1)
+    except NeighbourTimeoutError as exc:
+        timed_out = str(exc)
+    pending_after_timeout = win.late_collective
+    win.barrier(10.0, 2)
+    pending_after_next = win.late_collective
+    ex.free()
+    return {"timed_out": timed_out, "pending_after_timeout": pending_after_timeout,
+            "pending_after_next": pending_after_next}
+
+
+def killed_with_segments(comm, where, steps=20, n=16384):
+    """Rank 1 SIGKILLs itself while the shared-memory transport holds segments: while
+    they are being created (between its own segment and mapping its neighbours'),
+    after `steps` steps, or while free() unmaps them.  The others then time out (the
+    job ends non-zero); what matters is what is left in /dev/shm afterwards."""
+    import os
+    import signal
+
+    from asapmpi._core import segments
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    rank = comm.Get_rank()
+    if rank == 1 and where == "create":
+        segments._attach = die
+    if rank == 1 and where == "free":
+        segments.SharedSegments.close = die
+    buf = np.zeros(n, dtype=np.float32)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=3.0, transport="shared",
+                          double_buffer=True)
+    for k in range(steps):
+        if rank == 1 and where == "step" and k == steps // 2:
+            die()
+        ex.step()
+    ex.free()
+    return {}
