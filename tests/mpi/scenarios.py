@@ -879,3 +879,18 @@ def killed_with_segments(comm, where, steps=20, n=16384):
         ex.step()
     ex.free()
     return {}
+
+
+def trace_streams_whole_run(comm, trace_file, sync="hop", steps=300, keep=50,
+                            graph="ring", **options):
+    """A ring of `keep` iterations in memory, the whole run in trace_file (written by
+    free()); returns what the rank kept."""
+    asapmpi.rc.trace_iterations = keep
+    buf = np.zeros(256)
+    with asapmpi.Exchange(buf, graph=graph, sync=sync, comm=comm, trace_file=trace_file,
+                          **options) as ex:
+        for _ in range(steps):
+            ex.step()
+        kept = ex.trace
+    return {"first": int(kept["first"]), "kept": len(kept["hi"]),
+            "reduced": len(kept["reduced"])}
