@@ -1,5 +1,7 @@
 """The PyTorch bindings (asapmpi.torch): zero-copy flat parameters, the optimizer wrapper
 with SGD-momentum and Adam, serial and parallel computation graphs, periods, state."""
+import io
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,208 @@ def test_wrapper_refuses_bad_arguments():
         DecentralizedOptimizer(sgd, "complete", mode="sideways")
     with pytest.raises(ConfigError, match=r"torch\.optim\.Optimizer"):
         DecentralizedOptimizer(object(), "complete")
+
+
+class _Net(torch.nn.Module):
+    """BatchNorm, an embedding tied to the output layer, a frozen layer."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Embedding(10, 6)
+        self.frozen = torch.nn.Linear(6, 6)
+        self.frozen.requires_grad_(False)
+        self.norm = torch.nn.BatchNorm1d(6)
+        self.out = torch.nn.Linear(6, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.out(self.norm(torch.tanh(self.frozen(self.embed(tokens)))))
+
+
+def _tokens(k):
+    g = torch.Generator().manual_seed(k)
+    x = torch.randint(0, 10, (16,), generator=g)
+    return x, (x + 1) % 10
+
+
+def test_wrapper_is_a_torch_optimizer_for_schedulers_and_scalers():
+    # one rank: the wrapper under StepLR and a GradScaler equals the plain optimizer
+    # under them, bitwise; the scheduler's lr reaches the wrapped optimizer
+    runs = {}
+    for wrapped in (False, True):
+        model = _Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        if wrapped:
+            opt = DecentralizedOptimizer(opt, "complete", model=model)
+            assert isinstance(opt, torch.optim.Optimizer)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        lrs = []
+        for k in range(6):
+            x, y = _tokens(k)
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        if wrapped:
+            assert opt.optimizer.param_groups[0]["lr"] == lrs[-1]
+            assert opt.param_groups is opt.optimizer.param_groups
+            assert opt.state is opt.optimizer.state and opt.state
+            assert opt.iteration == 6
+            opt.free()
+        runs[wrapped] = (lrs, [t.detach().clone() for t in model.state_dict().values()])
+    assert runs[True][0] == runs[False][0] == [0.05, 0.025, 0.025, 0.0125, 0.0125, 0.00625]
+    for a, b in zip(runs[True][1], runs[False][1]):
+        assert torch.equal(a, b)
+
+
+def test_step_with_a_closure_returns_its_loss_and_zero_grad_keeps_zeros():
+    model = _Net()
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                                 model=model)
+    x, y = _tokens(0)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert torch.is_tensor(loss) and loss.requires_grad
+    opt.zero_grad(set_to_none=False)
+    assert torch.equal(model.embed.weight.grad, torch.zeros_like(model.embed.weight))
+    opt.zero_grad()
+    assert model.embed.weight.grad is None
+    opt.free()
+
+
+@pytest.mark.parametrize("buffers", ["mix", "broadcast", "local"])
+def test_tied_frozen_and_buffers_are_laid_out_by_the_buffers_option(buffers):
+    model = _Net()
+    frozen = model.frozen.weight.detach().clone()
+    opt = DecentralizedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), "complete",
+                                 model=model, buffers=buffers)
+    flat = opt.flat
+    # the tied weight is one Parameter: one span, still shared by both modules
+    assert sum(p is model.embed.weight for p in flat.params) == 1
+    assert model.out.weight is model.embed.weight and _inside(flat, model.out.weight)
+    assert not any(p is model.frozen.weight for p in flat.params)
+    assert [p is model.frozen.weight for p in opt.frozen].count(True) == 1
+    norm = model.norm
+    mixed = [b is norm.running_mean or b is norm.running_var for b in flat.buffers]
+    assert mixed == ([True, True] if buffers == "mix" else [])
+    broadcast = {"mix": [norm.num_batches_tracked], "broadcast": list(norm.buffers()),
+                 "local": []}[buffers]
+    assert [id(t) for t in opt.side.tensors] == [id(t) for t in broadcast]
+    for b in flat.buffers:
+        assert _inside(flat, b)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(_tokens(1)[0]), _tokens(1)[1]).backward()
+        opt.step()
+    assert torch.equal(model.frozen.weight, frozen)
+    assert int(norm.num_batches_tracked) == 3
+    opt.check()
+    opt.free()
+
+
+def _net_in(dtype=None, device=None):
+    model = _Net()
+    if dtype is not None:
+        model.norm.to(dtype)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+@pytest.mark.parametrize("make,options,message", [
+    (lambda: _net_in(device="meta"), {}, r"exchanges CPU tensors, all float32 or all "
+                                         r"float64; got parameters on meta"),
+    (lambda: _net_in(dtype=torch.float64), {},
+     r"exchanges CPU tensors, all float32 or all float64: parameters must all be"),
+    (_net_in, {"buffers": "everything"}, r"buffers must be one of"),
+    (_net_in, {"mode": "parallel"}, r"pass buffers='broadcast' or 'local'"),
+    (_net_in, {"buffers": "broadcast", "sync": "hop"},
+     r"buffers='broadcast' is a collective at every mix"),
+])
+def test_wrapper_refuses_what_it_cannot_exchange_in_one_line(make, options, message):
+    model = make()
+    options = {"sync": "notify_ack", **options}
+    with pytest.raises(ConfigError, match=message) as info:
+        DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                               model=model, **options)
+    assert "\n" not in str(info.value)
+
+
+def test_float_buffers_of_another_dtype_are_refused_unless_not_mixed():
+    model = _Net()
+    model.norm.running_mean.data = model.norm.running_mean.double()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match=r"buffers mixed with the parameters must be "
+                                          r"torch.float32.*buffers='broadcast'"):
+        DecentralizedOptimizer(sgd, "complete", model=model)
+    DecentralizedOptimizer(sgd, "complete", model=model, buffers="broadcast").free()
+
+
+def test_wrapper_refuses_groups_added_later_wrapping_twice_and_unfreezing():
+    model = _Net()
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                                 model=model)
+    with pytest.raises(ConfigError, match="add the group to the torch optimizer"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    with pytest.raises(ConfigError, match=r"wrap the plain torch\.optim optimizer once"):
+        DecentralizedOptimizer(opt, "complete")
+    with pytest.raises(ConfigError, match=r"must be a torch\.nn\.Module"):
+        DecentralizedOptimizer(opt.optimizer, "complete", model=object())
+    model.frozen.weight.requires_grad_(True)
+    with pytest.raises(ConfigError, match="create it after unfreezing them"):
+        opt.check()
+    model.frozen.weight.requires_grad_(False)
+    model.norm.num_batches_tracked.data = torch.tensor(0)   # replaced, not updated
+    with pytest.raises(ConfigError, match="moved out of the broadcast buffer"):
+        opt.check()
+    opt.free()
+
+
+def test_state_dict_round_trip_through_the_wrapper_continues_bitwise():
+    def make():
+        model = _Net()
+        opt = DecentralizedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.05),
+                                     "complete", model=model)
+        return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+    def train(model, opt, sched, ks):
+        for k in ks:
+            opt.zero_grad()
+            x, y = _tokens(k)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            sched.step()
+
+    model, opt, sched = make()
+    train(model, opt, sched, range(4))
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict()}, saved)
+    train(model, opt, sched, range(4, 7))
+    model2, opt2, sched2 = make()
+    saved.seek(0)
+    back = torch.load(saved, weights_only=False)
+    model2.load_state_dict(back["model"])
+    opt2.load_state_dict(back["opt"])
+    sched2.load_state_dict(back["sched"])
+    assert opt2.iteration == 4 and opt2.exchange.version == 4
+    train(model2, opt2, sched2, range(4, 7))
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.0125
+    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), name
+    opt2.check()                       # the loaded tensors stayed in the buffers
+    opt.free()
+    opt2.free()
 
 
 def test_checkpoint_round_trip_of_model_and_adam_state(tmp_path):
@@ -202,3 +406,36 @@ def test_state_dict_carries_the_exchange_state():
         assert res["saved_version"] == 5 and res["saved_iteration"] == 5
         assert res["version_after"] == 6 and res["iteration_after"] == 6
         assert res["bytes_after"] > res["saved_bytes"] > 0
+
+
+@pytest.mark.mpi
+def test_buffers_mix_with_tied_frozen_scheduler_clipping_and_bf16_on_a_ring():
+    # 4 ranks, 40 steps on the (directed) ring, different data per rank: AdamW, StepLR
+    # given the wrapper, clip_grad_norm_, bf16 autocast; run with buffers="mix" and,
+    # from the same start, buffers="local" (the behaviour before buffers were mixed)
+    results = run("torch_tied_batchnorm_frozen", 4, "shm", timeout=300)
+    lr, expected = 0.02, []
+    for k in range(1, 41):
+        lr = lr * 0.8 if k % 10 == 0 else lr       # StepLR(step_size=10, gamma=0.8)
+        expected.append(lr)
+    for rank, res in enumerate(results):
+        mix, local = res["mix"], res["local"]
+        # the step mixes the buffers exactly as the parameters: W @ everyone's
+        assert max(mix["mix_errors"]) < 1e-6, mix["mix_errors"]
+        assert mix["buffers_in_flat"] and not local["buffers_in_flat"]
+        # num_batches_tracked is rank 0's after every mix, although odd ranks ran an
+        # extra forward pass at step 20; left local, they keep their own count
+        assert all(mix["tracked_equal"]) and mix["batches_tracked"] == 40
+        assert all(local["tracked_equal"]) == (rank % 2 == 0)
+        for run_ in (mix, local):
+            assert run_["lrs"] == run_["inner_lrs"] == expected
+            assert run_["scheduler_warnings"] == []
+            assert run_["tied"] and run_["tied_in_flat"] == 1
+            assert not run_["frozen_in_flat"]
+            assert run_["frozen_unchanged"] and run_["frozen_spread"] == 0.0
+            assert run_["dtype"] == "torch.float32"
+    mix, local = results[0]["mix"], results[0]["local"]
+    # BatchNorm trains on batch statistics: the parameters are the same in both runs
+    assert mix["params_spread"] == local["params_spread"] > 0
+    assert mix["buffers_spread"] <= 2 * mix["params_spread"], mix
+    assert local["buffers_spread"] > 4 * local["params_spread"], local

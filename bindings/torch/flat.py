@@ -1,14 +1,17 @@
 """One flat buffer behind a model's parameters: the buffer an Exchange sends and reduces.
 
-    flat = FlatParameters(model.parameters())
+    flat = FlatParameters(model.parameters(), buffers=[bn.running_mean, bn.running_var])
     flat.array          # a NumPy view of the same memory, for asapmpi.Exchange
-    p.data_ptr()        # lies inside flat.tensor for every parameter p
+    p.data_ptr()        # lies inside flat.tensor for every parameter p (and buffer)
 
-Every parameter's storage becomes a view of one contiguous tensor, so the exchange puts
+Every tensor's storage becomes a view of one contiguous tensor, so the exchange puts
 the model straight from its own memory and reduces straight into it: no flatten or
 unflatten copies per step.  The Parameter objects stay the same (optimizers and hooks
 keep working); only their `.data` is re-pointed: once here, and by `rehome` when a
 double-buffered Exchange moves the values to its other buffer.
+
+PackedTensors does the same for tensors of any dtypes in one byte buffer, so that one
+MPI_Bcast carries them all (integer buffers such as BatchNorm's num_batches_tracked).
 """
 from __future__ import annotations
 
@@ -24,8 +27,13 @@ ALIGN_BYTES = 64
 DTYPES = (torch.float32, torch.float64)
 
 
-def _unique(params: Iterable[torch.Tensor]) -> List[torch.Tensor]:
-    seen, out = set(), []
+#: what the exchange can send, said by every error about it
+SUPPORTED = "asapmpi.torch exchanges CPU tensors, all float32 or all float64"
+
+
+def _unique(params: Iterable[torch.Tensor], skip=()) -> List[torch.Tensor]:
+    # tied (shared) parameters are one object listed twice: they get one span
+    seen, out = {id(t) for t in skip}, []
     for p in params:
         if not isinstance(p, torch.Tensor):
             raise ConfigError(f"parameters must be tensors, got {type(p).__name__}")
@@ -35,35 +43,62 @@ def _unique(params: Iterable[torch.Tensor]) -> List[torch.Tensor]:
     return out
 
 
+def check_cpu(tensors: Iterable[torch.Tensor], what: str = "parameters") -> None:
+    """Raise ConfigError unless every tensor is on the CPU (one-sided MPI and MPI_Bcast
+    read host memory here)."""
+    devices = sorted({t.device.type for t in tensors} - {"cpu"})
+    if devices:
+        raise ConfigError(f"{SUPPORTED}; got {what} on {', '.join(devices)}: move the model "
+                          f"with .cpu()")
+
+
+def _check_views(tensors: List[torch.Tensor], views: List[torch.Tensor], where: str) -> None:
+    for i, (t, view) in enumerate(zip(tensors, views)):
+        if t.data_ptr() != view.data_ptr() or t.numel() != view.numel():
+            raise ConfigError(f"tensor {i} (shape {tuple(t.shape)}) was moved out of "
+                              f"{where}; update it in place (p.data.copy_(...)) instead of "
+                              f"replacing p.data or converting the model")
+
+
 class FlatParameters:
     """Re-home `params` into one contiguous CPU tensor (see the module docstring).
 
     params: tensors (model.parameters(), or the params of an optimizer's groups); all of
-        one dtype, float32 or float64, on the CPU.  Their current values are kept.
+        one dtype, float32 or float64, on the CPU.  Their current values are kept; a
+        tensor listed twice (tied parameters) gets one span.
+    buffers: more tensors of the same dtype, placed after the parameters and mixed with
+        them (a model's floating-point buffers: BatchNorm's running statistics).
     """
 
-    def __init__(self, params: Iterable[torch.Tensor]):
+    def __init__(self, params: Iterable[torch.Tensor], buffers: Iterable[torch.Tensor] = ()):
         self.params = _unique(params)
         if not self.params:
-            raise ConfigError("no parameters to exchange; pass model.parameters()")
+            raise ConfigError("no parameters to exchange; pass model.parameters() (with "
+                              "requires_grad=True: frozen ones are not exchanged)")
+        self.buffers = _unique(buffers, skip=self.params)
+        #: parameters, then buffers: every tensor that lives in the flat buffer
+        self.tensors = self.params + self.buffers
+        check_cpu(self.tensors)
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES:
-            raise ConfigError(f"parameters must all be float32 or all float64, got "
-                              f"{sorted(str(d) for d in dtypes)}; convert the model with "
+            raise ConfigError(f"{SUPPORTED}: parameters must all be float32 or all float64, "
+                              f"got {sorted(str(d) for d in dtypes)}; convert the model with "
                               f".float() or .double()")
-        if any(p.device.type != "cpu" for p in self.params):
-            raise ConfigError("parameters must be on the CPU (one-sided MPI reads host "
-                              "memory); move the model with .cpu()")
         self.dtype = self.params[0].dtype
+        other = sorted({str(b.dtype) for b in self.buffers} - {str(self.dtype)})
+        if other:
+            raise ConfigError(f"buffers mixed with the parameters must be {self.dtype} as "
+                              f"they are, got {other}; convert the model with .float() or "
+                              f".double(), or pass buffers='broadcast' or 'local'")
         step = ALIGN_BYTES // self.params[0].element_size()
         self.spans: List[Tuple[int, int]] = []
         offset = 0
-        for p in self.params:
+        for p in self.tensors:
             self.spans.append((offset, p.numel()))
             offset += -(-p.numel() // step) * step
         self.tensor = torch.zeros(offset, dtype=self.dtype)
         with torch.no_grad():
-            for p, (start, count) in zip(self.params, self.spans):
+            for p, (start, count) in zip(self.tensors, self.spans):
                 self.tensor[start:start + count].view_as(p).copy_(p.detach())
         #: the same memory as a NumPy array: what asapmpi.Exchange sends and reduces
         self.array = self.tensor.numpy()
@@ -86,11 +121,11 @@ class FlatParameters:
                                   f"this model's {self.home.shape} {self.home.dtype}")
             tensor = torch.from_numpy(array)
             views = [tensor[start:start + count].view_as(p)
-                     for p, (start, count) in zip(self.params, self.spans)]
+                     for p, (start, count) in zip(self.tensors, self.spans)]
             entry = self._views[id(array)] = (array, tensor, views)
         _, self.tensor, views = entry
         self.array = array
-        for p, view in zip(self.params, views):
+        for p, view in zip(self.tensors, views):
             p.data = view
 
     def forget_other_homes(self) -> None:
@@ -109,15 +144,9 @@ class FlatParameters:
         return int(self.array.nbytes)
 
     def check(self) -> None:
-        """Raise ConfigError if a parameter no longer lives in the flat buffer (its .data
+        """Raise ConfigError if a tensor no longer lives in the flat buffer (its .data
         was replaced, for example by assigning a new tensor)."""
-        lo = self.tensor.data_ptr()
-        size = self.tensor.element_size()
-        for i, (p, (start, count)) in enumerate(zip(self.params, self.spans)):
-            if p.data_ptr() != lo + start * size or p.numel() != count:
-                raise ConfigError(f"parameter {i} (shape {tuple(p.shape)}) was moved out of "
-                                  f"the exchange buffer; update it in place "
-                                  f"(p.data.copy_(...)) instead of replacing p.data")
+        _check_views(self.tensors, self._views[id(self.array)][2], "the exchange buffer")
 
     def copy_from(self, values: np.ndarray) -> None:
         """Overwrite every parameter from a flat array of the same layout."""
@@ -128,5 +157,47 @@ class FlatParameters:
         self.array[...] = src
 
     def __repr__(self):
-        return (f"FlatParameters({len(self.params)} tensors, {self.numel} x {self.dtype}, "
-                f"{self.nbytes} bytes)")
+        return (f"FlatParameters({len(self.params)} parameters, {len(self.buffers)} "
+                f"buffers, {self.numel} x {self.dtype}, {self.nbytes} bytes)")
+
+
+class PackedTensors:
+    """Re-home CPU tensors of any dtypes into one byte buffer, so that one MPI_Bcast of
+    `array` carries them all, zero-copy (the tensor objects stay the same)."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]):
+        self.tensors = _unique(tensors)
+        check_cpu(self.tensors, "buffers")
+        spans, offset = [], 0
+        for t in self.tensors:
+            nbytes = t.numel() * t.element_size()
+            spans.append((offset, nbytes))
+            # 64-byte starts keep every view aligned for its dtype
+            offset += -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+        self.tensor = torch.zeros(offset, dtype=torch.uint8)
+        self.views = []
+        with torch.no_grad():
+            for t, (start, nbytes) in zip(self.tensors, spans):
+                view = self.tensor[start:start + nbytes].view(t.dtype).view(t.shape)
+                view.copy_(t.detach())
+                t.data = view
+                self.views.append(view)
+        #: the same memory as a NumPy byte array, for MPI
+        self.array = self.tensor.numpy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in the buffer (padding included)."""
+        return int(self.array.nbytes)
+
+    def bcast(self, comm, root: int = 0) -> None:
+        """Give every rank of `comm` `root`'s values (collective; nothing when empty)."""
+        if self.tensors:
+            comm.Bcast(self.array, root=root)
+
+    def check(self) -> None:
+        """Raise ConfigError if a tensor no longer lives in the buffer."""
+        _check_views(self.tensors, self.views, "the broadcast buffer")
+
+    def __repr__(self):
+        return f"PackedTensors({len(self.tensors)} tensors, {self.nbytes} bytes)"

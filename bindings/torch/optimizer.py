@@ -2,17 +2,33 @@
 
     opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1,
                                                  momentum=0.9),
-                                 graph="root-expander", sync="notify_ack", period=1)
+                                 graph="root-expander", sync="notify_ack", period=1,
+                                 model=model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)   # the wrapper is an Optimizer
     for x, y in batches:
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()            # apply the gradients, and every `period` steps mix the
-                              # parameters with the neighbours'
+                              # parameters (and the model's buffers) with the neighbours'
+        sched.step()
 
-The optimizer's parameters are moved into one flat buffer (FlatParameters) that the
+The optimizer's trainable parameters (and, with model= and buffers="mix", the model's
+floating-point buffers) are moved into one flat buffer (FlatParameters) that the
 Exchange sends from and reduces into, zero-copy.  On one host the Exchange is
 double-buffered: the parameters live in its shared memory and move between its two
 buffers at every mix (no copy at all); `free()` brings them back to private memory.
+
+Buffers (model.buffers(), given model=):
+
+- "mix" (default): floating-point buffers (BatchNorm's running statistics) are mixed
+  with the parameters; the others (num_batches_tracked) take rank 0's values at every
+  mix under the policies whose ranks mix in lockstep (LOCKSTEP), else at the start only;
+- "broadcast": every buffer takes rank 0's values at every mix (LOCKSTEP policies only);
+- "local": buffers are left alone.
+
+Frozen parameters (requires_grad=False) are not exchanged: they take rank 0's values at
+the start (with broadcast=True) and no step changes them.  Tied parameters (one
+Parameter used by two modules) are exchanged once and stay tied.
 
 Two computation graphs (Hop section 3.2):
 
@@ -24,7 +40,8 @@ Two computation graphs (Hop section 3.2):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from collections import OrderedDict
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from mpi4py import MPI
@@ -32,9 +49,14 @@ from mpi4py import MPI
 import asapmpi
 from asapmpi.errors import ConfigError
 
-from .flat import FlatParameters
+from .flat import FlatParameters, PackedTensors, check_cpu
 
 MODES = ("serial", "parallel")
+BUFFERS = ("mix", "broadcast", "local")
+#: policies whose ranks all mix at the same iterations, so that a broadcast from rank 0 at
+#: every mix costs no waiting the exchange does not already do (hop, async, gossip and
+#: the parameter servers let ranks drift apart: a collective per mix would undo that)
+LOCKSTEP = ("notify_ack", "notify_ack_ignore_acks", "bsp", "allreduce")
 #: optimizer steps between two checks that the parameters still live in the buffer
 CHECK_EVERY = 64
 
@@ -50,28 +72,71 @@ def broadcast_parameters(flat: FlatParameters, comm: Optional[MPI.Comm] = None,
     comm.Bcast(flat.array, root=root)
 
 
-class DecentralizedOptimizer:
+def _split(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module],
+           buffers: str) -> Tuple[List, List, List, List]:
+    """(trainable parameters, frozen parameters, buffers to mix, buffers to broadcast)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    trainable = [p for p in params if p.requires_grad]
+    # frozen parameters are often left out of the optimizer: the model has them all
+    extra = [] if model is None else list(model.parameters())
+    frozen = list({id(p): p for p in params + extra if not p.requires_grad}.values())
+    found = [] if model is None or buffers == "local" else list(model.buffers())
+    if buffers == "mix":
+        mixed = [b for b in found if b.is_floating_point()]
+        return trainable, frozen, mixed, [b for b in found if not b.is_floating_point()]
+    return trainable, frozen, [], found
+
+
+def _bcast_tensor(t: torch.Tensor, comm: MPI.Comm, root: int = 0) -> None:
+    """MPI_Bcast one CPU tensor of any dtype, in place, as bytes."""
+    with torch.no_grad():
+        dense = t.detach().contiguous()
+        comm.Bcast(dense.reshape(-1).view(torch.uint8).numpy(), root=root)
+        if dense.data_ptr() != t.data_ptr():
+            t.copy_(dense)
+
+
+def _shared(name: str, doc: str) -> property:
+    """A property reading and writing the wrapped optimizer's attribute `name`."""
+    return property(lambda self: getattr(self.optimizer, name),
+                    lambda self, value: setattr(self.optimizer, name, value), doc=doc)
+
+
+class DecentralizedOptimizer(torch.optim.Optimizer):
     """Wrap `optimizer` so that its step also mixes the parameters over an Exchange.
 
-    optimizer: any torch.optim.Optimizer; its parameters (all groups) are exchanged.
+    optimizer: any torch.optim.Optimizer; its trainable parameters (all groups) are
+        exchanged.
     graph, sync, weights, timeout, checksum, policy options: as asapmpi.Exchange.
         sync="backup_ps": the server rank only averages (its optimizer never steps);
         the workers' steps are averaged at the server.
     period: mix every `period` optimizer steps (1 = every step).
     mode: "serial" or "parallel" (module docstring).
-    broadcast: start every rank from rank 0's parameters (default True).
+    broadcast: start every rank from rank 0's parameters and buffers (default True).
     comm: the communicator (default COMM_WORLD).
+    model: the module the parameters belong to: its buffers are handled as `buffers`
+        says and its frozen parameters broadcast at the start.
+    buffers: "mix" (default), "broadcast" or "local" (module docstring).
     double_buffer: as asapmpi.Exchange (default True here: the parameters' storage
         alternates between the exchange's two buffers; the Parameter objects stay).
 
-    Creating, freeing and the first step are collective.  `iteration` counts optimizer
-    steps, including those a Hop worker skipped when it jumped ahead.  It is not a
-    torch.optim.Optimizer: give learning-rate schedulers `opt.optimizer`.
+    It is a torch.optim.Optimizer whose `param_groups`, `state` and `defaults` are the
+    wrapped optimizer's (the same objects): learning-rate schedulers and gradient
+    scalers take the wrapper itself.  A GradScaler that skips a step (inf gradients)
+    skips this rank's mix too, which its neighbours wait for: prefer bf16 autocast,
+    which needs no scaler.  Creating, freeing and the first step are collective.
+    `iteration` counts optimizer steps, including those a Hop worker skipped when it
+    jumped ahead.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, graph=None,
                  sync: str = "notify_ack", *, period: int = 1, mode: str = "serial",
-                 broadcast: bool = True, comm: Optional[MPI.Comm] = None, **exchange_options):
+                 broadcast: bool = True, comm: Optional[MPI.Comm] = None,
+                 model: Optional[torch.nn.Module] = None, buffers: str = "mix",
+                 **exchange_options):
+        if isinstance(optimizer, DecentralizedOptimizer):
+            raise ConfigError("optimizer is a DecentralizedOptimizer already; wrap the "
+                              "plain torch.optim optimizer once")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, got "
                               f"{type(optimizer).__name__}")
@@ -79,25 +144,48 @@ class DecentralizedOptimizer:
             raise ConfigError(f"period must be an integer >= 1, got {period!r}")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if buffers not in BUFFERS:
+            raise ConfigError(f"buffers must be one of {BUFFERS}, got {buffers!r}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self._init_hooks()
         self.optimizer = optimizer
         self.period = period
         self.mode = mode
+        self.buffers = buffers
         self.comm = MPI.COMM_WORLD if comm is None else comm
-        problem = None
+        problem, layout = None, None
         try:
-            self.flat = FlatParameters(p for g in optimizer.param_groups for p in g["params"])
+            trainable, self.frozen, mixed, side = _split(optimizer, model, buffers)
+            if mixed and mode == "parallel":
+                raise ConfigError("mode='parallel' computes while the buffer is being sent, "
+                                  "and a forward pass in train mode writes the model's "
+                                  "buffers (BatchNorm statistics): pass buffers='broadcast' "
+                                  "or 'local', or mode='serial'")
+            if buffers == "broadcast" and side and sync not in LOCKSTEP:
+                raise ConfigError(f"buffers='broadcast' is a collective at every mix, which "
+                                  f"sync={sync!r} lets ranks reach at different times; use "
+                                  f"buffers='mix' or 'local', or sync in {LOCKSTEP}")
+            check_cpu(self.frozen)
+            self.flat = FlatParameters(trainable, mixed)
+            self.side = PackedTensors(side)
+            layout = (self.side.nbytes, [tuple(p.shape) for p in self.frozen])
         except ConfigError as exc:
             problem = str(exc)
         # one rank's bad parameters or a period that differs across ranks must fail on
         # every rank, before the Exchange's own collective checks could wait for it
-        seen = self.comm.allgather((problem, period, mode))
-        for r, (p, _, _) in enumerate(seen):
+        seen = self.comm.allgather((problem, period, mode, buffers, layout))
+        for r, (p, *_) in enumerate(seen):
             if p:
                 raise ConfigError(p if r == self.comm.Get_rank() else f"rank {r}: {p}")
-        if len({(per, m) for _, per, m in seen}) > 1:
-            shown = ", ".join(f"rank {r}: period={per} mode={m}"
-                              for r, (_, per, m) in enumerate(seen))
-            raise ConfigError(f"every rank must pass the same period and mode; got {shown}")
+        if len({(per, m, b) for _, per, m, b, _ in seen}) > 1:
+            shown = ", ".join(f"rank {r}: period={per} mode={m} buffers={b}"
+                              for r, (_, per, m, b, _) in enumerate(seen))
+            raise ConfigError(f"every rank must pass the same period, mode and buffers; "
+                              f"got {shown}")
+        if len({repr(lay) for *_, lay in seen}) > 1:
+            raise ConfigError("the ranks' models differ in their frozen parameters or "
+                              "non-mixed buffers; build the same model on every rank")
         exchange_options.setdefault("double_buffer", True)
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
                                          **exchange_options)
@@ -106,23 +194,44 @@ class DecentralizedOptimizer:
             self.exchange.free()
             raise ConfigError(f"sync={sync!r} decides itself when each worker synchronizes: "
                               f"use period=1 and mode='serial'")
+        # the broadcasts of buffers get a communicator of their own: nothing else's
+        # collectives can interleave with them
+        self._side_comm = self.comm.Dup()
+        #: whether the buffers outside the flat one take rank 0's values at every mix
+        self.broadcast_each_mix = bool(self.side.tensors) and sync in LOCKSTEP
         if broadcast:
             broadcast_parameters(self.flat, self.exchange.comm)
+            for p in self.frozen:
+                _bcast_tensor(p, self._side_comm)
+            self.side.bcast(self._side_comm)
         self.iteration = 0
         self._sent = False
         self._bytes_before_send = 0
 
+    def _init_hooks(self) -> None:
+        # what torch.optim.Optimizer.__init__ sets up, but for parameter groups and state,
+        # which stay the wrapped optimizer's (that __init__ would build new ones)
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self._patch_step_function()
+
     # ------------------------------------------------------------------ training
 
-    @property
-    def param_groups(self):
-        """The wrapped optimizer's parameter groups (learning rates live here)."""
-        return self.optimizer.param_groups
+    # read and written through: the wrapped optimizer's load_state_dict replaces its
+    # lists, and a scheduler holding the wrapper must see the new ones
+    param_groups = _shared("param_groups", "The wrapped optimizer's parameter groups "
+                                           "(learning rates live here).")
+    state = _shared("state", "The wrapped optimizer's per-parameter state.")
+    defaults = _shared("defaults", "The wrapped optimizer's default hyperparameters.")
 
-    @property
-    def state(self):
-        """The wrapped optimizer's per-parameter state."""
-        return self.optimizer.state
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Refused: the exchange's buffer is laid out once, at creation."""
+        raise ConfigError("the exchange buffer is laid out when the DecentralizedOptimizer "
+                          "is created; add the group to the torch optimizer before wrapping")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients, as torch.optim.Optimizer.zero_grad."""
@@ -138,19 +247,21 @@ class DecentralizedOptimizer:
         if target % CHECK_EVERY == 1:
             # a parameter re-homed since (p.data = ...) would no longer mix; checking
             # loops over every parameter, so not on every step
-            self.flat.check()
+            self.check()
         # a parameter server only averages what its workers send: no optimizer step
         apply = self.optimizer.step if self.exchange.role != "server" else _no_step
         if self.mode == "serial":
             loss = apply(closure)
             if self._mixes(target):
                 self.flat.rehome(self.exchange.step())
+                self._mixed()
         else:
             if self._mixes(target):
                 if not self._sent:      # first iteration (or after a resume): send now
                     self.exchange.send()
                 # the gradients were computed on the sent buffer; Appl updates the result
                 self.flat.rehome(self.exchange.receive())
+                self._mixed()
                 self._sent = False
             loss = apply(closure)
             if self._mixes(target + 1):
@@ -166,6 +277,21 @@ class DecentralizedOptimizer:
             # a Hop worker that jumped ahead has completed more exchanges than steps
             self.iteration = max(self.iteration, self.exchange.version * self.period)
         return loss
+
+    def _mixed(self) -> None:
+        if self.broadcast_each_mix:
+            self.side.bcast(self._side_comm)
+
+    def check(self) -> None:
+        """Raise ConfigError if a tensor left the exchange's or the broadcast buffer, or
+        a frozen parameter (not exchanged) was unfrozen."""
+        self.flat.check()
+        self.side.check()
+        thawed = [tuple(p.shape) for p in self.frozen if p.requires_grad]
+        if thawed:
+            raise ConfigError(f"parameters of shapes {thawed} were frozen when the "
+                              f"DecentralizedOptimizer was created and are not exchanged; "
+                              f"create it after unfreezing them")
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -193,13 +319,14 @@ class DecentralizedOptimizer:
         self.exchange.load_state_dict(state["exchange"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = int(state["iteration"])
-        self.flat.check()
+        self.check()
 
     # ------------------------------------------------------------------ lifetime
 
     def free(self) -> None:
         """Free the exchange (collective); the parameters end in private memory."""
         self.exchange.free()
+        self._side_comm.Free()
         # free() copied the final values into the buffer the exchange was created with
         self.flat.rehome(self.flat.home)
         self.flat.forget_other_homes()

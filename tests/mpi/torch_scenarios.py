@@ -130,3 +130,107 @@ def torch_state_dict_has_exchange(comm, steps=5):
               "bytes_after": opt2.exchange.bytes_sent}
     opt2.free()
     return result
+
+
+class _TiedNet(torch.nn.Module):
+    """An embedding tied to the output layer, a frozen layer and BatchNorm."""
+
+    def __init__(self, vocab=16, dim=8):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.frozen = torch.nn.Linear(dim, dim)
+        self.frozen.requires_grad_(False)
+        self.norm = torch.nn.BatchNorm1d(dim)
+        self.out = torch.nn.Linear(dim, vocab, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.out(self.norm(torch.tanh(self.frozen(self.embed(tokens)))))
+
+
+def _tokens(rank, k, skew, vocab=16, batch=32):
+    # each rank draws mostly from its own quarter of the vocabulary: different data, so
+    # different BatchNorm statistics on every rank
+    g = torch.Generator().manual_seed(7000 * rank + k)
+    weights = torch.ones(vocab)
+    weights[4 * rank % vocab:4 * rank % vocab + 4] = skew
+    x = torch.multinomial(weights, batch, replacement=True, generator=g)
+    return x, (x * 3 + 1) % vocab
+
+
+def _flat_of(tensors):
+    return torch.cat([t.detach().double().reshape(-1) for t in tensors]).numpy().copy()
+
+
+def _spread(comm, tensors):
+    """Max over elements of (max - min across ranks)."""
+    every = np.array(comm.allgather(_flat_of(tensors)))
+    return float((every.max(axis=0) - every.min(axis=0)).max())
+
+
+def _train_tied(comm, buffers, steps, lr, gamma, skew):
+    """40 steps (AdamW, StepLR on the wrapper, clipping, bf16 autocast) of _TiedNet on
+    this rank's data; the checks and the spreads of the result."""
+    import warnings
+    rank = comm.Get_rank()
+    torch.manual_seed(rank)                      # different starts: the broadcast fixes
+    model = _TiedNet()
+    frozen0 = comm.bcast(model.frozen.weight.detach().clone(), root=0)
+    opt = DecentralizedOptimizer(torch.optim.AdamW(model.parameters(), lr=lr,
+                                                   weight_decay=0.01),
+                                 "ring", "notify_ack", comm=comm, model=model,
+                                 buffers=buffers)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=gamma)
+    float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+    w = opt.exchange.mixing
+    lrs, inner_lrs, mix_errors, tracked_equal = [], [], [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(1, steps + 1):
+            x, y = _tokens(rank, k, skew)
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(x)
+            torch.nn.functional.cross_entropy(logits.float(), y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            # replay: the step mixes the buffers the forward pass wrote as it mixes
+            # the parameters, W @ (everyone's buffers)
+            before = _flat_of(float_buffers)
+            expected = w[rank] @ np.array(comm.allgather(before), dtype=np.float64)
+            opt.step()
+            mix_errors.append(float(np.abs(_flat_of(float_buffers) - expected).max()))
+            tracked = int(model.norm.num_batches_tracked)
+            tracked_equal.append(tracked == comm.bcast(tracked, root=0))
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+            inner_lrs.append(opt.optimizer.param_groups[0]["lr"])
+            if k == steps // 2 and rank % 2:
+                with torch.no_grad():      # an extra train-mode forward on odd ranks
+                    model(_tokens(rank, 10_000 + k, skew)[0])
+    flo, nbytes = opt.flat.tensor.data_ptr(), opt.flat.nbytes
+    result = {
+        "mix_errors": mix_errors, "tracked_equal": tracked_equal,
+        "buffers_spread": _spread(comm, float_buffers),
+        "params_spread": _spread(comm, [model.embed.weight, model.norm.weight,
+                                        model.norm.bias]),
+        "lrs": lrs, "inner_lrs": inner_lrs,
+        "scheduler_warnings": [str(w.message) for w in caught
+                               if "lr_scheduler" in str(w.filename)],
+        "batches_tracked": int(model.norm.num_batches_tracked),
+        "batches_tracked_0": int(comm.bcast(int(model.norm.num_batches_tracked), root=0)),
+        "tied": model.out.weight is model.embed.weight,
+        "tied_in_flat": sum(p is model.embed.weight for p in opt.flat.params),
+        "frozen_in_flat": any(p is model.frozen.weight for p in opt.flat.params),
+        "frozen_unchanged": bool(torch.equal(model.frozen.weight, frozen0)),
+        "frozen_spread": _spread(comm, [model.frozen.weight, model.frozen.bias]),
+        "buffers_in_flat": all(flo <= b.data_ptr() < flo + nbytes for b in float_buffers),
+        "dtype": str(model.embed.weight.dtype),
+    }
+    opt.free()
+    return result
+
+
+def torch_tied_batchnorm_frozen(comm, steps=40, lr=0.02, gamma=0.8, skew=3.0):
+    """_train_tied with buffers mixed (the default) and, from the same start, left local."""
+    return {buffers: _train_tied(comm, buffers, steps, lr, gamma, skew)
+            for buffers in ("mix", "local")}
