@@ -108,6 +108,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "png", None):      # before any rank starts or any work is done
+            from .extras import check
+
+            check(["matplotlib"], "plot", "--png")
         if args.command == "bench" and args.bench == "zipline":
             from .bench import zipline as bench_zipline
 
@@ -149,7 +153,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
-    from .launch import inside_mpi_job, relaunch
+    from .ranks import inside_mpi_job, relaunch
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
@@ -177,7 +181,7 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
 
 def _is_rank_zero() -> bool:
-    from .launch import inside_mpi_job
+    from .ranks import inside_mpi_job
 
     if not inside_mpi_job():
         return True

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
-from .launch import active_message_rma, network_forced
+from .ranks import active_message_rma, network_forced
 
 SMOKE_TAG = "ASAPMPI-DOCTOR"
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         from .errors import ConfigError
 
         raise ConfigError(f"--json {args.json}: not a file in an existing folder")
-    from .launch import NETWORK_PATH_ENV, find_mpiexec
+    from .ranks import NETWORK_PATH_ENV, find_mpiexec
 
     checks = library_checks()
     env = dict(os.environ)

@@ -36,7 +36,7 @@ from . import _core, collectives
 from ._core.segments import SharedSegments
 from .errors import ConfigError, FreedError, NonFiniteError
 from .faults import install_abort_hook
-from .launch import check_world_size, network_forced
+from .ranks import check_world_size, network_forced
 from .rc import max_transfer, rc
 from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph

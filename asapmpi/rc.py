@@ -86,7 +86,7 @@ def max_transfer() -> int:
     """The payload piece size in bytes that rc.max_transfer asks for (0: automatic)."""
     if rc.max_transfer:
         return rc.max_transfer
-    from .launch import active_message_rma
+    from .ranks import active_message_rma
 
     if active_message_rma():
         return AM_RMA_MAX_TRANSFER

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asapmpi.launch import NATIVE_TCP_RMA_ENV, NETWORK_PATH_ENV
+from asapmpi.ranks import NATIVE_TCP_RMA_ENV, NETWORK_PATH_ENV
 
 RUNNER = Path(__file__).parent / "mpi" / "run.py"
 RESULT_TAG = "ASAPMPI-RESULT"

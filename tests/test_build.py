@@ -167,7 +167,8 @@ def test_site_mpi_build(tmp_path):
 
 @pytest.mark.timeout(1500)
 def test_isolated_pip_install(tmp_path):
-    """A fresh venv and a plain `pip install <repo>`: the fresh-machine path.
+    """A fresh venv and a plain `pip install <repo>`: the fresh-machine path, with the
+    core's dependencies only (no extra).
 
     The build environment, with the mpich wheel it pulled in, is deleted when pip is done;
     the installed extension must find libmpi through the venv, not through that folder.
@@ -205,6 +206,18 @@ def test_isolated_pip_install(tmp_path):
     proc = run([vbin / "mpiexec", "-n", "2", vbin / "python", "-c", RING_SMOKE],
                timeout=180, cwd=tmp_path, env=env)
     assert proc.stdout.strip() == "ring ok [0, 1]", proc.stdout
+
+    # The venv holds the core's dependencies only (mpi4py, NumPy, h5py, the mpich wheel):
+    # the training command names its extra in one line, before launching anything.
+    absent = run([vbin / "python", "-c", "import importlib.util as u; print([m for m in "
+                  "('torch', 'sklearn', 'scipy', 'matplotlib', 'tqdm') if u.find_spec(m)])"],
+                 timeout=60, cwd=tmp_path, env=env).stdout.strip()
+    assert absent == "[]", absent
+    train = subprocess.run([str(vbin / "asapmpi"), "train", "svm", "-n", "2"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+                           check=False)
+    assert train.returncode == 2 and train.stderr.count("\n") == 1, train.stderr
+    assert "pip install 'asapmpi[train]'" in train.stderr, train.stderr
 
 
 def test_abi_mismatch_is_a_clear_error(tmp_path):

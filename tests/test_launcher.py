@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from asapmpi.errors import ConfigError
-from asapmpi.launcher import command, flavour
+from asapmpi.run_cli import command, flavour
 
 from mpilaunch import run
 
@@ -116,8 +116,9 @@ def test_doctor_fails_when_the_smoke_test_fails(tmp_path, monkeypatch, capsys):
     name, ok, detail = doctor._smoke_checks(broken, dict(os.environ))[0]
     assert name == "2-rank smoke test" and ok is False and "exit 3" in detail
     monkeypatch.setattr(doctor, "_smoke_checks", lambda *a: [(name, ok, detail)])
-    args = argparse.Namespace(smoke=False, json=None, network=False)
-    assert doctor.run(args) == 1
+    parser = argparse.ArgumentParser()
+    doctor.add_arguments(parser)               # every option at its default
+    assert doctor.run(parser.parse_args([])) == 1
     assert "FAIL  2-rank smoke test" in capsys.readouterr().out
 
 

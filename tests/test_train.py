@@ -207,7 +207,7 @@ def test_svm_on_a_wide_libsvm_file_uses_sparse_batches(tmp_path):
     ds = data.synthetic_svm(n_train=8192, n_test=1024, n_features=10000, density=0.004, seed=3)
     for name, x, y in (("w.train", ds.x_train, ds.y_train), ("w.test", ds.x_test, ds.y_test)):
         with open(tmp_path / name, "w") as f:
-            for i in range(len(x)):
+            for i in range(x.shape[0]):
                 lo, hi = x.indptr[i], x.indptr[i + 1]
                 pairs = " ".join(f"{c + 1}:{v:.7g}" for c, v in zip(x.indices[lo:hi],
                                                                    x.data[lo:hi]))

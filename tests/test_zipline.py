@@ -13,7 +13,7 @@ import pytest
 
 from asapmpi.bench import zipline as bench
 from asapmpi.errors import ConfigError
-from asapmpi.sync.elastic import full_gridscan, gridscan, predict_ends, zipline
+from asapmpi.sync.zipline import full_gridscan, gridscan, predict_ends, zipline
 
 ALGORITHMS = (zipline, gridscan, full_gridscan)
 
@@ -99,7 +99,11 @@ def test_zipline_tie_break_prefers_earliest_barrier_then_smallest_indices():
 
 def test_zipline_matches_an_independent_sweep_at_larger_sizes():
     rng = np.random.default_rng(3)
-    for n, r in [(50, 30), (200, 20), (7, 300)]:
+    for n, r in [(1000, 150), (50, 30), (200, 20), (7, 300)]:
+        uniform = bench.random_sorted_ends(n, r, rng)    # every row over the same range
+        choice = zipline(uniform)
+        check_consistent(uniform, choice)
+        assert (choice.spread, choice.barrier) == heap_sweep(uniform)
         ends = bench.generate_ends(n, r, rng)        # workers of different speeds
         choice = zipline(ends)
         check_consistent(ends, choice)
@@ -162,7 +166,7 @@ def test_gridscan_designated_row_and_closest_point_rules():
 
 
 def test_benchmark_reports_the_gridscan_gap(monkeypatch):
-    monkeypatch.setattr(bench, "generate_ends",
+    monkeypatch.setitem(bench.INPUTS, "realistic",
                         lambda n, r, rng: np.array([[0.0, 1.0], [7.0, 9.0], [0.0, 4.0]]))
     (row,) = bench.measure([3], [2], repeats=1, seed=0, budget=20)
     assert row["optimal_spread"] == 6.0
@@ -244,6 +248,17 @@ def test_benchmark_run_on_a_tiny_grid(tmp_path, capsys):
         assert res["gap"] >= 0 and res["spread"] >= row["optimal_spread"]
     assert row["algorithms"]["zipline"]["gap"] == 0
     assert report["goal"]["status"] == "not measured" and report["ok"] is True
+
+
+def test_benchmark_random_sorted_rows_input(tmp_path, capsys):
+    args = tiny_args(tmp_path, "--input", "random")
+    assert bench.run(args) == 0
+    assert "input: random" in capsys.readouterr().out
+    report = json.loads((tmp_path / "z.json").read_text())
+    assert report["input"] == "random"
+    assert report["results"][0]["algorithms"]["zipline"]["gap"] == 0
+    ends = bench.random_sorted_ends(5, 4, np.random.default_rng(0))
+    assert ends.shape == (5, 4) and (np.diff(ends, axis=1) >= 0).all()
 
 
 def test_benchmark_goal_pass_and_fail(tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ import asapmpi
 from asapmpi import Exchange
 from asapmpi._core import kernels
 from asapmpi.faults import abort_world
-from asapmpi.launch import network_forced
+from asapmpi.ranks import network_forced
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 DEGREES = (1, 2, 4)

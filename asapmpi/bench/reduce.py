@@ -48,12 +48,11 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import AsapError, ConfigError
+from ..errors import ConfigError
 from .core import format_time, parse_sizes, positive, render_table, size_label
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -164,35 +163,26 @@ def spec_of(args: argparse.Namespace) -> Dict[str, Any]:
 
 def run_jobs(args: argparse.Namespace) -> List[Dict[str, Any]]:
     """One mpiexec job per (path, ranks); their results in that order."""
-    from ..launch import NETWORK_PATH_ENV, find_mpiexec
+    from ..ranks import run_job
 
-    spec = json.dumps(spec_of(args))
+    spec = spec_of(args)
     jobs = []
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-reduce-") as tmp:
         for path in args.paths:
             for n in args.ranks:
-                out = os.path.join(tmp, f"{path}-{n}.json")
-                env = dict(os.environ, ASAPMPI_EXPECTED_SIZE=str(n),
-                           MPIEXEC_TIMEOUT=str(math.ceil(args.job_timeout)))
-                if path == "net":
-                    env.update(NETWORK_PATH_ENV)
-                cmd = [find_mpiexec(), "-n", str(n), sys.executable, "-m",
-                       "asapmpi.bench.reduce_job", spec, out]
                 if args.verbose:
                     print(f"[asapmpi bench reduce] {PATHS[path]}, {n} ranks", file=sys.stderr,
                           flush=True)
-                code = subprocess.call(cmd, env=env)
-                if code != 0 or not os.path.exists(out):
-                    raise AsapError(f"the {PATHS[path]} job on {n} ranks failed (exit code "
-                                    f"{code}); its errors are above")
-                with open(out) as f:
-                    jobs.append(json.load(f))
+                jobs.append(run_job("asapmpi.bench.reduce_job", n, spec,
+                                    os.path.join(tmp, f"{path}-{n}.json"),
+                                    f"the {PATHS[path]} job on {n} ranks",
+                                    network=path == "net", timeout=args.job_timeout))
     return jobs
 
 
 def run(args: argparse.Namespace) -> int:
     """Measure, print the report and the verdicts, write --json and --png."""
-    from ..launch import inside_mpi_job
+    from ..ranks import inside_mpi_job
 
     check(args)
     if inside_mpi_job():
@@ -400,8 +390,7 @@ def draw(report: Dict[str, Any], path: str) -> str:
         for r in rows:
             x = math.log2(r["size"] / 1024)
             if r["policy"] == MAIN_POLICY:
-                # the plot font has no '@': "notify_ack ring"
-                xs, ys = series.setdefault(f"{MAIN_POLICY} {r['graph']}", ([], []))
+                xs, ys = series.setdefault(f"{MAIN_POLICY}@{r['graph']}", ([], []))
                 xs.append(x)
                 ys.append(r["x_allreduce"])
             if r["policy"] == MAIN_POLICY and r["graph"] == MAIN_GRAPH:

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any, Dict, List
 
 import numpy as np
 
-from ..errors import AsapError, ConfigError
+from ..errors import ConfigError
 from ..rc import rc
 from .core import parse_sizes
 
@@ -98,27 +96,17 @@ def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 def run_jobs(args: argparse.Namespace, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One mpiexec job per run; their results in order."""
-    from ..launch import NETWORK_PATH_ENV, find_mpiexec
+    from ..ranks import run_job
 
     results = []
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-soak-") as tmp:
         for i, spec in enumerate(runs):
-            out = os.path.join(tmp, f"run{i}.json")
-            env = dict(os.environ, ASAPMPI_EXPECTED_SIZE=str(args.ranks),
-                       MPIEXEC_TIMEOUT=str(math.ceil(args.job_timeout)))
-            if args.network:
-                env.update(NETWORK_PATH_ENV)
-            job = dict(spec, folder=tmp)
-            cmd = [find_mpiexec(), "-n", str(args.ranks), sys.executable, "-m",
-                   "asapmpi.bench.soak_job", json.dumps(job), out]
             print(f"[asapmpi bench soak] {spec['label']}: {args.ranks} ranks, "
                   f"{spec['steps']} steps", file=sys.stderr, flush=True)
-            code = subprocess.call(cmd, env=env)
-            if code != 0 or not os.path.exists(out):
-                raise AsapError(f"the soak of {spec['label']} failed (exit code {code}); "
-                                f"its errors are above")
-            with open(out) as f:
-                results.append(json.load(f))
+            results.append(run_job("asapmpi.bench.soak_job", args.ranks,
+                                   dict(spec, folder=tmp), os.path.join(tmp, f"run{i}.json"),
+                                   f"the soak of {spec['label']}", network=args.network,
+                                   timeout=args.job_timeout))
     return results
 
 

@@ -6,7 +6,7 @@ from .allreduce import Allreduce
 from .backup_ps import BackupPS
 from .base import Policy, StepContext
 from .baselines import BSP, Async
-from .elastic_bsp import ElasticBSP
+from .elastic import ElasticBSP
 from .gossip import Gossip
 from .hop import Hop
 from .notify_ack import NotifyAck, NotifyAckIgnoringAcks

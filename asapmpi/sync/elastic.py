@@ -1,323 +1,154 @@
-"""ElasticBSP barrier selection (Zhao et al., "Elastic Bulk Synchronous Parallel", ICDM'19).
+"""ElasticBSP (Zhao et al., ICDM'19) on a parameter server: the server picks every
+worker's next barrier with ZipLine so that the workers arrive together.
 
-ElasticBSP lets every worker run freely and imposes the next synchronization barrier at
-the moment when the workers' iterations end closest together.  Given, for each of n
-workers, its next R predicted iteration end timestamps (an n x R matrix ``ends``, row p
-non-decreasing), pick one timestamp per row so that the spread
-``d_Z = max(Z) - min(Z)`` (the fastest worker's wait for the slowest, Sec. III) is
-minimal.  Worker p then synchronizes after ``index[p] + 1`` more iterations, and the
-barrier is at ``max(Z)``.
+Superstep s on a star around the server:
 
-Algorithms (Sec. IV, Table I and II of the paper):
+  worker: runs `assigned` local optimizer steps (no communication), timing each; then
+          reports its mean iteration interval (an int64 of nanoseconds, one word at the
+          server) and puts its parameters tagged s (ordered write, notify s); waits for
+          theta(s), reads it (verified) and the two words the server wrote into its
+          window before that put: its next `assigned` count and the global iteration
+          count G;
+  server: waits for every worker's s (a barrier: this is BSP), theta(s) = their mean;
+          predicts each worker's next R iteration ends from its interval (all start
+          together when theta(s) arrives: ends[w] = interval[w] * (1..R)) and runs
+          ZipLine: worker w gets index[w] + 1 local iterations; writes them and G into
+          every worker's words, then puts theta(s) (notify s).
 
-* :func:`zipline`: exact.  The paper's sweep (Algorithm 2) is O(R n^2); this one is the
-  "smallest range covering n sorted lists" sweep, vectorized: O(nR log(nR)) for one sort
-  of the nR points, then O(nR) NumPy passes (see the function's docstring).
-* :func:`gridscan`: the paper's heuristic (Algorithm 1), O(R^2 n) in the paper, one
-  vectorized pass here.  It can miss the optimum: that is the point of the comparison.
-* :func:`full_gridscan`: GridScan with every row designated in turn (the paper's
-  "optimized brute force"), O(R^2 n^2).  It is NOT always optimal, see its docstring.
-* :func:`predict_ends`: the paper's predictor of future iteration ends.
-
-Choices where the paper is silent or ambiguous (each is tested in tests/test_zipline.py):
-
-* Ties between optimal sets: the earliest barrier (smallest max) wins, then the
-  smallest index of every worker.  This agrees with the paper's Fig. 3 ("the first
-  minimum d_Z is selected", scanning the timeline from the left).  Since an optimal
-  set's window [barrier - spread, barrier] is then fixed, taking every worker's first
-  timestamp in that window gives the index vector that is smallest in every component,
-  hence also lexicographically.
-* Spreads are compared as computed in float64 (``max - min``); a brute force doing the
-  same arithmetic finds the same set.
-* GridScan's "closest point" of a row to a designated timestamp e: of e's two
-  neighbours in the row (the last point < e and the first point >= e) the nearer one,
-  the earlier one if both are equally near; among equal timestamps in a row the first.
-  This is ``argmin |row - e|`` (first index on ties) up to float rounding of the
-  distances.
-* GridScan's designated row is the one with the earliest first timestamp (line 4 of
-  Algorithm 1), the lowest worker index on ties.  Among the R (GridScan) or nR
-  (FullGridScan) candidate sets the same rule as above picks one: the smallest spread,
-  then the earliest barrier, then the earliest designated timestamp.  Algorithm 1's
-  lines 12-14 look nested in the per-worker loop in the extracted text, which would
-  score incomplete sets; only complete sets (one point per worker) are scored here.
+G counts iterations as the mean number of local steps per worker (total // workers);
+every rank's exchange version is G, so a loop `while version < iters` ends on every
+rank after the same superstep.  No slot can be overwritten while read: a worker writes
+s + 1 only after reading theta(s), which the server publishes only after reading all
+of s; the server writes theta(s + 1) only after every worker sent s + 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+import time
+from collections import deque
+from typing import Dict
 
 import numpy as np
 
 from ..errors import ConfigError
+from . import zipline
+from .base import Policy, StepContext, server_star
 
-__all__ = ["Choice", "full_gridscan", "gridscan", "predict_ends", "zipline"]
-
-
-@dataclass(frozen=True, eq=False)
-class Choice:
-    """A barrier choice: one predicted iteration end per worker.
-
-    ``index[p]``: 0-based index into worker p's row (it synchronizes after ``index[p] + 1``
-    more iterations); ``times[p] = ends[p, index[p]]``; ``spread = max(times) -
-    min(times)``, the waiting spread d_Z the paper minimizes; ``barrier = max(times)``,
-    when every worker has reached the barrier.  The arrays are read-only; choices do
-    not define ``==`` (compare their fields).
-    """
-
-    index: np.ndarray
-    times: np.ndarray
-    spread: float
-    barrier: float
+ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
+              "full_gridscan": zipline.full_gridscan}
+#: the server's words: one interval per rank; a worker's: [assigned count, G]
+_COUNT, _GLOBAL = 0, 1
 
 
-def _choice(ends: np.ndarray, index: np.ndarray) -> Choice:
-    index = np.asarray(index, dtype=np.int64)
-    times = ends[np.arange(ends.shape[0]), index]
-    index.setflags(write=False)
-    times.setflags(write=False)
-    hi = float(times.max())
-    return Choice(index=index, times=times, spread=hi - float(times.min()), barrier=hi)
+class ElasticBSP(Policy):
+    """Options: R (lookahead, >= 1, default 15), server (rank, default 0), algorithm
+    ("zipline", "gridscan" or "full_gridscan"), window (intervals averaged, >= 1)."""
 
+    name = "elastic"
+    #: the exchange's version is the global iteration count G, also between supersteps
+    global_iterations = True
 
-def _validate_ends(ends) -> np.ndarray:
-    """``ends`` as a C-contiguous float64 n x R array, or ConfigError saying what to fix."""
-    try:
-        m = np.ascontiguousarray(ends, dtype=np.float64)      # no copy if it is one
-    except (TypeError, ValueError):
-        raise ConfigError("ends must be an n x R array of numbers (one row of predicted "
-                          "iteration end times per worker)") from None
-    if m.ndim != 2:
-        raise ConfigError(f"ends must be 2-D, n workers x R predicted ends; got shape "
-                          f"{m.shape}")
-    if m.shape[0] < 1 or m.shape[1] < 1:
-        raise ConfigError(f"ends needs at least 1 worker and 1 predicted end; got shape "
-                          f"{m.shape}")
-    if not np.isfinite(m).all():
-        raise ConfigError("ends must be finite; remove NaN/inf predictions (worker "
-                          f"{int(np.flatnonzero(~np.isfinite(m).all(axis=1))[0])})")
-    bad = m[:, 1:] < m[:, :-1]
-    if bad.any():
-        p = int(np.flatnonzero(bad.any(axis=1))[0])
-        raise ConfigError(f"each row of ends must be non-decreasing; sort worker {p}'s "
-                          "predicted end times")
-    return m
+    def __init__(self, R: int = 15, server: int = 0, algorithm: str = "zipline",
+                 window: int = 5):
+        for label, value, low in (("R", R, 1), ("server", server, 0), ("window", window, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < low:
+                raise ConfigError(f"elastic option {label} must be an integer >= {low}, "
+                                  f"got {value!r}")
+        if algorithm not in ALGORITHMS:
+            raise ConfigError(f"elastic option algorithm must be one of {sorted(ALGORITHMS)}, "
+                              f"got {algorithm!r}")
+        self.R, self.server, self.algorithm, self.window = int(R), int(server), algorithm, \
+            int(window)
+        self.layouts = None                 # every rank's window layout (set by Exchange)
 
+    def options(self) -> Dict[str, object]:
+        """The options, as every rank must have given them."""
+        return {"R": self.R, "server": self.server, "algorithm": self.algorithm,
+                "window": self.window}
 
-def _order_keys(flat: np.ndarray) -> np.ndarray:
-    """int64 keys with the order of the float64 values (finite values, -0.0 == 0.0).
+    def topology(self, n: int):
+        """A star around the server."""
+        return server_star(self.name, self.server, n)
 
-    NumPy's argsort of int64 is several times faster than of float64 here (SIMD sort):
-    the sign-magnitude float bits become two's complement integers.
-    """
-    bits = (flat + 0.0).view(np.int64)          # + 0.0 turns -0.0 into +0.0
-    keys = bits >> 63                           # in place: fewer large temporaries
-    keys &= np.int64(0x7FFFFFFFFFFFFFFF)
-    keys ^= bits
-    return keys
+    def role(self, rank: int) -> str:
+        """"server" or "worker"."""
+        return "server" if rank == self.server else "worker"
 
+    def user_words(self, rank: int, n: int) -> int:
+        """Words of control data in `rank`'s window (see the module docstring)."""
+        return n if rank == self.server else 2
 
-# --------------------------------------------------------------------------- ZipLine
+    def start(self) -> None:
+        """Superstep 1 is plain BSP: one local step each (no interval is known yet)."""
+        self._ends = deque([time.monotonic()], maxlen=self.window + 1)
+        self._local, self._assigned, self._superstep = 0, 1, 0
+        self._global, self._total, self._pending = 0, 0, False
+        self.supersteps = self.table("supersteps")
 
+    # ------------------------------------------------------------------ worker
 
-def zipline(ends) -> Choice:
-    """ZipLine (Algorithm 2): the optimal barrier, one predicted end per worker with the
-    smallest spread max - min; ties: earliest barrier, then smallest indices.
+    def send(self, win, buf, version: int, ctx: StepContext) -> None:
+        """A local step ended; at the assigned count, report and put (superstep s)."""
+        if win.rank == self.server:
+            return
+        self._ends.append(time.monotonic())
+        self._local += 1
+        if self._local < self._assigned:
+            return
+        interval = float(np.mean(np.diff(np.array(self._ends))))
+        win.accumulate_word(self.server, self.layouts[self.server].user_disp(win.rank),
+                            max(1, int(interval * 1e9)))
+        self._superstep += 1
+        win.put(buf, self._superstep, self._superstep, checksum=ctx.checksum)
+        self._pending = True
 
-    Method (exact, the "smallest range covering n sorted lists" sweep without a Python
-    loop).  Merge the points into one sorted order (one argsort, O(nR log(nR))).  Take
-    the point at sorted position j as the window's minimum: the best window starting
-    there ends at H(j) = max over workers q of the position of q's first point at or
-    after j.  Write prev(x) for the position of the point before x in its own row (-1
-    for a row's first point).  A point x with prev(x) < j is either before j or some
-    row's first point at or after j, and no other point has prev(x) < j; so, when every
-    row has a point at or after j,
+    def receive(self, win, buf, version: int, ctx: StepContext) -> int:
+        """Worker: after a put, theta(s), the next count and G.  Server: a superstep."""
+        if win.rank == self.server:
+            return self._serve(win, buf, ctx)
+        if not self._pending:
+            return self._global
+        s = self._superstep
+        win.wait_notifies(s, ctx.timeout)
+        win.reduce(buf, 0.0, np.ones(1), s, s, s, checksum=ctx.checksum, require_all=True)
+        own = self.layouts[win.rank]
+        self._assigned = int(win.local_word(own.user_disp(_COUNT)))
+        self._global = int(win.local_word(own.user_disp(_GLOBAL)))
+        self._local, self._pending = 0, False
+        self._ends = deque([time.monotonic()], maxlen=self.window + 1)
+        self.supersteps.append((s, self._global, self._assigned))
+        return self._global
 
-        H(j) = max{pos(x) : prev(x) + 1 <= j},
+    # ------------------------------------------------------------------ server
 
-    a running maximum over an array A with A[prev(x) + 1] = pos(x) (positions are
-    distinct, so no two points share a slot).  Valid j are those <= min over rows of the
-    last point's position.  Then spread(j) = v[H(j)] - v[j] for the sorted values v, and
-    the first argmin is the answer: H is non-decreasing in j, so the first minimal
-    spread also has the earliest barrier, and every worker's first point >= v[j] gives
-    the smallest indices.
+    def _serve(self, win, buf, ctx: StepContext) -> int:
+        s = self._superstep = self._superstep + 1
+        waited = time.monotonic()
+        win.wait_notifies(s, ctx.timeout)
+        waited = time.monotonic() - waited
+        workers = win.n_in
+        win.reduce(buf, 0.0, np.full(workers, 1.0 / workers), s, s, s,
+                   checksum=ctx.checksum, require_all=True)
+        # the counts of superstep s were assigned at s - 1 (1 each for the first)
+        self._total += int(np.sum(self._counts)) if s > 1 else workers
+        self._global = self._total // workers
+        own = self.layouts[win.rank]
+        ranks = win.in_ranks
+        intervals = np.array([win.local_word(own.user_disp(r)) for r in ranks], float) / 1e9
+        ends = intervals[:, None] * np.arange(1, self.R + 1)[None, :]
+        choice = ALGORITHMS[self.algorithm](ends)
+        self._counts = np.asarray(choice.index) + 1
+        for r, count in zip(ranks, self._counts):
+            theirs = self.layouts[r]
+            win.accumulate_word(r, theirs.user_disp(_COUNT), int(count))
+            win.accumulate_word(r, theirs.user_disp(_GLOBAL), self._global)
+        win.put(buf, s, s, checksum=ctx.checksum)
+        self.supersteps.append((s, self._global, waited, float(choice.spread),
+                                *self._counts.tolist()))
+        return self._global
 
-    Details.  Points after a row's first point >= min(last points) can be in no valid
-    window (no window can start after the earliest last point), so they are dropped
-    before sorting: about half the points for workers of different speeds.  Equal
-    timestamps may be sorted in any order, within a row or across rows: at the first
-    sorted copy j of a value, the positions before j hold exactly the smaller values,
-    so prev(x) < j means "x's predecessor in its row is earlier than v[j]", and the
-    formula gives the exact H(j); a later copy of the value gets a later-or-equal H and
-    loses the tie.  The floats are sorted as order-preserving int64 keys, which NumPy
-    argsorts several times faster.  Total O(nR log(nR)) in a dozen NumPy passes: about
-    1.5 ms for n=1000, R=150 on an idle core with the benchmark's workers of different
-    speeds, 5-6 ms when no point can be dropped (equal speeds); the paper reports
-    2.38 s for its O(R n^2) version.
-    """
-    m = _validate_ends(ends)
-    r = m.shape[1]
-    keep = (m < m[:, -1].min()).sum(axis=1) + 1       # <= r: the row's last point counts
-    stops = np.cumsum(keep)
-    flat = m.ravel() if stops[-1] == m.size else m[np.arange(r) < keep[:, None]]
-    firsts, lasts = stops - keep, stops - 1             # row boundaries in flat
-    order = np.argsort(_order_keys(flat))   # unstable: equal timestamps in any order
-    values = flat[order]
-    size = flat.size
-    dtype = np.int32 if size < 2**31 - 1 else np.int64  # half the memory traffic
-    pos = np.empty(size, dtype=dtype)
-    pos[order] = np.arange(size, dtype=dtype)
-    reach = np.empty(size + 1, dtype=dtype)
-    # A[prev(x) + 1] = pos(x).  The pairs (last of row q - 1, first of row q) land in the
-    # slot after a row's last point, as do the unwritten slots: all at or beyond `valid`
-    reach[pos[:-1] + 1] = pos[1:]
-    reach[0] = pos[firsts].max()
-    valid = int(pos[lasts].min()) + 1
-    high = np.maximum.accumulate(reach[:valid])
-    spread = values[high] - values[:valid]
-    lo = values[int(np.argmin(spread))]
-    # every worker's first point >= lo: componentwise the smallest optimal indices
-    return _choice(m, (m < lo).sum(axis=1))
-
-
-# --------------------------------------------------------------- GridScan, FullGridScan
-
-
-def _closest_index(m: np.ndarray, e: float) -> np.ndarray:
-    """Per row, the index of the point closest to ``e`` (the module's tie rules)."""
-    n, r = m.shape
-    rows = np.arange(n)
-    k = (m < e).sum(axis=1)                     # first point >= e (first of its value)
-    left = m[rows, np.maximum(k - 1, 0)]
-    right = m[rows, np.minimum(k, r - 1)]
-    use_left = (k == r) | ((k > 0) & (e - left <= right - e))
-    left_first = (m < left[:, None]).sum(axis=1)        # first of equal timestamps
-    return np.where(use_left, left_first, k)
-
-
-def _closest_extremes(m: np.ndarray, queries: np.ndarray, cells: int = 1_000_000):
-    """For each query e (``queries`` sorted), max and min over rows of the row's closest
-    point to e: the barrier and the first arrival of the set built around e.
-
-    No Python loop over rows: for a chunk of C sorted queries, t = searchsorted(chunk,
-    point, 'right') says that point < e_j iff j >= t, so a per-row histogram of t,
-    cumulated, gives k[q, j] = #{points of row q < e_j} for all rows at once (n x C).
-    Chunks keep n x C near ``cells``.
-    """
-    n, r = m.shape
-    flat = m.ravel()
-    row_base = np.repeat(np.arange(n, dtype=np.intp), r)
-    chunk = max(1, cells // n)
-    highs = np.empty(queries.size)
-    lows = np.empty(queries.size)
-    for start in range(0, queries.size, chunk):
-        e = queries[start:start + chunk]
-        c = e.size
-        t = np.searchsorted(e, flat, side="right")
-        hist = np.bincount(row_base * (c + 1) + t, minlength=n * (c + 1)).reshape(n, c + 1)
-        k = np.cumsum(hist[:, :c], axis=1)
-        left = np.take_along_axis(m, np.maximum(k - 1, 0), axis=1)
-        right = np.take_along_axis(m, np.minimum(k, r - 1), axis=1)
-        use_left = (k == r) | ((k > 0) & (e - left <= right - e))
-        closest = np.where(use_left, left, right)
-        highs[start:start + c] = closest.max(axis=0)
-        lows[start:start + c] = closest.min(axis=0)
-    return highs, lows
-
-
-def _best_designated(m: np.ndarray, queries: np.ndarray) -> Choice:
-    """The best set built around one of ``queries`` (sorted): smallest spread, then
-    earliest barrier, then earliest query."""
-    highs, lows = _closest_extremes(m, queries)
-    spread = highs - lows
-    tied = spread == spread.min()
-    best = int(np.flatnonzero(tied & (highs == highs[tied].min()))[0])
-    return _choice(m, _closest_index(m, float(queries[best])))
-
-
-def gridscan(ends) -> Choice:
-    """GridScan (Algorithm 1), the paper's heuristic: designate the row with the earliest
-    first timestamp; for each of its R points, build the set of every other row's closest
-    point to it; return the set with the smallest spread (ties: earliest barrier, then
-    earliest designated point).
-
-    Not optimal: it only builds sets around the designated row's points, and a row's
-    closest point to e may lie on the wrong side of e.  Example: rows [0, 1], [7, 9],
-    [0, 4]; the first row is designated (earliest first timestamp, lowest index on the
-    tie with the third); around 0 the set is {0, 7, 0}, around 1 it is {1, 7, 0}
-    (|0 - 1| < |4 - 1|): spread 7 both (the first is returned), while {1, 7, 4} has
-    spread 6.  Vectorized: one pass, no loop over rows.
-    """
-    m = _validate_ends(ends)
-    designated = int(np.argmin(m[:, 0]))        # line 4 of Algorithm 1; first on ties
-    return _best_designated(m, m[designated])
-
-
-def full_gridscan(ends) -> Choice:
-    """FullGridScan: GridScan with every row designated in turn (Algorithm 1 without line
-    4), the best of the nR sets (ties: smallest spread, earliest barrier, earliest
-    designated timestamp).  O(R^2 n^2) in the paper; here the set built around a point
-    depends only on its timestamp, so each distinct timestamp is scanned once, in chunks
-    (O(n^2 R log R) work, memory bounded).
-
-    The paper calls it an optimized brute force, but it is NOT always optimal: around
-    each point it takes every row's closest point, which may lie on the far side from
-    the rest of the optimal set.  A smallest counterexample (exhaustive search over
-    4 x 2 integer matrices): rows [0, 1], [0, 3], [1, 4], [3, 4].
-    The optimum is {1, 3, 1, 3}, spread 2; the sets built around 0, 1, 3, 4 are
-    {0, 0, 1, 3}, {1, 0, 1, 3} (0 is nearer 1 than 3 is), {1, 3, 4, 3} (4 is nearer 3
-    than 1 is), {1, 3, 4, 4}: spread 3 each.  It is optimal for n <= 3: around the
-    middle point b of an optimal set a <= b <= c, the other rows' closest points lie in
-    [a, 2b - a] and [2b - c, c], so the set's spread is at most c - a.
-    """
-    m = _validate_ends(ends)
-    return _best_designated(m, np.unique(m))
-
-
-# ------------------------------------------------------------------------- prediction
-
-
-def predict_ends(history: Sequence, R: int, now: Optional[float] = None,
-                 window: int = 5) -> np.ndarray:
-    """Predict every worker's next ``R`` iteration end times (an n x R array for
-    :func:`zipline`) from its recent end timestamps.
-
-    ``history[p]``: worker p's most recent iteration end timestamps, oldest first, at
-    least 2.  The paper predicts "future intervals ... based on their most recent
-    intervals, assuming a stable environment" (Sec. II, III) without a formula; here a
-    worker's interval is the mean of its last ``window`` intervals (fewer if the history
-    is shorter; ``window=1`` is "the most recent interval"), and its predicted ends are
-    ``last_end + interval * (1, ..., R)``.  With ``now`` given, a worker whose next
-    predicted end is already past (it is late) is assumed to end its current iteration
-    at ``now``, and the later ones follow at its interval: a prediction never lies in
-    the past.
-    """
-    if isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < 1:
-        raise ConfigError(f"R (predicted iterations per worker) must be an integer >= 1, "
-                          f"got {R!r}")
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ConfigError(f"window (intervals averaged) must be an integer >= 1, "
-                          f"got {window!r}")
-    if now is not None and not np.isfinite(now):
-        raise ConfigError(f"now must be a finite timestamp or None, got {now!r}")
-    if len(history) < 1:
-        raise ConfigError("history needs at least one worker's end timestamps")
-    last = np.empty(len(history))
-    interval = np.empty(len(history))
-    for p, times in enumerate(history):
-        try:
-            h = np.asarray(times, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ConfigError(f"history[{p}] must be a 1-D array of timestamps") from None
-        if h.ndim != 1 or h.size < 2:
-            raise ConfigError(f"history[{p}] needs at least 2 end timestamps (a 1-D array) "
-                              f"to measure an interval; got shape {h.shape}")
-        if not np.isfinite(h).all() or (np.diff(h) < 0).any():
-            raise ConfigError(f"history[{p}] must be finite and non-decreasing (oldest "
-                              "first)")
-        w = min(int(window), h.size - 1)
-        last[p] = h[-1]
-        interval[p] = (h[-1] - h[-1 - w]) / w   # mean of the last w intervals
-    first = last + interval
-    if now is not None:
-        first = np.maximum(first, float(now))
-    return first[:, None] + interval[:, None] * np.arange(R)
+    @property
+    def trace(self) -> Dict[str, np.ndarray]:
+        """Server: per superstep [s, G, seconds waited for the workers, predicted spread,
+        next count per worker]; worker: per superstep [s, G, next count]."""
+        return {"supersteps": self.supersteps.array()} if self.supersteps.count else {}

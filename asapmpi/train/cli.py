@@ -18,6 +18,7 @@ from typing import List
 import numpy as np
 
 from ..errors import ConfigError
+from ..extras import check as check_extras
 from ..reduce.graphs import GRAPHS
 from ..slowdown import add_arguments as slowdown_arguments
 from .config import (
@@ -100,8 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="... just before the run's start or end collective")
 
 
+#: what the training command imports: torch, the data readers, the progress bar, the plot
+TRAIN_MODULES = ("torch", "sklearn", "scipy", "tqdm", "matplotlib")
+
+
 def configs(args: argparse.Namespace) -> List[TrainConfig]:
     """The checked configuration of every run the command asks for (no MPI needed)."""
+    check_extras(TRAIN_MODULES, "train", "asapmpi train")
     base = TrainConfig(
         model=args.model, data=args.data, test_data=args.test_data,
         data_options=parse_options(args.data_options, "of --data-option"),

@@ -1,5 +1,8 @@
 """Datasets for the training demos: LIBSVM files, synthetic problems, digits, sharding.
 
+Sparse features are ``scipy.sparse.csr_matrix`` (float32); LIBSVM files are read by
+scikit-learn's parser.  Both come with the `train` extra.
+
 Every generator here is deterministic: it draws only from ``np.random.default_rng(seed)``
 and, beyond the generator's own draws, uses only correctly rounded arithmetic (+ - * /
 sqrt, sequential sums), so a seed gives bitwise the same data on any machine (given
@@ -12,21 +15,23 @@ from __future__ import annotations
 import bz2
 import gzip
 import inspect
+import io
 import lzma
 import os
-import re
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Union
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..extras import require
+
+sparse = require("scipy.sparse", "train", "asapmpi's training data")
 
 __all__ = [
-    "CSR", "Dataset", "batch_indices", "digits", "load", "load_libsvm", "load_libsvm_split",
-    "shard", "synthetic_images", "synthetic_svm",
+    "Dataset", "batch_indices", "digits", "is_sparse", "load", "load_libsvm",
+    "load_libsvm_split", "shard", "synthetic_images", "synthetic_svm",
 ]
 
 
@@ -34,85 +39,13 @@ __all__ = [
 # Containers
 # ------------------------------------------------------------------------------------------
 
-class CSR:
-    """A minimal compressed-sparse-row float32 matrix (just what the demos need).
-
-    Row ``i`` holds the values ``data[indptr[i]:indptr[i+1]]`` at the columns
-    ``indices[indptr[i]:indptr[i+1]]``.
-    """
-
-    __slots__ = ("data", "indices", "indptr", "n_cols")
-
-    def __init__(self, indptr, indices, data, n_cols: int):
-        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-        self.indices = np.ascontiguousarray(indices)
-        if self.indices.dtype not in (np.int32, np.int64):
-            self.indices = self.indices.astype(np.int64)
-        self.data = np.ascontiguousarray(data, dtype=np.float32)
-        self.n_cols = int(n_cols)
-        if self.indptr.ndim != 1 or len(self.indptr) == 0 or self.indptr[0] != 0:
-            raise ConfigError("CSR indptr must be a 1-d array starting at 0: pass row offsets")
-        if len(self.indices) != len(self.data) or self.indptr[-1] != len(self.data):
-            raise ConfigError("CSR indices and data must both have indptr[-1] entries")
-
-    def __len__(self) -> int:
-        return len(self.indptr) - 1
-
-    def __repr__(self) -> str:
-        return f"CSR(shape={self.shape}, nnz={self.nnz})"
-
-    @property
-    def shape(self) -> tuple:
-        """(rows, columns)."""
-        return (len(self), self.n_cols)
-
-    @property
-    def nnz(self) -> int:
-        """The number of stored values."""
-        return len(self.data)
-
-    def _gather(self, index) -> tuple:
-        """Row ids (0..len(index)-1) and positions into data of the rows in ``index``."""
-        index = np.asarray(index, dtype=np.int64).reshape(-1)
-        n = len(self)
-        if len(index) and (index.min() < -n or index.max() >= n):
-            raise IndexError(f"row index out of range for a CSR with {n} rows")
-        index = np.where(index < 0, index + n, index)
-        starts = self.indptr[index]
-        counts = self.indptr[index + 1] - starts
-        # Position k of the output belongs to row r = row_ids[k]; its offset into data is
-        # starts[r] plus its rank within the row (k minus where row r begins in the output).
-        row_ids = np.repeat(np.arange(len(index), dtype=np.int64), counts)
-        out_starts = np.cumsum(counts) - counts
-        positions = np.arange(len(row_ids), dtype=np.int64) + (starts - out_starts)[row_ids]
-        return row_ids, positions, counts
-
-    def rows(self, index) -> np.ndarray:
-        """The rows ``index`` (an array of row numbers) as a dense float32 array."""
-        row_ids, positions, counts = self._gather(index)
-        out = np.zeros((len(counts), self.n_cols), dtype=np.float32)
-        out[row_ids, self.indices[positions]] = self.data[positions]
-        return out
-
-    def coo(self, index) -> tuple:
-        """The rows ``index`` as coordinates: (row numbers 0..len(index)-1, columns,
-        values), row by row (for sparse tensors)."""
-        row_ids, positions, _ = self._gather(index)
-        return row_ids, self.indices[positions].astype(np.int64), self.data[positions]
-
-    def take(self, index) -> CSR:
-        """The rows ``index`` (an array of row numbers) as a new CSR."""
-        _, positions, counts = self._gather(index)
-        indptr = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        return CSR(indptr, self.indices[positions], self.data[positions], self.n_cols)
-
-    def toarray(self) -> np.ndarray:
-        """The whole matrix as a dense float32 array."""
-        return self.rows(np.arange(len(self)))
+#: dense float32, or a scipy.sparse CSR matrix of float32
+Features = Union[np.ndarray, "sparse.csr_matrix"]
 
 
-Features = Union[np.ndarray, CSR]
+def is_sparse(x: Features) -> bool:
+    """Whether `x` is a scipy.sparse matrix (rows are taken with x[index])."""
+    return sparse.issparse(x)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,8 +66,8 @@ class Dataset:
     def __post_init__(self):
         for part in ("train", "test"):
             x, y = getattr(self, f"x_{part}"), getattr(self, f"y_{part}")
-            if len(x) != len(y):
-                raise ConfigError(f"dataset {self.name}: x_{part} has {len(x)} rows but "
+            if x.shape[0] != len(y):
+                raise ConfigError(f"dataset {self.name}: x_{part} has {x.shape[0]} rows but "
                                   f"y_{part} has {len(y)} labels; pass one label per row")
 
     @property
@@ -148,165 +81,115 @@ class Dataset:
 # ------------------------------------------------------------------------------------------
 
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-# A line's features: whitespace-separated "index:value" tokens, nothing else.
-_PAIRS = re.compile(r"\s*(?:[^\s:]+:[^\s:]+(?:\s+|$))*")
-_QID = re.compile(r"\bqid:\S+")
-_CHUNK_LINES = 20000  # lines parsed per NumPy call: amortizes the call, bounds the memory
+# Lines per parse when a file failed and its first bad line is looked for: bounds the
+# memory of that search.
+_CHUNK_LINES = 20000
+_FORMAT = "expected 'label index:value ...' with indices ascending from 1"
 
 
-def _open_text(path: str):
-    """Open a plain, .gz, .bz2 or .xz text file for reading."""
-    ext = os.path.splitext(path)[1].lower()
-    opener = _OPENERS.get(ext, open)
+def _open_binary(path: str):
+    """Open a plain, .gz, .bz2 or .xz file for reading bytes."""
+    opener = _OPENERS.get(os.path.splitext(path)[1].lower(), open)
     try:
-        return opener(path, "rt", encoding="utf-8", errors="replace")
+        return opener(path, "rb")
     except OSError as exc:
         raise ConfigError(f"cannot open LIBSVM file {path}: {exc.strerror}; check the path")\
             from exc
 
 
-def _numbers(text: str) -> np.ndarray:
-    """Parse whitespace-separated numbers in C; ValueError on anything else."""
-    # On a bad token, recent NumPy raises ValueError but older NumPy only warns
-    # (DeprecationWarning) and returns the numbers before it: make that an error too, so no
-    # junk is silently dropped.  Callers also check the count of numbers.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
+def _parse(handle) -> tuple:
+    """scikit-learn's C parser: (CSR float32, float64 labels), indices 1-based, qid
+    ignored; ValueError on a malformed line."""
+    reader = require("sklearn.datasets", "train", "reading LIBSVM files")
+    return reader.load_svmlight_file(handle, dtype=np.float32, zero_based=False)
+
+
+def _data_lines(path: str):
+    """(line number, line) of every line that holds an example (not blank, not only a
+    comment), as the parser counts them."""
+    with _open_binary(path) as handle:
+        for lineno, line in enumerate(handle, 1):
+            if line.split(b"#", 1)[0].strip():
+                yield lineno, line
+
+
+def _line_of_row(path: str, row: int) -> int:
+    """The line number of example `row` (0-based) of the file."""
+    for r, (lineno, _) in enumerate(_data_lines(path)):
+        if r == row:
+            return lineno
+    raise AssertionError(f"{path} has no example {row}")
+
+
+def _first_bad_line(path: str) -> tuple:
+    """(line number, parser message) of the first line the parser refuses, or None: the
+    file is parsed _CHUNK_LINES lines at a time, the failing chunk halved down to one."""
+    def fails(lines):
         try:
-            return np.fromstring(text, dtype=np.float64, sep=" ")
-        except DeprecationWarning as exc:
-            raise ValueError(str(exc)) from None
+            _parse(io.BytesIO(b"".join(line for _, line in lines)))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    chunk = []
+    for item in _data_lines(path):
+        chunk.append(item)
+        if len(chunk) == _CHUNK_LINES:
+            if fails(chunk):
+                break
+            chunk = []
+    if not chunk or not fails(chunk):
+        return None
+    while len(chunk) > 1:
+        half = chunk[:len(chunk) // 2]
+        chunk = half if fails(half) else chunk[len(chunk) // 2:]
+    return chunk[0][0], fails(chunk)
 
 
 def _malformed(path: str, lineno: int, why: str) -> ConfigError:
     """The error for a bad line: names the file and the line."""
-    return ConfigError(f"{path}, line {lineno}: {why}; expected 'label index:value ...' "
-                       f"(fix or remove the line)")
+    return ConfigError(f"{path}, line {lineno}: {why}; {_FORMAT} (fix or remove the line)")
 
 
-class _Chunk:
-    """Lines of a LIBSVM file split into label and feature text, parsed in one go."""
-
-    def __init__(self):
-        self.linenos: list = []
-        self.labels: list = []
-        self.pairs: list = []   # "index value index value ..." per line
-        self.counts: list = []  # pairs per line
-
-    def add(self, lineno: int, label: str, pairs: str, count: int):
-        self.linenos.append(lineno)
-        self.labels.append(label)
-        self.pairs.append(pairs)
-        self.counts.append(count)
-
-    def parse(self, path: str) -> tuple:
-        """(labels, column indices (1-based float), values, counts) of the whole chunk."""
-        try:
-            labels = _numbers(" ".join(self.labels))
-            numbers = _numbers(" ".join(self.pairs))
-        except ValueError:
-            numbers = None
-        if numbers is None or len(labels) != len(self.labels) \
-                or len(numbers) != 2 * sum(self.counts):
-            self._raise_first_bad_line(path)
-        return labels, numbers[0::2], numbers[1::2], np.asarray(self.counts, dtype=np.int64)
-
-    def _raise_first_bad_line(self, path: str):
-        """The chunk failed to parse: find and report its first bad line."""
-        for lineno, label, pairs, count in zip(self.linenos, self.labels, self.pairs,
-                                               self.counts):
-            try:
-                ok = len(_numbers(label)) == 1 and len(_numbers(pairs)) == 2 * count
-            except ValueError:
-                ok = False
-            if not ok:
-                raise _malformed(path, lineno, "a label or index:value is not a number")
-        # Every line parses alone yet the chunk did not: cannot happen, but never pass junk.
-        raise _malformed(path, self.linenos[0], "unparsable numbers in this chunk")
-
-
-def _split_line(path: str, lineno: int, line: str):
-    """(label text, pairs text with ':' -> ' ', pair count), or None for a blank line."""
-    line = line.split("#", 1)[0]
-    parts = line.split(None, 1)
-    if not parts:
-        return None
-    if len(parts) == 1:
-        return parts[0], "", 0
-    rest = parts[1]
-    if "qid:" in rest:  # SVMlight ranking groups: irrelevant to classification
-        rest = _QID.sub(" ", rest)
-    if not _PAIRS.fullmatch(rest):
-        raise _malformed(path, lineno, "a feature is not of the form index:value")
-    return parts[0], rest.replace(":", " "), rest.count(":")
-
-
-def _check_chunk(path: str, chunk: _Chunk, labels, counts, cols, vals):
-    """Labels must be finite, indices whole numbers >= 1 and values finite."""
-    bad_label = ~np.isfinite(labels)
-    if bad_label.any():
-        raise _malformed(path, chunk.linenos[np.argmax(bad_label)], "the label is not finite")
-    bad = (cols < 1) | (cols != np.floor(cols)) | ~np.isfinite(cols) | ~np.isfinite(vals)
-    if bad.any():
-        row = np.searchsorted(np.cumsum(counts), np.argmax(bad), side="right")
-        raise _malformed(path, chunk.linenos[row],
-                         "feature indices must be whole numbers >= 1 and values finite")
-
-
-def _chunks(path: str):
-    """The non-blank lines of a LIBSVM file, _CHUNK_LINES at a time."""
-    with _open_text(path) as handle:
-        chunk = _Chunk()
-        for lineno, line in enumerate(handle, 1):
-            split = _split_line(path, lineno, line)
-            if split is not None:
-                chunk.add(lineno, *split)
-                if len(chunk.linenos) >= _CHUNK_LINES:
-                    yield chunk
-                    chunk = _Chunk()
-        if chunk.linenos:
-            yield chunk
+def _check_finite(path: str, x, labels: np.ndarray) -> None:
+    """Labels and values must be finite numbers (the parser reads nan and inf)."""
+    bad_rows = np.flatnonzero(~np.isfinite(labels))
+    if len(bad_rows):
+        raise _malformed(path, _line_of_row(path, int(bad_rows[0])), "the label is not finite")
+    bad = np.flatnonzero(~np.isfinite(x.data))
+    if len(bad):
+        row = int(np.searchsorted(x.indptr, bad[0], side="right")) - 1
+        raise _malformed(path, _line_of_row(path, row), "a feature value is not finite")
 
 
 def _read_libsvm(path: str, n_features: int | None) -> tuple:
-    """(CSR, raw float labels) of a LIBSVM file; columns = n_features or the max index."""
-    labels, cols, vals, counts, linenos = [], [], [], [], []
+    """(CSR matrix, raw float labels) of a LIBSVM file; columns = n_features or the
+    largest index."""
+    if n_features is not None and n_features < 1:
+        raise ConfigError(f"n_features={n_features}: pass a positive number of columns")
     try:
-        for chunk in _chunks(path):
-            lab, col, val, cnt = chunk.parse(path)
-            _check_chunk(path, chunk, lab, cnt, col, val)
-            labels.append(lab)
-            cols.append(col.astype(np.int64) - 1)
-            vals.append(val.astype(np.float32))
-            counts.append(cnt)
-            linenos.append(np.asarray(chunk.linenos, dtype=np.int64))
-    except (OSError, EOFError) as exc:  # e.g. a truncated or corrupt .bz2
+        with _open_binary(path) as handle:
+            x, labels = _parse(handle)
+    except ValueError as exc:
+        bad = _first_bad_line(path)
+        if bad is None:
+            raise ConfigError(f"cannot parse LIBSVM file {path}: {exc}; {_FORMAT}") from None
+        raise _malformed(path, bad[0], bad[1].rstrip(".")) from None
+    except (OSError, EOFError, lzma.LZMAError) as exc:  # e.g. a truncated or corrupt .bz2
         raise ConfigError(f"cannot read LIBSVM file {path}: {exc}; check or re-download "
                           f"the file") from exc
-    if not labels:
+    if x.shape[0] == 0:
         raise ConfigError(f"LIBSVM file {path} has no examples; pass a non-empty file")
-    cat = np.concatenate
-    col, cnt = cat(cols), cat(counts)
-    n_cols = _n_columns(path, col, cnt, cat(linenos), n_features)
-    indptr = np.zeros(len(cnt) + 1, dtype=np.int64)
-    np.cumsum(cnt, out=indptr[1:])
-    index_type = np.int32 if n_cols < 2**31 else np.int64
-    return CSR(indptr, col.astype(index_type), cat(vals), n_cols), cat(labels)
-
-
-def _n_columns(path: str, col, counts, linenos, n_features: int | None) -> int:
-    """n_features if every index fits, else a ConfigError naming the first offending line."""
-    seen = int(col.max()) + 1 if len(col) else 0
+    _check_finite(path, x, labels)
     if n_features is None:
-        return seen
-    if n_features < 1:
-        raise ConfigError(f"n_features={n_features}: pass a positive number of columns")
-    if seen > n_features:
-        first = int(np.argmax(col >= n_features))
-        row = np.searchsorted(np.cumsum(counts), first, side="right")
-        raise ConfigError(f"{path}, line {linenos[row]}: feature index {col[first] + 1} > "
-                          f"n_features={n_features}; raise n_features or leave it unset")
-    return int(n_features)
+        return x, labels
+    too_big = np.flatnonzero(x.indices >= n_features)
+    if len(too_big):
+        row = int(np.searchsorted(x.indptr, too_big[0], side="right")) - 1
+        raise ConfigError(f"{path}, line {_line_of_row(path, row)}: feature index "
+                          f"{x.indices[too_big[0]] + 1} > n_features={n_features}; raise "
+                          f"n_features or leave it unset")
+    return _with_columns(x, n_features), labels
 
 
 def _binary_labels(raw: np.ndarray, what: str) -> np.ndarray:
@@ -325,10 +208,12 @@ def _binary_labels(raw: np.ndarray, what: str) -> np.ndarray:
 
 
 def load_libsvm(path: str, n_features: int | None = None) -> tuple:
-    """Read a binary-classification LIBSVM/SVMlight file (plain, .gz, .bz2 or .xz).
+    """Read a binary-classification LIBSVM/SVMlight file (plain, .gz, .bz2 or .xz) with
+    scikit-learn's parser.
 
-    Returns ``(CSR features, int64 labels in {0, 1})``.  Indices in the file are 1-based;
-    ``n_features`` sets the number of columns (default: the largest index seen).
+    Returns ``(scipy.sparse.csr_matrix float32 features, int64 labels in {0, 1})``.
+    Indices in the file are 1-based and ascending within a line; ``n_features`` sets the
+    number of columns (default: the largest index seen).
     """
     x, raw = _read_libsvm(os.fspath(path), n_features)
     return x, _binary_labels(raw, os.fspath(path))
@@ -341,9 +226,9 @@ def _dataset_name(path: str) -> str:
     return stem if ext.lower() in _OPENERS else base
 
 
-def _with_columns(x: CSR, n_cols: int) -> CSR:
-    """The same rows with ``n_cols`` columns (n_cols >= x.n_cols)."""
-    return CSR(x.indptr, x.indices, x.data, n_cols)
+def _with_columns(x, n_cols: int):
+    """The same rows with ``n_cols`` columns (n_cols >= x.shape[1])."""
+    return sparse.csr_matrix((x.data, x.indices, x.indptr), shape=(x.shape[0], n_cols))
 
 
 def _shuffled_split(n: int, test_fraction: float, seed: int) -> tuple:
@@ -366,20 +251,20 @@ def load_libsvm_split(train_path: str, test_path: str | None = None,
     x_train, raw_train = _read_libsvm(train_path, n_features)
     if test_path is None:
         labels = _binary_labels(raw_train, train_path)
-        train, test = _shuffled_split(len(x_train), test_fraction, seed)
-        x_test, y_test = x_train.take(test), labels[test]
-        x_train, y_train = x_train.take(train), labels[train]
+        train, test = _shuffled_split(x_train.shape[0], test_fraction, seed)
+        x_test, y_test = x_train[test], labels[test]
+        x_train, y_train = x_train[train], labels[train]
     else:
         test_path = os.fspath(test_path)
         x_test, raw_test = _read_libsvm(test_path, n_features)
         # Map the labels of both files together so a label means the same class in each.
         labels = _binary_labels(np.concatenate([raw_train, raw_test]),
                                 f"{train_path} with {test_path}")
-        y_train, y_test = labels[:len(x_train)], labels[len(x_train):]
-        n_cols = max(x_train.n_cols, x_test.n_cols)
+        y_train, y_test = labels[:x_train.shape[0]], labels[x_train.shape[0]:]
+        n_cols = max(x_train.shape[1], x_test.shape[1])
         x_train, x_test = _with_columns(x_train, n_cols), _with_columns(x_test, n_cols)
     return Dataset(x_train, y_train, x_test, y_test, n_classes=2,
-                   name=_dataset_name(train_path), shape=(x_train.n_cols,))
+                   name=_dataset_name(train_path), shape=(x_train.shape[1],))
 
 
 # ------------------------------------------------------------------------------------------
@@ -434,7 +319,7 @@ def _draw_terms(rng, n: int, n_features: int, density: float, w_star: np.ndarray
     return rows, cols, popularity
 
 
-def _sparse_rows(rng, n: int, n_features: int, density: float, w_star: np.ndarray) -> CSR:
+def _sparse_rows(rng, n: int, n_features: int, density: float, w_star: np.ndarray):
     """The rows of the synthetic problem: positive tf-idf-like values, L2-normalized as in
     RCV1."""
     rows, cols, popularity = _draw_terms(rng, n, n_features, density, w_star)
@@ -450,14 +335,16 @@ def _sparse_rows(rng, n: int, n_features: int, density: float, w_star: np.ndarra
     values = values / norms[rows]
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return CSR(indptr, cols.astype(np.int32), values.astype(np.float32), n_features)
+    return sparse.csr_matrix((values.astype(np.float32), cols.astype(np.int32), indptr),
+                             shape=(n, n_features))
 
 
-def _csr_dot(x: CSR, w: np.ndarray) -> np.ndarray:
+def _csr_dot(x, w: np.ndarray) -> np.ndarray:
     """x @ w in float64 with sequential (hence reproducible) sums."""
-    row_ids = np.repeat(np.arange(len(x), dtype=np.int64), np.diff(x.indptr))
+    n = x.shape[0]
+    row_ids = np.repeat(np.arange(n, dtype=np.int64), np.diff(x.indptr))
     return np.bincount(row_ids, weights=x.data.astype(np.float64) * w[x.indices],
-                       minlength=len(x))
+                       minlength=n)
 
 
 def synthetic_svm(n_train: int = 16384, n_test: int = 4096, n_features: int = 2000,
@@ -483,7 +370,7 @@ def synthetic_svm(n_train: int = 16384, n_test: int = 4096, n_features: int = 20
     flip = rng.permutation(n)[:round(noise * n)]
     y[flip] = 1 - y[flip]
     train, test = np.arange(n_train), np.arange(n_train, n)
-    return Dataset(x.take(train), y[train], x.take(test), y[test], n_classes=2,
+    return Dataset(x[train], y[train], x[test], y[test], n_classes=2,
                    name="synthetic-svm", shape=(n_features,))
 
 
@@ -509,12 +396,8 @@ def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple:
 def digits(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     """scikit-learn's bundled 8x8 handwritten digits (1797 images, no download), scaled to
     [0, 1], shape (1, 8, 8), with a deterministic stratified shuffled split."""
-    try:
-        from sklearn.datasets import load_digits  # optional: imported only here
-    except ImportError:
-        raise ConfigError("the digits dataset ships with scikit-learn: pip install "
-                          "scikit-learn, or pass --data synthetic") from None
-    bunch = load_digits()
+    bunch = require("sklearn.datasets", "train", "the digits dataset",
+                    otherwise="or pass --data synthetic-images").load_digits()
     x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
     y = np.asarray(bunch.target, dtype=np.int64)
     train, test = _stratified_split(y, test_fraction, seed)

@@ -1,56 +1,53 @@
-"""A one-line progress bar for rank 0: iterations, iterations/s, loss, test accuracy."""
+"""The progress bar of rank 0, on tqdm: iterations, iterations/s, loss, test accuracy.
+
+Quiet when stderr is not a terminal (CI logs, files), as tqdm is with ``disable=None``.
+"""
 from __future__ import annotations
 
-import sys
-import time
 from typing import Optional, TextIO
+
+from ..extras import require
+
+tqdm = require("tqdm", "train", "the progress bar").tqdm
+
+
+def postfix(rate: float, loss: float, accuracy: Optional[float]) -> str:
+    """What follows the bar: the run's iterations/s, the mean training loss since the
+    last evaluation and the test accuracy ("-" when not known yet)."""
+    shown = "-" if loss != loss else f"{loss:.4f}"      # NaN: nothing trained yet
+    acc = "-" if accuracy is None else f"{100 * accuracy:.1f}%"
+    return f"{rate:.1f} it/s, loss {shown}, acc {acc}"
 
 
 class ProgressBar:
-    """Redraws one line at most every `interval` seconds (and on the last update).
-
-    On a terminal the line is redrawn in place; into a file or a pipe (CI logs) a line
-    is written only every `log_interval` seconds, so logs stay short.
-    """
+    """A tqdm bar over `total` iterations, redrawn at most every `interval` seconds (and
+    on a forced update), written to `stream` (default stderr) only if it is a terminal."""
 
     def __init__(self, total: int, label: str = "", stream: Optional[TextIO] = None,
-                 interval: float = 0.2, log_interval: float = 5.0, width: int = 24):
-        self.total = max(int(total), 1)
-        self.label = label
-        self.stream = sys.stderr if stream is None else stream
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval = interval if self.tty else log_interval
-        self.width = width
-        self._last = float("-inf")
-        self._shown = False
+                 interval: float = 0.2):
+        # The rate shown is the trainer's (iterations over the run's clock, which pauses
+        # for evaluations and checkpoints), not tqdm's wall-clock estimate.
+        self.bar = tqdm(total=max(int(total), 1), desc=label or None, file=stream,
+                        disable=None, mininterval=interval, dynamic_ncols=True,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} "
+                                   "[{elapsed}<{remaining}{postfix}]")
 
-    def render(self, iteration: int, rate: float, loss: float,
-               accuracy: Optional[float]) -> str:
-        """The text of the bar (no line ending)."""
-        done = min(max(iteration, 0), self.total)
-        filled = self.width * done // self.total
-        acc = "  acc   -  " if accuracy is None else f"  acc {100 * accuracy:5.1f}%"
-        shown = "  -   " if loss != loss else f"{loss:.4f}"      # NaN: nothing trained yet
-        return (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{done}/{self.total}  {rate:7.1f} it/s  loss {shown}{acc}")
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is shown (False off a terminal)."""
+        return not self.bar.disable
 
     def update(self, iteration: int, rate: float, loss: float,
                accuracy: Optional[float] = None, force: bool = False) -> None:
-        """Show the state if the last redraw is old enough (or `force`)."""
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
+        """Move the bar to `iteration` and show rate, loss and accuracy (redrawn now
+        if `force`)."""
+        if not self.enabled:
             return
-        self._last = now
-        text = self.render(iteration, rate, loss, accuracy)
-        if self.tty:
-            self.stream.write("\r" + text + "\033[K")
-        else:
-            self.stream.write(text + "\n")
-        self._shown = True
-        self.stream.flush()
+        self.bar.set_postfix_str(postfix(rate, loss, accuracy), refresh=False)
+        self.bar.update(min(max(int(iteration), 0), self.bar.total) - self.bar.n)
+        if force:
+            self.bar.refresh()
 
     def close(self) -> None:
-        """End the line."""
-        if self._shown and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        """End the bar's line."""
+        self.bar.close()

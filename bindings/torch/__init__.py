@@ -4,8 +4,19 @@
     opt = DecentralizedOptimizer(torch.optim.Adam(model.parameters()), graph="ring",
                                  sync="hop", max_gap=2, backup=1, model=model)
 """
-from .flat import FlatParameters, PackedTensors
-from .optimizer import BUFFERS, LOCKSTEP, MODES, DecentralizedOptimizer, broadcast_parameters
+from ..extras import check as _check_extras
+
+# One line naming the pip install when torch is missing, not a traceback from flat.py.
+_check_extras(["torch"], "torch", "asapmpi.torch")
+
+from .flat import FlatParameters, PackedTensors  # noqa: E402
+from .optimizer import (  # noqa: E402
+    BUFFERS,
+    LOCKSTEP,
+    MODES,
+    DecentralizedOptimizer,
+    broadcast_parameters,
+)
 
 __all__ = ["BUFFERS", "LOCKSTEP", "MODES", "DecentralizedOptimizer", "FlatParameters",
            "PackedTensors", "broadcast_parameters"]

@@ -89,12 +89,12 @@ class _Data:
     def _dense(self, x, index) -> torch.Tensor:
         """Examples `index` as a tensor: dense, or sparse (COO) for wide sparse data,
         whose dense batches would cost more than the model (RCV1: 47k columns)."""
-        if isinstance(x, datasets.CSR) and x.n_cols > SPARSE_COLUMNS:
-            rows, cols, values = x.coo(index)
-            where = torch.from_numpy(np.stack([rows, cols]))
-            return torch.sparse_coo_tensor(where, torch.from_numpy(values),
-                                           (len(index), x.n_cols), check_invariants=False)
-        rows = x.rows(index) if isinstance(x, datasets.CSR) else x[index]
+        if datasets.is_sparse(x) and x.shape[1] > SPARSE_COLUMNS:
+            batch = x[index].tocoo()
+            where = torch.from_numpy(np.stack([batch.row, batch.col]).astype(np.int64))
+            return torch.sparse_coo_tensor(where, torch.from_numpy(batch.data), batch.shape,
+                                           check_invariants=False)
+        rows = x[index].toarray() if datasets.is_sparse(x) else x[index]
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
 
     def batch(self, cfg: TrainConfig, iteration: int, rank: int):

@@ -23,7 +23,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ConfigError
-from .launch import NETWORK_PATH_ENV, find_mpiexec
+from .ranks import NETWORK_PATH_ENV, find_mpiexec
 from .slowdown import add_arguments as slowdown_arguments
 
 FLAVOURS = ("mpich", "openmpi")

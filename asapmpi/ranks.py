@@ -1,14 +1,15 @@
 """Start the ranks of a CLI command: run inside an MPI job, or launch one with mpiexec."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import subprocess
 import sys
-from typing import List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-from .errors import ConfigError
+from .errors import AsapError, ConfigError
 
 #: variables a process manager sets in every rank it starts (MPICH hydra, Open MPI,
 #: PMIx, Slurm's srun)
@@ -103,3 +104,22 @@ def check_world_size(size: int) -> None:
         raise ConfigError(f"this job has {size} rank(s) but its launcher started {want}: "
                           f"the processes did not join one MPI job; launch with the mpiexec "
                           f"of the MPI mpi4py uses ({library}), e.g. asapmpi-run")
+
+
+def run_job(module: str, ranks: int, spec: Any, out: str, what: str, network: bool = False,
+            timeout: float = 0) -> Dict[str, Any]:
+    """Run `python -m MODULE JSON(spec) OUT` on `ranks` ranks under mpiexec and return the
+    JSON its rank 0 wrote to `out`; AsapError naming `what` if the job failed (the ranks'
+    own errors are on stderr above it)."""
+    env = dict(os.environ, ASAPMPI_EXPECTED_SIZE=str(ranks))
+    if timeout:
+        env["MPIEXEC_TIMEOUT"] = str(max(1, math.ceil(timeout)))
+    if network:
+        env.update(NETWORK_PATH_ENV)
+    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", module, json.dumps(spec),
+           out]
+    code = subprocess.call(cmd, env=env)
+    if code != 0 or not os.path.exists(out):
+        raise AsapError(f"{what} failed (exit code {code}); its errors are above")
+    with open(out) as f:
+        return json.load(f)
