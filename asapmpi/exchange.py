@@ -764,7 +764,8 @@ class Exchange:
         double_buffer, the final values are copied back into the buffer given at
         creation first; arrays of the slots stay readable (not exchanged any more).  With
         trace_file, rank 0 writes the trace file from every rank's part first.  A rank
-        that does not come to free() within the timeout is named (NeighbourTimeoutError)
+        that does not come to free() within the timeout (rc.timeout_startup if longer,
+        under policies that let ranks drift apart) is named (NeighbourTimeoutError)
         instead of hanging the others in MPI_Win_free."""
         live = (self._win is not None and not self._win.freed) or \
             (self._comm is not None and self._comm != MPI.COMM_NULL)
@@ -772,7 +773,11 @@ class Exchange:
             records = self._policy.records
             if records is not None:
                 records.close()         # this rank's part of the trace file is complete
-            collectives.arrive(self.comm, self.timeout, "free() of an Exchange")
+            # lockstep policies reach free() within a step of each other; the others
+            # may leave a slow rank far behind, alive, with steps still to do
+            deadline = self.timeout if self._policy.lockstep else \
+                max(self.timeout, rc.timeout_startup)
+            collectives.arrive(self.comm, deadline, "free() of an Exchange")
             if self.trace_file and self.rank == 0:
                 from . import trace
 

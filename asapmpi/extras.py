@@ -1,6 +1,6 @@
 """Optional dependencies: the core needs only mpi4py, NumPy and h5py; the training demos,
 the plots and the PyTorch bindings come with the extras `asapmpi[train]`, `asapmpi[plot]`
-and `asapmpi[torch]` (declared in setup.py).  A missing one is reported in one line
+and `asapmpi[torch]` (declared in pyproject.toml).  A missing one is reported in one line
 naming the `pip install` to run.
 
     sparse = require("scipy.sparse", "train", "reading LIBSVM files")

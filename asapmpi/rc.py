@@ -40,8 +40,11 @@ class RC:
         that is a function of the reduce time).
     timeout_min: the floor of that derived timeout, seconds.
     timeout_factor: how many median steps a wait may last.
-    timeout_startup: the deadline of the collectives that start a training run (the
-        ranks may need a while to read their data), seconds; at least `timeout`.
+    timeout_startup: the deadline of collectives that ranks may reach far apart: those
+        that start a training run (the ranks may need a while to read their data) and
+        free() under policies that let ranks drift apart (hop, async, gossip, the
+        parameter servers: a slow rank may have many steps left), seconds; at least
+        `timeout`.
     abort_on_error: an uncaught exception in a job of several ranks calls MPI_Abort
         (asapmpi.faults), so that a failing rank ends the job instead of hanging it.
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.

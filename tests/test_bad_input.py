@@ -1,5 +1,6 @@
 """The bad-input sweep: every CLI command refuses invalid arguments with one line that
 says what to change, exit code 2, no traceback, before any rank starts."""
+import os
 import subprocess
 import sys
 import time
@@ -31,6 +32,9 @@ CASES = [
     (["bench", "soak", "--steps", "0"], "--steps must be >= 1"),
     (["bench", "soak", "--size", "3"], "--size"),
     (["bench", "soak", "-n", "1"], "-n must be at least 2"),
+    (["bench", "soak", "--job-timeout", "inf"], "--job-timeout must be a positive number"),
+    (["bench", "soak", "--job-timeout", "nan"], "--job-timeout must be a positive number"),
+    (["bench", "soak", "--seconds", "inf"], "--seconds >= 0"),
     (["train", "svm", "--kill-in", "start"], "--kill-in need --kill-rank"),
     (["trace", "check", "/no/such/trace.h5"], "/no/such/trace.h5"),
     (["train", "svm", "--iters", "-1"], "--iters must be an integer >= 1"),
@@ -57,3 +61,12 @@ def test_bad_cli_input_is_one_line(args, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert "PMI" not in proc.stderr and time.monotonic() - start < 60
+
+
+def test_bench_soak_inside_an_mpi_job_says_run_it_outside():
+    # it launches one job per run: started by mpiexec, every rank would launch them all
+    env = dict(os.environ, PMI_RANK="0")
+    proc = subprocess.run([sys.executable, "-m", "asapmpi", "bench", "soak"],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "run it outside mpiexec/srun" in proc.stderr, proc.stderr

@@ -94,15 +94,16 @@ def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
 
 @pytest.mark.parametrize("where, what", [("start", "the start of the run"),
                                          ("end", "the final gather of metrics")])
-def test_a_rank_dying_in_a_training_run_s_start_or_end_collective_is_named(tmp_path, where,
-                                                                          what):
-    # the trainer's own collectives have deadlines too: before them, a rank that died
-    # there left the others in MPI_Allgather/MPI_Gather until the launcher's limit
+def test_a_rank_silent_in_a_training_run_s_start_or_end_collective_is_named(tmp_path, where,
+                                                                           what):
+    # the trainer's own collectives have deadlines too: before them, a rank that never
+    # came left the others in MPI_Allgather/MPI_Gather until the launcher's limit.  The
+    # rank stops (SIGSTOP): alive to the launcher, so only asapmpi's deadline ends the job.
     env = dict(os.environ, MPIEXEC_TIMEOUT="120", ASAPMPI_TIMEOUT_STARTUP="3")
     env.pop("PYTEST_CURRENT_TEST", None)
-    cmd = [mpiexec(), "-disable-auto-cleanup", "-n", "4", sys.executable, "-m", "asapmpi",
-           "train", "svm", "--iters", "40", "--timeout", "3", "--kill-rank", "2",
-           "--kill-in", where, "--no-progress", "--out", str(tmp_path)]
+    cmd = [mpiexec(), "-n", "4", sys.executable, "-m", "asapmpi", "train", "svm",
+           "--iters", "40", "--timeout", "3", "--kill-rank", "2", "--kill-in", where,
+           "--kill-signal", "stop", "--no-progress", "--out", str(tmp_path)]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
                           check=False)
@@ -113,6 +114,28 @@ def test_a_rank_dying_in_a_training_run_s_start_or_end_collective_is_named(tmp_p
     assert named, proc.stdout[-2000:] + proc.stderr[-3000:]
     # 3 s deadline (+2 s for rank 0's verdict) after the survivors' own start-up
     assert elapsed < 60, elapsed
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_a_rank_killed_in_a_training_run_s_start_or_end_collective_ends_the_job(tmp_path,
+                                                                                where):
+    # A killed rank: hydra (MPICH 5.0.2) usually ends the whole job itself, even with
+    # -disable-auto-cleanup, often before a survivor's deadline (and then its output is
+    # lost); when the survivors outlive it, their deadline names the dead rank.  Either
+    # way the job ends: no hang.
+    env = dict(os.environ, MPIEXEC_TIMEOUT="120", ASAPMPI_TIMEOUT_STARTUP="3")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    cmd = [mpiexec(), "-disable-auto-cleanup", "-n", "4", sys.executable, "-m", "asapmpi",
+           "train", "svm", "--iters", "40", "--timeout", "3", "--kill-rank", "2",
+           "--kill-in", where, "--no-progress", "--out", str(tmp_path)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    assert proc.returncode != 0 and time.monotonic() - start < 60
+    assert "signal 9" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for line in proc.stderr.splitlines():
+        if line.startswith("asapmpi: rank") and "waiting for" in line:
+            assert "from rank 2;" in line, line
 
 
 def test_a_timed_out_barrier_is_completed_by_the_next_one():

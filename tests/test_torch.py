@@ -91,6 +91,16 @@ def test_wrapper_refuses_bad_arguments():
         DecentralizedOptimizer(sgd, "complete", mode="sideways")
     with pytest.raises(ConfigError, match=r"torch\.optim\.Optimizer"):
         DecentralizedOptimizer(object(), "complete")
+    # refused before an exchange exists: the parameters stay in their own memory
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    with pytest.raises(ConfigError, match="decides itself when each worker synchronizes"):
+        DecentralizedOptimizer(sgd, None, sync="elastic", period=2)
+    assert [p.data_ptr() for p in model.parameters()] == ptrs
+    # a trainable parameter the optimizer does not hold would drift apart across ranks
+    head = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match=r"shapes \[\(3, 1, 3, 3\), \(3,\)\] require "
+                                          r"gradients but are in no parameter group"):
+        DecentralizedOptimizer(head, "complete", model=model)
 
 
 class _Net(torch.nn.Module):
@@ -118,7 +128,8 @@ def _tokens(k):
 
 def test_wrapper_is_a_torch_optimizer_for_schedulers_and_scalers():
     # one rank: the wrapper under StepLR and a GradScaler equals the plain optimizer
-    # under them, bitwise; the scheduler's lr reaches the wrapped optimizer
+    # under them, bitwise; the scheduler's lr reaches the wrapped optimizer.  Step 2's
+    # gradients are inf: the scaler skips the update, but the wrapper still mixes.
     runs = {}
     for wrapped in (False, True):
         model = _Net()
@@ -132,11 +143,20 @@ def test_wrapper_is_a_torch_optimizer_for_schedulers_and_scalers():
         for k in range(6):
             x, y = _tokens(k)
             opt.zero_grad()
-            scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            if k == 2:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            before = [p.detach().clone() for p in model.parameters()]
             scaler.step(opt)
             scaler.update()
             sched.step()
             lrs.append(opt.param_groups[0]["lr"])
+            unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+            assert unchanged == (k == 2), k
+            if wrapped:
+                assert opt.exchange.version == k + 1         # mixed at every step
+        assert scaler.get_scale() == 1024.0 * 0.5       # backed off once, for step 2
         if wrapped:
             assert opt.optimizer.param_groups[0]["lr"] == lrs[-1]
             assert opt.param_groups is opt.optimizer.param_groups

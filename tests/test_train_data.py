@@ -112,6 +112,11 @@ def test_libsvm_unreadable_files_and_qid(tmp_path):
     corrupt.write_bytes(bz2.compress(SMALL.encode())[:40])
     with pytest.raises(ConfigError, match="cannot read"):
         load_libsvm(corrupt)
+    damaged = bytearray(gzip.compress(SMALL.encode() * 50))
+    damaged[30:60] = bytes(30)                 # a broken deflate stream: zlib.error
+    (tmp_path / "damaged.svm.gz").write_bytes(bytes(damaged))
+    with pytest.raises(ConfigError, match=r"cannot read LIBSVM file .*damaged\.svm\.gz"):
+        load_libsvm(tmp_path / "damaged.svm.gz")
     x, y = load_libsvm(_write(tmp_path / "rank.svm", "2 qid:1 1:3\n1 qid:1 2:4\n"))
     np.testing.assert_array_equal(x.toarray(), [[3, 0], [0, 4]])
     np.testing.assert_array_equal(y, [1, 0])
@@ -250,6 +255,23 @@ def test_digits_scales_and_splits_stratified(monkeypatch):
     assert np.array_equal(d.x_train, again.x_train) and np.array_equal(d.y_test, again.y_test)
 
 
+def test_libsvm_index_beyond_the_readers_int_names_the_line(tmp_path):
+    path = _write(tmp_path / "hashed.svm", "1 1:1\n-1 99999999999:1\n")
+    with pytest.raises(ConfigError, match=r"hashed\.svm, line 2: a feature index is 2\*\*31"):
+        load_libsvm(path)
+
+
+def test_libsvm_without_sklearn_says_what_to_do(monkeypatch, tmp_path):
+    path = _write(tmp_path / "small.svm", SMALL)
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(ConfigError) as info:
+        load(str(path))
+    # the missing extra itself, not a bad line 1 nor a wrapped "bad option value"
+    assert str(info.value) == ("reading LIBSVM files needs scikit-learn: pip install "
+                               "'asapmpi[train]'"), info.value
+
+
 def test_digits_without_sklearn_says_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
@@ -333,6 +355,10 @@ def test_load_dispatches_by_name_and_path(tmp_path):
         load("mnist")
     with pytest.raises(ConfigError, match="no option batch"):
         load("synthetic-images", batch=3)
+    bad = _write(tmp_path / "bad.svm", "1 1:1\n1 x:y\n")
+    with pytest.raises(ConfigError, match=r"^\S*bad\.svm, line 2: ") as info:
+        load(str(bad))                  # the loader's own message, not re-wrapped
+    assert "bad option value" not in str(info.value)
 
 
 def test_dataset_checks_lengths():

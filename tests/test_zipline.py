@@ -95,6 +95,10 @@ def test_zipline_tie_break_prefers_earliest_barrier_then_smallest_indices():
     assert zipline([[-0.0, 1.0], [0.0, 2.0]]).spread == 0.0
     # one worker: its next iteration
     assert zipline([[4.0, 5.0, 6.0]]).index.tolist() == [0]
+    # every spread overflows to inf: still a choice, the earliest barrier
+    huge = zipline([[-1e308, -1e308], [1e308, 1e308]])
+    assert huge.index.tolist() == [0, 0] and huge.barrier == 1e308
+    assert zipline([[-1e308], [1e308]]).index.tolist() == [0, 0]
 
 
 def test_zipline_matches_an_independent_sweep_at_larger_sizes():

@@ -73,6 +73,10 @@ def covering_window(const double[:, ::1] ends):
                 hi = e.value
         heap[n].value = INFINITY
         heap[n].row = -1
+        # the first window is a result even if every spread overflows to inf
+        best_lo = heap[0].value
+        best_hi = hi
+        best = hi - best_lo
         while True:
             lo = heap[0].value
             if hi - lo < best:      # strict: the first (smallest lo, then hi) wins ties

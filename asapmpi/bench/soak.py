@@ -71,8 +71,16 @@ def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
     if args.ranks < 2:
         raise ConfigError(f"-n must be at least 2, got {args.ranks}")
-    if args.steps < 1 or args.samples < 2 or args.seconds < 0:
+    from ..ranks import inside_mpi_job
+
+    if inside_mpi_job():
+        raise ConfigError("bench soak launches one job per run itself; run it outside "
+                          "mpiexec/srun, with -n for the ranks")
+    if args.steps < 1 or args.samples < 2 or not 0 <= args.seconds < float("inf"):
         raise ConfigError("--steps must be >= 1, --samples >= 2 and --seconds >= 0")
+    if not 0 < args.job_timeout < float("inf"):
+        raise ConfigError(f"--job-timeout must be a positive number of seconds, got "
+                          f"{args.job_timeout}")
     if args.graph not in GRAPHS:
         raise ConfigError(f"unknown graph {args.graph!r}; choose one of {sorted(GRAPHS)}")
     try:
@@ -129,7 +137,7 @@ def analyze(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     for r in results:
         spec = r["spec"]
         warmup = int(WARMUP_FRACTION * r["steps"])
-        if spec["trace"] == "ring":
+        if spec["trace"] != "off":      # the ring is filled in both ring and file modes
             warmup = max(warmup, min(rc.trace_iterations, r["steps"] // 2))
         per_rank = [np.asarray(p, dtype=float) for p in r["per_rank"]]
         g = [growth(p, warmup) for p in per_rank]

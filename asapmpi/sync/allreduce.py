@@ -12,6 +12,7 @@ class Allreduce(Policy):
     """buffer <- mean of every rank's buffer, with MPI_Allreduce (sum) and one division."""
 
     name = "allreduce"
+    lockstep = True
     uses_window = False
 
     def __init__(self):

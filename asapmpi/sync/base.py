@@ -57,6 +57,11 @@ class Policy:
     #: whether it can run on the message transport: each version one two-sided message
     #: per out-neighbour into the reader's slot, a posted receive acting as the ack
     messages = False
+    #: whether every rank completes the same steps at about the same time (each waits
+    #: for its neighbours' current version): ranks then reach free() within one step of
+    #: each other.  Policies that let ranks drift apart (backup workers, staleness,
+    #: parameter servers, gossip) leave it False.
+    lockstep = False
 
     #: where the policy's per-iteration rows go (set by the Exchange before start())
     records: Optional[Records] = None

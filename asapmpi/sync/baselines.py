@@ -17,6 +17,7 @@ class BSP(Policy):
     """Put, global barrier, reduce what is in the slots: only version k is reduced."""
 
     name = "bsp"
+    lockstep = True
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Write version k with the seqlock sequence."""

@@ -38,6 +38,7 @@ class NotifyAck(Policy):
     """ASAP's NOTIFY-ACK: every reduce uses every in-neighbour's current version."""
 
     name = "notify_ack"
+    lockstep = True
     depth = 1
     # a slot is rewritten only after every out-neighbour acknowledged it
     outbox = True

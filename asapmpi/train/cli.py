@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
     faults.add_argument("--kill-in", choices=("start", "end"),
                         help="... just before the run's start or end collective")
+    faults.add_argument("--kill-signal", choices=("kill", "stop"), default="kill",
+                        help="--kill-in: SIGKILL (default) or SIGSTOP (the rank stays "
+                             "alive but silent)")
 
 
 #: what the training command imports: torch, the data readers, the progress bar, the plot
@@ -121,7 +124,7 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         slowdown=args.slowdown, slow_factor=args.slow_factor,
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
         threads=args.threads, kill_rank=args.kill_rank, kill_at=args.kill_at,
-        kill_in=args.kill_in)
+        kill_in=args.kill_in, kill_signal=args.kill_signal)
     if args.compare and args.options:
         raise ConfigError("with --compare, put policy options in each run "
                           "(hop:backup=1), not in --hop")

@@ -78,6 +78,9 @@ def parse_options(pairs, where: str) -> Dict[str, Any]:
 #: where --kill-in kills the rank: just before the run's first (start) or last (end)
 #: collective (fault injection for the tests of their deadlines)
 KILL_POINTS = (None, "start", "end")
+#: how --kill-in ends the rank: SIGKILL (dead: the launcher may end the job itself) or
+#: SIGSTOP (alive but silent forever: only the others' deadlines can end the job)
+KILL_SIGNALS = ("kill", "stop")
 
 
 @dataclass
@@ -115,6 +118,7 @@ class TrainConfig:
     kill_rank: Optional[int] = None
     kill_at: Optional[int] = None
     kill_in: Optional[str] = None
+    kill_signal: str = "kill"
     def resolved(self) -> "TrainConfig":
         """Defaults of the chosen demo filled in, every field checked (ConfigError)."""
         if self.model not in MODELS:
@@ -170,6 +174,9 @@ class TrainConfig:
         if self.kill_in not in KILL_POINTS:
             raise ConfigError(f"--kill-in must be one of {KILL_POINTS[1:]}, got "
                               f"{self.kill_in!r}")
+        if self.kill_signal not in KILL_SIGNALS:
+            raise ConfigError(f"--kill-signal must be one of {KILL_SIGNALS}, got "
+                              f"{self.kill_signal!r}")
         if (self.kill_in is not None or self.kill_at is not None) and self.kill_rank is None:
             raise ConfigError("--kill-at/--kill-in need --kill-rank (which rank dies)")
         if self.threads < 0:

@@ -19,6 +19,7 @@ import io
 import lzma
 import os
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -97,11 +98,16 @@ def _open_binary(path: str):
             from exc
 
 
+def _reader():
+    """scikit-learn's datasets module (the train extra), or MissingExtra."""
+    return require("sklearn.datasets", "train", "reading LIBSVM files")
+
+
 def _parse(handle) -> tuple:
     """scikit-learn's C parser: (CSR float32, float64 labels), indices 1-based, qid
-    ignored; ValueError on a malformed line."""
-    reader = require("sklearn.datasets", "train", "reading LIBSVM files")
-    return reader.load_svmlight_file(handle, dtype=np.float32, zero_based=False)
+    ignored; ValueError on a malformed line, OverflowError on an index >= 2**31 (the
+    parser keeps indices in a C int)."""
+    return _reader().load_svmlight_file(handle, dtype=np.float32, zero_based=False)
 
 
 def _data_lines(path: str):
@@ -127,6 +133,8 @@ def _first_bad_line(path: str) -> tuple:
     def fails(lines):
         try:
             _parse(io.BytesIO(b"".join(line for _, line in lines)))
+        except OverflowError:
+            return "a feature index is 2**31 or more, beyond scikit-learn's reader"
         except ValueError as exc:
             return str(exc)
         return None
@@ -167,15 +175,16 @@ def _read_libsvm(path: str, n_features: int | None) -> tuple:
     largest index."""
     if n_features is not None and n_features < 1:
         raise ConfigError(f"n_features={n_features}: pass a positive number of columns")
+    _reader()           # a missing extra is its own one-line error, not a bad line 1
     try:
         with _open_binary(path) as handle:
             x, labels = _parse(handle)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         bad = _first_bad_line(path)
         if bad is None:
             raise ConfigError(f"cannot parse LIBSVM file {path}: {exc}; {_FORMAT}") from None
         raise _malformed(path, bad[0], bad[1].rstrip(".")) from None
-    except (OSError, EOFError, lzma.LZMAError) as exc:  # e.g. a truncated or corrupt .bz2
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:  # a corrupt archive
         raise ConfigError(f"cannot read LIBSVM file {path}: {exc}; check or re-download "
                           f"the file") from exc
     if x.shape[0] == 0:
@@ -549,6 +558,8 @@ def _call(loader: Callable, what: str, options: dict, **fixed) -> Dataset:
                           f"{', '.join(allowed)}")
     try:
         return loader(**fixed, **options)
+    except ConfigError:
+        raise               # the loader's own message says what to change
     except (TypeError, ValueError) as exc:
         # a value of the wrong type from --data-option (n_train=abc, n_features=2.5)
         raise ConfigError(f"dataset {what}: bad option value ({exc}); check "

@@ -4,10 +4,10 @@
     opt = DecentralizedOptimizer(torch.optim.Adam(model.parameters()), graph="ring",
                                  sync="hop", max_gap=2, backup=1, model=model)
 """
-from ..extras import check as _check_extras
+from ..extras import require as _require
 
 # One line naming the pip install when torch is missing, not a traceback from flat.py.
-_check_extras(["torch"], "torch", "asapmpi.torch")
+_require("torch", "torch", "asapmpi.torch")
 
 from .flat import FlatParameters, PackedTensors  # noqa: E402
 from .optimizer import (  # noqa: E402

@@ -56,7 +56,7 @@ BUFFERS = ("mix", "broadcast", "local")
 #: policies whose ranks all mix at the same iterations, so that a broadcast from rank 0 at
 #: every mix costs no waiting the exchange does not already do (hop, async, gossip and
 #: the parameter servers let ranks drift apart: a collective per mix would undo that)
-LOCKSTEP = ("notify_ack", "notify_ack_ignore_acks", "bsp", "allreduce")
+LOCKSTEP = tuple(name for name, cls in asapmpi.sync.POLICIES.items() if cls.lockstep)
 #: optimizer steps between two checks that the parameters still live in the buffer
 CHECK_EVERY = 64
 
@@ -79,6 +79,13 @@ def _split(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module],
     trainable = [p for p in params if p.requires_grad]
     # frozen parameters are often left out of the optimizer: the model has them all
     extra = [] if model is None else list(model.parameters())
+    known = {id(p) for p in params}
+    astray = [tuple(p.shape) for p in extra if p.requires_grad and id(p) not in known]
+    if astray:
+        raise ConfigError(f"the model's parameters of shapes {astray} require gradients "
+                          f"but are in no parameter group of the optimizer, so nothing "
+                          f"would keep them equal across ranks; add them to the optimizer "
+                          f"or call requires_grad_(False) on them")
     frozen = list({id(p): p for p in params + extra if not p.requires_grad}.values())
     found = [] if model is None or buffers == "local" else list(model.buffers())
     if buffers == "mix":
@@ -122,9 +129,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
 
     It is a torch.optim.Optimizer whose `param_groups`, `state` and `defaults` are the
     wrapped optimizer's (the same objects): learning-rate schedulers and gradient
-    scalers take the wrapper itself.  A GradScaler that skips a step (inf gradients)
-    skips this rank's mix too, which its neighbours wait for: prefer bf16 autocast,
-    which needs no scaler.  Creating, freeing and the first step are collective.
+    scalers take the wrapper itself.  With a GradScaler, a step whose gradients hold
+    inf or NaN skips this rank's update but not its mix (its neighbours wait for every
+    mix), as GradScaler's contract for optimizers with `_step_supports_amp_scaling`
+    allows.  Creating, freeing and the first step are collective.
     `iteration` counts optimizer steps, including those a Hop worker skipped when it
     jumped ahead.
     """
@@ -167,6 +175,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                                   f"sync={sync!r} lets ranks reach at different times; use "
                                   f"buffers='mix' or 'local', or sync in {LOCKSTEP}")
             check_cpu(self.frozen)
+            policy = asapmpi.sync.POLICIES.get(sync) if isinstance(sync, str) else None
+            if getattr(policy, "global_iterations", False) and (period, mode) != (1, "serial"):
+                raise ConfigError(f"sync={sync!r} decides itself when each worker "
+                                  f"synchronizes: use period=1 and mode='serial'")
             self.flat = FlatParameters(trainable, mixed)
             self.side = PackedTensors(side)
             layout = (self.side.nbytes, [tuple(p.shape) for p in self.frozen])
@@ -190,10 +202,6 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
                                          **exchange_options)
         self.flat.rehome(self.exchange.buffer)
-        if self.exchange.global_iterations and (period != 1 or mode != "serial"):
-            self.exchange.free()
-            raise ConfigError(f"sync={sync!r} decides itself when each worker synchronizes: "
-                              f"use period=1 and mode='serial'")
         # the broadcasts of buffers get a communicator of their own: nothing else's
         # collectives can interleave with them
         self._side_comm = self.comm.Dup()
@@ -207,6 +215,11 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         self.iteration = 0
         self._sent = False
         self._bytes_before_send = 0
+
+    #: GradScaler.step() then always calls step(), telling it `found_inf` (and
+    #: `grad_scale` while the gradients are still scaled) instead of skipping the call,
+    #: which would skip this rank's mix and leave its neighbours waiting
+    _step_supports_amp_scaling = True
 
     def _init_hooks(self) -> None:
         # what torch.optim.Optimizer.__init__ sets up, but for parameter groups and state,
@@ -249,7 +262,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             # loops over every parameter, so not on every step
             self.check()
         # a parameter server only averages what its workers send: no optimizer step
-        apply = self.optimizer.step if self.exchange.role != "server" else _no_step
+        apply = self._update if self.exchange.role != "server" else _no_step
         if self.mode == "serial":
             loss = apply(closure)
             if self._mixes(target):
@@ -277,6 +290,23 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             # a Hop worker that jumped ahead has completed more exchanges than steps
             self.iteration = max(self.iteration, self.exchange.version * self.period)
         return loss
+
+    def _update(self, closure=None):
+        """The wrapped optimizer's step, unless a GradScaler found inf or NaN gradients
+        (then nothing: the mix goes on); gradients it left scaled are unscaled first,
+        as GradScaler.unscale_ would (multiplied by the float32 reciprocal)."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and float(found_inf) > 0:
+            return None
+        grad_scale = getattr(self, "grad_scale", None)
+        if grad_scale is not None:
+            inverse = grad_scale.double().reciprocal().float()
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.mul_(inverse)
+        return self.optimizer.step(closure)
 
     def _mixed(self) -> None:
         if self.broadcast_each_mix:

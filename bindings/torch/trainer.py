@@ -180,9 +180,10 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
 
 
 def _maybe_die(cfg: TrainConfig, rank: int, where: str) -> None:
-    """Fault injection (--kill-rank R --kill-in start|end): die as a killed process."""
+    """Fault injection (--kill-rank R --kill-in start|end [--kill-signal stop]): die as a
+    killed process, or stop for good (the job's end kills a stopped process too)."""
     if cfg.kill_rank == rank and cfg.kill_in == where:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if cfg.kill_signal == "stop" else signal.SIGKILL)
 
 
 def _agree(comm: MPI.Comm, problem: Optional[str], timeout: float, what: str) -> None:
@@ -194,7 +195,8 @@ def _agree(comm: MPI.Comm, problem: Optional[str], timeout: float, what: str) ->
 
 
 #: settings a resumed run may change (everything else must match the checkpoint)
-RESUMABLE_CHANGES = {"iters", "resume", "kill_rank", "kill_at", "kill_in", "out", "threads",
+RESUMABLE_CHANGES = {"iters", "resume", "kill_rank", "kill_at", "kill_in", "kill_signal",
+                     "out", "threads",
                      "timeout",
                      "eval_every", "checkpoint_every", "keep", "target"}
 
