@@ -180,11 +180,14 @@ def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
 
 
 def test_training_on_the_network_path(tmp_path):
-    proc = train("svm", "-n", "4", "--network", "--iters", "100", "--out", str(tmp_path),
+    # 200 iterations: at 100, hop with a backup worker ended between 0.80 and 0.89 in
+    # four runs (0.799 in one CI run), which iterations it reduces depending on timing;
+    # at 200 it ended at 0.86-0.90 in four
+    proc = train("svm", "-n", "4", "--network", "--iters", "200", "--out", str(tmp_path),
                  "--json", str(tmp_path / "s.json"), "--compare", "notify_ack,hop:backup=1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in json.loads((tmp_path / "s.json").read_text())["runs"]:
-        assert r["iterations"] == 100 and r["final_test_accuracy"] > 0.8
+        assert r["iterations"] == 200 and r["final_test_accuracy"] > 0.8
 
 
 def test_the_main_job_ends_with_the_summary_table(tmp_path):
