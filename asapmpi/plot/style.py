@@ -36,9 +36,9 @@ STYLE = {
     "lines.linewidth": 1.6,
     "legend.frameon": False,
     "legend.fontsize": 9,
-    # tick labels are the numbers themselves, never "+6.79e1" offsets
+    # tick labels are the numbers themselves, never "+6.79e1" offsets or "1e6" factors
     "axes.formatter.useoffset": False,
-    "axes.formatter.limits": (-4, 6),
+    "axes.formatter.limits": (-5, 9),        # 1000000 steps, not 1e6 under the axis
     "savefig.facecolor": "white",
 }
 
