@@ -35,6 +35,7 @@ CASES = [
     (["bench", "soak", "--job-timeout", "inf"], "--job-timeout must be a positive number"),
     (["bench", "soak", "--job-timeout", "nan"], "--job-timeout must be a positive number"),
     (["bench", "soak", "--seconds", "inf"], "--seconds >= 0"),
+    (["bench", "reduce", "--job-timeout", "nan"], "must be a finite positive number"),
     (["train", "svm", "--kill-in", "start"], "--kill-in need --kill-rank"),
     (["trace", "check", "/no/such/trace.h5"], "/no/such/trace.h5"),
     (["train", "svm", "--iters", "-1"], "--iters must be an integer >= 1"),

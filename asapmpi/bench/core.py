@@ -131,11 +131,26 @@ def parse_sizes(text: str) -> List[int]:
     return sizes
 
 
+def publish(report: Dict[str, Any], text: str, json_path: Optional[str] = None,
+            png_path: Optional[str] = None,
+            draw: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> None:
+    """Print a benchmark's `text`, write its `report` to `json_path` and draw it to
+    `png_path` with `draw`, each when asked for."""
+    print(text, flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    if png_path and draw is not None:
+        draw(report, png_path)
+
+
 def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a finite number of `kind` above zero."""
     def convert(text: str) -> Any:
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not 0 < value < math.inf:        # nan and inf too
+            raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text}")
         return value
     convert.__name__ = kind.__name__
     return convert
@@ -666,11 +681,7 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0:
         report = {"environment": environment(comm, args), "sizes": records,
                   "summary": summarize(records)}
-        print(format_report(report), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+        publish(report, format_report(report), args.json)
     return 0
 
 

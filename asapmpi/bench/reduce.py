@@ -44,7 +44,6 @@ A target whose configuration was not in the sweep is "not measured".
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -53,7 +52,7 @@ import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .core import format_time, parse_sizes, positive, render_table, size_label
+from .core import format_time, parse_sizes, positive, publish, render_table, size_label
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_RANKS = "2,4,8"
@@ -200,12 +199,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         jobs = run_jobs(args)
     report = analyze(jobs)
-    print(format_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    if args.png:
-        draw(report, args.png)
+    publish(report, format_report(report), args.json, args.png, draw)
     failed = any(t["verdict"] == "FAIL" for t in report["targets"])
     return 1 if args.strict and failed else 0
 

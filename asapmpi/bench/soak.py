@@ -18,7 +18,6 @@ at the end of the run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..rc import rc
-from .core import parse_sizes
+from .core import parse_sizes, publish
 
 DEFAULT_RUNS = ("notify_ack,hop:backup=1,hop:staleness=3,hop:backup=1:skip_trigger=1,"
                 "bsp,async,gossip:every=2")
@@ -208,10 +207,5 @@ def run(args: argparse.Namespace) -> int:
     """Measure every run, print the table, write --json and --png; 1 if a run grew."""
     runs = check(args)
     report = analyze(run_jobs(args, runs))
-    print(format_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    if args.png:
-        draw(report, args.png)
+    publish(report, format_report(report), args.json, args.png, draw)
     return 0 if all(r["verdict"] == "PASS" for r in report["runs"]) else 1
