@@ -15,13 +15,24 @@ from .errors import (
                      NonFiniteError,
                      ProtocolError,
 )
-from .exchange import Exchange
 from .faults import abort_job
 from .rc import rc
 from .reduce import Graph, graph, graph_from, spectral_gap
 from .slowdown import Slowdown
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Exchange imports mpi4py.MPI, which initializes MPI: a process that only launches
+    # ranks (asapmpi-run, `asapmpi train -n 8` outside a job, doctor) must not.  Open
+    # MPI's singleton start would also put its PMIx variables into the environment of
+    # every process it starts, and an mpiexec started with those exits 1 (issue 14).
+    if name == "Exchange":
+        from .exchange import Exchange
+
+        return Exchange
+    raise AttributeError(f"module 'asapmpi' has no attribute {name!r}")
 
 __all__ = [
     "AsapError", "ConfigError", "Exchange", "FreedError", "Graph", "MPIError",

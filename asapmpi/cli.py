@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     def ranks_options(p):
         p.add_argument("-n", "--ranks", type=int, default=4,
                        help="ranks to launch when not already inside an MPI job (default 4)")
-        p.add_argument("--network", action="store_true",
-                       help="force MPICH's network path (TCP on loopback), not shared memory")
+        p.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
+                       help="force the MPI's network path, not shared memory: tcp (MPICH's "
+                            "ch4:ofi or Open MPI's tcp btl, on loopback) or ucx (Open MPI: "
+                            "UCX over TCP)")
         p.add_argument("--job-timeout", type=float, default=600,
                        help="kill the launched job after this many seconds (default 600; "
                             "train: 0, no limit)")

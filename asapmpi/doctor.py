@@ -15,15 +15,17 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
-from .ranks import active_message_rma, network_forced
+from .launchers import network_forced
+from .ranks import active_message_rma
 
 SMOKE_TAG = "ASAPMPI-DOCTOR"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `asapmpi doctor`."""
-    parser.add_argument("--network", action="store_true",
-                        help="run the smoke test on MPICH's forced network path")
+    parser.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
+                        help="run the smoke test on the MPI's forced network path: tcp "
+                             "(MPICH's ch4:ofi, Open MPI's tcp btl) or ucx (Open MPI)")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--clean", action="store_true",
                         help="remove the stale shared-memory files of this user's ended "
@@ -32,7 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rma_path(env: Dict[str, str]) -> str:
-    """How MPICH moves RMA between ranks of one host under `env`."""
+    """How the MPI moves RMA between ranks of one host under `env`."""
+    if network_forced(env) and "OMPI_MCA_pml" in env:
+        chosen = ", ".join(f"{k[len('OMPI_MCA_'):]}={v}" for k, v in sorted(env.items())
+                           if k in ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_osc"))
+        tls = f", UCX_TLS={env['UCX_TLS']}" if "UCX_TLS" in env else ""
+        return f"network (forced: Open MPI {chosen}{tls})"
     if network_forced(env):
         netmod = env.get("MPIR_CVAR_CH4_NETMOD", "default netmod")
         provider = env.get("FI_PROVIDER", "")
@@ -126,16 +133,19 @@ def run(args: argparse.Namespace) -> int:
         from .errors import ConfigError
 
         raise ConfigError(f"--json {args.json}: not a file in an existing folder")
-    from .ranks import NETWORK_PATH_ENV, find_mpiexec
+    from .launchers import flavour, network_env
+    from .ranks import find_mpiexec
 
     checks = library_checks()
+    mpiexec = find_mpiexec()
+    kind = flavour(mpiexec)
     env = dict(os.environ)
     if args.network:
-        env.update(NETWORK_PATH_ENV)
+        env.update(network_env(kind, args.network))
     checks.append(("RMA path", True, rma_path(env)))
     checks.append(("asynchronous progress", True, async_progress(env)))
     if all(ok for _, ok, _ in checks):
-        checks.extend(_smoke_checks(find_mpiexec(), env))
+        checks.extend(_smoke_checks(mpiexec, env))
     # after the smoke test: its own files are gone or in use by then
     stale, leftovers = _leftovers(args.clean)
     width = max(len(name) for name, _, _ in [*checks, stale])
@@ -173,9 +183,14 @@ def _leftovers(clean: bool) -> Tuple[Tuple[str, bool, str], list]:
 
 
 def _smoke_checks(mpiexec: str, env: Dict[str, str]) -> List[Tuple[str, bool, str]]:
-    env = {**env, "MPIEXEC_TIMEOUT": "120", "ASAPMPI_EXPECTED_SIZE": "2"}
-    env.pop("PMI_RANK", None)
-    cmd = [mpiexec, "-n", "2", sys.executable, "-m", "asapmpi", "doctor", "--smoke"]
+    from .launchers import command, flavour
+    from .ranks import RANK_VARIABLES
+
+    cmd, extra = command(flavour(mpiexec), mpiexec, 2,
+                         [sys.executable, "-m", "asapmpi", "doctor", "--smoke"],
+                         job_timeout=120)
+    env = {k: v for k, v in env.items() if k not in RANK_VARIABLES}
+    env.update(extra)
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
                               check=False)

@@ -34,9 +34,10 @@ from mpi4py import MPI
 
 from . import _core, collectives
 from ._core.segments import SharedSegments
-from .errors import ConfigError, FreedError, NonFiniteError
+from .errors import ConfigError, FreedError, MPIError, NonFiniteError
 from .faults import install_abort_hook
-from .ranks import check_world_size, network_forced
+from .launchers import network_forced
+from .ranks import check_world_size
 from .rc import max_transfer, rc
 from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
@@ -510,6 +511,16 @@ class Exchange:
                 poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
                 flush_timeout=self.timeout, outboxes=outboxes,
                 messages=self.transport == "messages")
+        except MPIError as exc:
+            if self._segments is not None:
+                self._segments.close()
+            if exc.call == "MPI_Win_allocate" and MPI.Query_thread() == MPI.THREAD_MULTIPLE \
+                    and "Open MPI" in MPI.Get_library_version():
+                raise MPIError(exc.code, exc.call,
+                               exc.mpi_message + "; Open MPI's RMA over its tcp btl (osc "
+                               "pt2pt) refuses MPI_THREAD_MULTIPLE, mpi4py's default: set "
+                               "MPI4PY_RC_THREAD_LEVEL=serialized") from None
+            raise
         except BaseException:
             if self._segments is not None:
                 self._segments.close()
@@ -773,6 +784,9 @@ class Exchange:
             records = self._policy.records
             if records is not None:
                 records.close()         # this rank's part of the trace file is complete
+            if self._win is not None and not self._win.freed:
+                # a neighbour may still wait for this rank's last notify or ack
+                self._win.complete_pending()
             # lockstep policies reach free() within a step of each other; the others
             # may leave a slow rank far behind, alive, with steps still to do
             deadline = self.timeout if self._policy.lockstep else \

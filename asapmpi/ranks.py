@@ -2,38 +2,18 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .errors import AsapError, ConfigError
+from .launchers import command, flavour
 
 #: variables a process manager sets in every rank it starts (MPICH hydra, Open MPI,
 #: PMIx, Slurm's srun)
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-#: MPICH settings that force RMA through the network module, TCP on loopback only.
-#: RMA runs as MPICH active messages: libfabric's tcp provider emulates RMA with manual
-#: progress, and a flush then waits for the target's CPU to poll libfabric: 20.8 ms per
-#: notify_ack step of 64 KB on 8 oversubscribed ranks against 1.3 ms this way
-#: (docs/BENCHMARKS.md).  NATIVE_TCP_RMA_ENV keeps libfabric's RMA, for tests.
-NETWORK_PATH_ENV = {
-    "MPIR_CVAR_NOLOCAL": "1",
-    "MPIR_CVAR_CH4_NETMOD": "ofi",
-    "FI_PROVIDER": "tcp",
-    "FI_TCP_IFACE": "lo",
-    "MPIR_CVAR_CH4_OFI_ENABLE_RMA": "0",
-}
-NATIVE_TCP_RMA_ENV = dict(NETWORK_PATH_ENV, MPIR_CVAR_CH4_OFI_ENABLE_RMA="1")
-
-
-def network_forced(env: Optional[Mapping[str, str]] = None) -> bool:
-    """True when MPICH is told to send even local RMA through its network module."""
-    env = os.environ if env is None else env
-    return env.get("MPIR_CVAR_NOLOCAL", "0").strip() not in ("", "0")
 
 
 def active_message_rma(env: Optional[Mapping[str, str]] = None) -> bool:
@@ -58,16 +38,21 @@ def find_mpiexec() -> str:
                             "or set MPIEXEC=/path/to/mpiexec")
 
 
-def relaunch(ranks: int, argv: List[str], network: bool = False,
+def launch_command(ranks: int, program: List[str], network: Optional[str] = None,
+                   timeout: float = 0) -> Tuple[List[str], Dict[str, str]]:
+    """The mpiexec command line and whole environment that run `program` on `ranks`
+    ranks of this host with the MPI mpi4py uses (asapmpi.launchers.command)."""
+    mpiexec = find_mpiexec()
+    cmd, extra = command(flavour(mpiexec), mpiexec, ranks, program,
+                         job_timeout=timeout or 0, network=network)
+    return cmd, {**os.environ, **extra}
+
+
+def relaunch(ranks: int, argv: List[str], network: Optional[str] = None,
              timeout: Optional[float] = None) -> int:
     """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code."""
-    env = dict(os.environ)
-    env["ASAPMPI_EXPECTED_SIZE"] = str(ranks)
-    if network:
-        env.update(NETWORK_PATH_ENV)
-    if timeout:
-        env["MPIEXEC_TIMEOUT"] = str(max(1, math.ceil(timeout)))
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", "asapmpi", *argv]
+    cmd, env = launch_command(ranks, [sys.executable, "-m", "asapmpi", *argv], network,
+                              timeout or 0)
     return subprocess.call(cmd, env=env)
 
 
@@ -98,26 +83,21 @@ def check_world_size(size: int) -> None:
     typically every process is a singleton because mpi4py's MPI is not the launcher's."""
     want = expected_size()
     if want is not None and want != size:
-        from mpi4py import MPI
+        from ._core.mpiabi import library_version
 
-        library = MPI.Get_library_version().strip().splitlines()[0]
+        library = library_version()
         raise ConfigError(f"this job has {size} rank(s) but its launcher started {want}: "
                           f"the processes did not join one MPI job; launch with the mpiexec "
                           f"of the MPI mpi4py uses ({library}), e.g. asapmpi-run")
 
 
-def run_job(module: str, ranks: int, spec: Any, out: str, what: str, network: bool = False,
-            timeout: float = 0) -> Dict[str, Any]:
+def run_job(module: str, ranks: int, spec: Any, out: str, what: str,
+            network: Optional[str] = None, timeout: float = 0) -> Dict[str, Any]:
     """Run `python -m MODULE JSON(spec) OUT` on `ranks` ranks under mpiexec and return the
     JSON its rank 0 wrote to `out`; AsapError naming `what` if the job failed (the ranks'
     own errors are on stderr above it)."""
-    env = dict(os.environ, ASAPMPI_EXPECTED_SIZE=str(ranks))
-    if timeout:
-        env["MPIEXEC_TIMEOUT"] = str(max(1, math.ceil(timeout)))
-    if network:
-        env.update(NETWORK_PATH_ENV)
-    cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", module, json.dumps(spec),
-           out]
+    cmd, env = launch_command(ranks, [sys.executable, "-m", module, json.dumps(spec), out],
+                              network, timeout)
     code = subprocess.call(cmd, env=env)
     if code != 0 or not os.path.exists(out):
         raise AsapError(f"{what} failed (exit code {code}); its errors are above")

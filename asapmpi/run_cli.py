@@ -1,6 +1,6 @@
 """asapmpi-run: one launcher for MPICH's hydra and Open MPI's mpiexec.
 
-    asapmpi-run -n 8 [--hosts FILE] [--job-timeout S] [--network] \\
+    asapmpi-run -n 8 [--hosts FILE] [--job-timeout S] [--network [tcp|ucx]] \\
                 [--slowdown random --slow-factor 6] [--dry-run] -- python train.py ...
 
 It finds the mpiexec of the MPI that mpi4py uses (beside the interpreter, $MPIEXEC,
@@ -8,77 +8,29 @@ PATH), recognizes its flavour from `mpiexec --version`, and adds what small and
 oversubscribed machines need: Open MPI's --oversubscribe and --bind-to none and
 mpi_yield_when_idle (hydra oversubscribes by itself), a job time limit (hydra:
 MPIEXEC_TIMEOUT; Open MPI: --timeout), a hosts file (-f / --hostfile), MPICH's forced
-network path (--network: TCP on loopback), slowdown injection for the training demos
+network path (--network: TCP on loopback; Open MPI's UCX over TCP with --network ucx;
+asapmpi.launchers has the table), slowdown injection for the training demos
 and user code (ASAPMPI_SLOWDOWN), and ASAPMPI_EXPECTED_SIZE so that every rank can check
 that it landed in a job of the size asked for.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
-import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from .errors import ConfigError
-from .ranks import NETWORK_PATH_ENV, find_mpiexec
+from .launchers import command, flavour
+from .ranks import find_mpiexec
 from .slowdown import add_arguments as slowdown_arguments
-
-FLAVOURS = ("mpich", "openmpi")
-
-
-def flavour(mpiexec: str) -> str:
-    """"mpich" (hydra) or "openmpi", from `mpiexec --version`."""
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"cannot run {mpiexec} --version: {exc}") from None
-    text = out.stdout + out.stderr
-    if "HYDRA" in text or "MPICH" in text:
-        return "mpich"
-    if "Open MPI" in text or "OpenRTE" in text or "prte" in text.lower():
-        return "openmpi"
-    raise ConfigError(f"{mpiexec} is neither MPICH's hydra nor Open MPI's mpiexec; set "
-                      f"MPIEXEC to one of them")
 
 
 def slowdown_spec(kind: str, factor: float, probability: float, ranks: Sequence[int],
                   seed: int) -> str:
     """The ASAPMPI_SLOWDOWN value: kind:factor:probability:ranks(/-separated):seed."""
     return f"{kind}:{factor}:{probability}:{'/'.join(map(str, ranks))}:{seed}"
-
-
-def command(kind: str, mpiexec: str, ranks: int, program: List[str],
-            hosts: Optional[str] = None, job_timeout: float = 0, network: bool = False,
-            cores: Optional[int] = None) -> Tuple[List[str], Dict[str, str]]:
-    """The mpiexec command line and the environment additions for `program`."""
-    env = {"ASAPMPI_EXPECTED_SIZE": str(ranks)}
-    cmd = [mpiexec, "-n", str(ranks)]
-    limit = str(max(1, math.ceil(job_timeout))) if job_timeout else ""
-    if kind == "mpich":
-        if hosts:
-            cmd += ["-f", hosts]
-        if limit:
-            env["MPIEXEC_TIMEOUT"] = limit
-    else:
-        cores = cores or os.cpu_count() or 1
-        if hosts:
-            cmd += ["--hostfile", hosts]
-        else:
-            # one host, maybe more ranks than cores: waiting ranks must yield the cores
-            cmd += ["--oversubscribe", "--bind-to", "none",
-                    "--mca", "mpi_yield_when_idle", "1"]
-        if limit:
-            cmd += ["--timeout", limit]
-    if network:
-        if kind != "mpich":
-            raise ConfigError("--network forces MPICH's network module; with Open MPI use "
-                              "--mca btl ^sm,vader (pass it after --mpi-args)")
-        env.update(NETWORK_PATH_ENV)
-    return cmd + list(program), env
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,8 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "optionally host:slots)")
     p.add_argument("--job-timeout", type=float, default=0,
                    help="end the job after this many seconds (default: no limit)")
-    p.add_argument("--network", action="store_true",
-                   help="MPICH: force RMA over the network module, TCP on loopback")
+    p.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
+                   help="force the MPI's network path on loopback: tcp (MPICH's ch4:ofi, "
+                        "Open MPI's tcp btl) or ucx (Open MPI's UCX over TCP)")
     p.add_argument("--mpiexec", help="the mpiexec to use (default: the one beside this "
                                      "Python, $MPIEXEC, PATH)")
     p.add_argument("--mpi-args", default="", help="extra mpiexec arguments, one string")

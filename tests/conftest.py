@@ -1,9 +1,20 @@
 """Fixtures shared by the test modules."""
 import os
 
+import mpi4py
 import pytest
 
 from asapmpi import shm_leftovers
+
+from mpilaunch import STACK
+
+if STACK == "openmpi":
+    # The tests start their ranks with mpiexec; this process needs no MPI.  Initialized
+    # here (by a test module importing mpi4py.MPI), Open MPI would start as a singleton
+    # and put its PMIx variables into the C environment, which every process started
+    # without env= inherits: an mpiexec started with them exits 1 at once.
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
 """Launch a multi-rank scenario under mpiexec from a pytest test.
 
 Each scenario is a function in tests/mpi/scenarios.py run on every rank by
-tests/mpi/run.py.  A deadlock fails the test instead of hanging it: hydra's
-MPIEXEC_TIMEOUT kills the job, and the subprocess itself has a slightly longer timeout.
+tests/mpi/run.py.  A deadlock fails the test instead of hanging it: the launcher's job
+limit (hydra's MPIEXEC_TIMEOUT, Open MPI's --timeout) kills the job, and the subprocess
+itself has a slightly longer timeout.  The MPI family is the one mpi4py uses here:
+dev/test.sh runs the suite on the MPICH wheel and the multi-rank tests on Open MPI.
 """
 from __future__ import annotations
 
@@ -13,19 +15,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asapmpi.ranks import NATIVE_TCP_RMA_ENV, NETWORK_PATH_ENV
+import pytest
+
+from asapmpi.launchers import NATIVE_TCP_RMA_ENV, command, flavour, network_env
 
 RUNNER = Path(__file__).parent / "mpi" / "run.py"
 RESULT_TAG = "ASAPMPI-RESULT"
 
-#: shm: shared memory; net: RMA through the network module (TCP over loopback only) as
-#: MPICH active messages, asapmpi's network path; net-native: libfabric's own tcp RMA
-PATHS = ("shm", "net")
-PATH_ENV = {"shm": {}, "net": NETWORK_PATH_ENV, "net-native": NATIVE_TCP_RMA_ENV}
-
 
 def mpiexec() -> str:
-    """The mpiexec beside this interpreter (the embedded MPICH), else MPIEXEC or PATH's."""
+    """The mpiexec beside this interpreter (the embedded MPICH, or the mpiexec that
+    dev/setup-openmpi.sh links there), else MPIEXEC or PATH's."""
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
@@ -35,17 +35,47 @@ def mpiexec() -> str:
     return found
 
 
+#: "mpich" or "openmpi": the MPI family this test run launches its ranks with
+STACK = flavour(mpiexec())
+
+#: shm: shared memory (the MPI's defaults on one host); net: everything through the
+#: MPI's network module over TCP on loopback (MPICH: ch4:ofi with RMA as active
+#: messages; Open MPI: the tcp btl with osc pt2pt/rdma); ucx (Open MPI with UCX): pml
+#: and osc ucx on UCX's TCP transport; net-native (MPICH): libfabric's own tcp RMA
+PATHS = ("shm", "net")
+PATH_ENV = {"shm": {}, "net": network_env(STACK, "tcp")}
+if STACK == "mpich":
+    PATH_ENV["net-native"] = NATIVE_TCP_RMA_ENV
+else:
+    PATH_ENV["ucx"] = network_env(STACK, "ucx")
+
+#: pytest marks for tests about one MPI family's behaviour: they run only on it
+mpich_only = pytest.mark.skipif(STACK != "mpich", reason="about MPICH's behaviour")
+openmpi_only = pytest.mark.skipif(STACK != "openmpi", reason="about Open MPI's behaviour")
+
+
+def job_command(ranks: int, program, path: str = "shm", timeout: float = 0,
+                keep_going: bool = False):
+    """The mpiexec command line and whole environment that run `program` on `ranks`
+    ranks on `path` with this run's MPI (asapmpi.launchers.command: the one place
+    that knows each launcher's options)."""
+    if path not in PATH_ENV:
+        raise ValueError(f"path must be one of {sorted(PATH_ENV)} on {STACK}")
+    cmd, extra = command(STACK, mpiexec(), ranks, [str(a) for a in program],
+                         job_timeout=timeout, keep_going=keep_going)
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    env.update(extra)
+    env.update(PATH_ENV[path])
+    return cmd, env
+
+
 def launch(scenario: str, ranks: int, path: str = "shm", timeout: float = 120,
            **kwargs) -> subprocess.CompletedProcess:
     """Run `scenario` on `ranks` ranks and return the finished mpiexec process, whatever
     its exit code (a hang past the timeout fails the test)."""
-    env = dict(os.environ)
-    env.pop("PYTEST_CURRENT_TEST", None)
-    env["MPIEXEC_TIMEOUT"] = str(int(timeout))
-    if path not in PATH_ENV:
-        raise ValueError(f"path must be one of {sorted(PATH_ENV)}")
-    env.update(PATH_ENV[path])
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(RUNNER), scenario, json.dumps(kwargs)]
+    cmd, env = job_command(ranks, [sys.executable, RUNNER, scenario, json.dumps(kwargs)],
+                           path, timeout)
     try:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                               timeout=timeout + 30)

@@ -10,7 +10,7 @@ import pytest
 
 from asapmpi.bench import reduce as bench
 
-from mpilaunch import mpiexec
+from mpilaunch import job_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +84,7 @@ def test_inside_an_mpi_job_it_measures_that_job(tmp_path):
     out = tmp_path / "one.json"
     proc = asapmpi("bench", "reduce", "--sizes", "4K", "--graphs", "ring", "--policies",
                    "notify_ack", "--repeats", "1", "--min-time", "0.002", "--no-gloo",
-                   "--json", str(out), launcher=(mpiexec(), "-n", "2"))
+                   "--json", str(out), launcher=job_command(2, [])[0])
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [(j["path"], j["ranks"], j["gloo"]) for j in report["jobs"]] == [

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from asapmpi.errors import ConfigError
-from asapmpi.run_cli import command, flavour
+from asapmpi.launchers import command, flavour, network_forced
 
-from mpilaunch import run
+from mpilaunch import STACK, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, os.path.join(ROOT, "launch", "asapmpi-run")]
@@ -29,17 +29,25 @@ def test_flavours_and_their_flags(tmp_path):
     hydra = _fake_mpiexec(tmp_path, "HYDRA build details:")
     assert flavour(hydra) == "mpich"
     cmd, env = command("mpich", hydra, 8, ["python", "x.py"], hosts="h.txt",
-                       job_timeout=90, network=True)
-    assert cmd == [hydra, "-n", "8", "-f", "h.txt", "python", "x.py"]
+                       job_timeout=90, network="tcp", keep_going=True)
+    assert cmd == [hydra, "-n", "8", "-f", "h.txt", "-disable-auto-cleanup", "python", "x.py"]
     assert env["MPIEXEC_TIMEOUT"] == "90" and env["MPIR_CVAR_NOLOCAL"] == "1"
-    assert env["ASAPMPI_EXPECTED_SIZE"] == "8"
+    assert env["ASAPMPI_EXPECTED_SIZE"] == "8" and network_forced(env)
     ompi = _fake_mpiexec(tmp_path / "ompi", "mpiexec (Open MPI) 5.0.3")
     assert flavour(ompi) == "openmpi"
     cmd, env = command("openmpi", ompi, 8, ["python", "x.py"], job_timeout=90)
     assert cmd[:3] == [ompi, "-n", "8"] and "--oversubscribe" in cmd
     assert cmd[cmd.index("--timeout") + 1] == "90" and "mpi_yield_when_idle" in cmd
-    with pytest.raises(ConfigError, match="forces MPICH's network module"):
-        command("openmpi", ompi, 2, ["x"], network=True)
+    assert "MPIEXEC_TIMEOUT" not in env and not network_forced(env)
+    cmd, env = command("openmpi", ompi, 2, ["x"], network="tcp", keep_going=True)
+    assert env["OMPI_MCA_btl"] == "tcp,self"
+    assert env["OMPI_MCA_orte_abort_on_non_zero_status"] == "0"
+    assert network_forced(env)
+    _, env = command("openmpi", ompi, 2, ["x"], network="ucx")
+    assert env["OMPI_MCA_osc"] == "ucx" and env["UCX_TLS"] == "tcp,self"
+    assert network_forced(env)
+    with pytest.raises(ConfigError, match="mpich has no forced network path 'ucx'"):
+        command("mpich", hydra, 2, ["x"], network="ucx")
     with pytest.raises(ConfigError, match="neither MPICH's hydra nor Open MPI"):
         flavour(_fake_mpiexec(tmp_path / "other", "something else"))
 
@@ -60,7 +68,8 @@ def test_asapmpi_run_starts_a_job_that_sees_its_size_and_slowdown(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
     assert all(p.read_text() == "3 3 4.0" for p in tmp_path.iterdir())
-    assert "MPIEXEC_TIMEOUT=60" in proc.stderr        # the command it ran, on stderr
+    # the command it ran, on stderr
+    assert ("MPIEXEC_TIMEOUT=60" if STACK == "mpich" else "--timeout 60") in proc.stderr
 
 
 def test_asapmpi_run_refuses_bad_input_in_one_line(tmp_path):
@@ -124,7 +133,8 @@ def test_doctor_fails_when_the_smoke_test_fails(tmp_path, monkeypatch, capsys):
 
 def _fake_broken(tmp_path):
     path = tmp_path / "broken-mpiexec"
-    path.write_text("#!/bin/sh\necho 'cannot start' >&2\nexit 3\n")
+    path.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'HYDRA build details:' && exit 0\n"
+                    "echo 'cannot start' >&2\nexit 3\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
 

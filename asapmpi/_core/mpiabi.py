@@ -14,11 +14,18 @@ def build_config():
         return None
 
 
-def runtime_abi() -> tuple[str, str]:
-    """Return (ABI family, library version line) of the MPI that mpi4py loaded."""
+def library_version() -> str:
+    """The first line of the loaded MPI library's version, printable: Open MPI's string
+    ends in a NUL (which HDF5 refuses in an attribute) and MPICH's in a newline."""
     from mpi4py import MPI
 
-    version = MPI.Get_library_version().strip().splitlines()[0]
+    text = MPI.Get_library_version().replace("\0", "").strip()
+    return " ".join(text.splitlines()[0].split()) if text else "unknown MPI library"
+
+
+def runtime_abi() -> tuple[str, str]:
+    """Return (ABI family, library version line) of the MPI that mpi4py loaded."""
+    version = library_version()
     try:
         from mpi4py import _mpiabi
 

@@ -1173,6 +1173,18 @@ cdef class SlotWindow:
             if self._idle(&polls, t0, timeout):
                 return 1
 
+    def complete_pending(self):
+        """Complete this rank's own notifies and acks that are still pending (issued
+        lazily, without a flush) before it waits outside the window, in a collective or
+        free(): MPI lets an implementation defer even issuing an operation until a
+        synchronization call (Open MPI's osc pt2pt does), and a neighbour may be waiting
+        for one of them."""
+        self._check_alive()
+        if self.n_lazy:
+            with nogil:
+                self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1,
+                                self.nbr_desc)
+
     def barrier(self, double timeout=-1.0, int64_t version=0):
         """The BSP baseline's global barrier on the window's communicator: MPI_Ibarrier
         polled with backoff, so that a rank that never arrives is a timeout

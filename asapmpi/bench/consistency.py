@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import Exchange, _core
+from .._core.mpiabi import library_version
 from ..reduce.graphs import GRAPHS
 from .core import parse_sizes, rma_path
 
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> int:
     env = {"ranks": comm.Get_size(), "graph": args.graph, "size_bytes": nbytes,
            "iters": args.iters, "jitter_us": args.jitter_us, "seed": args.seed,
            "path": rma_path(),
-           "mpi_library": MPI.Get_library_version().splitlines()[0].strip()}
+           "mpi_library": library_version()}
     results = {name: summarize(records, args.iters) for name, records in per_policy.items()}
     print(format_report(env, results), flush=True)
     if args.json:

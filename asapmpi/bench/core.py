@@ -83,8 +83,9 @@ from mpi4py import MPI
 import asapmpi
 from asapmpi import Exchange
 from asapmpi._core import kernels
+from asapmpi._core.mpiabi import library_version
 from asapmpi.faults import abort_world
-from asapmpi.ranks import network_forced
+from asapmpi.launchers import network_forced
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 DEGREES = (1, 2, 4)
@@ -504,7 +505,7 @@ def environment(comm: MPI.Comm, args: argparse.Namespace) -> Dict[str, Any]:
         "sync": SYNC,
         "dtype": "float32",
         "path": rma_path(),
-        "mpi_library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+        "mpi_library": library_version(),
         "versions": {"asapmpi": asapmpi.__version__, "mpi4py": mpi4py.__version__,
                      "numpy": np.__version__, "python": sys.version.split()[0]},
         "repeats": args.repeats,

@@ -56,7 +56,9 @@ from .core import format_time, parse_sizes, positive, publish, render_table, siz
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_RANKS = "2,4,8"
-PATHS = {"shm": "shared-memory", "net": "network"}
+PATHS = {"shm": "shared-memory", "net": "network", "ucx": "network (UCX)"}
+#: the forced network path (asapmpi.launchers.NETWORKS) of each
+NETWORK_OF = {"shm": None, "net": "tcp", "ucx": "ucx"}
 DEFAULT_GRAPHS = "complete,root-expander,ring,exponential"
 DEFAULT_POLICIES = "notify_ack,bsp,async,hop"
 #: policies whose step is an averaging step over any graph (the others fix a topology)
@@ -108,8 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"rank counts, one job each (default {DEFAULT_RANKS}; inside "
                              f"an MPI job: that job's size)")
     parser.add_argument("--paths", type=_names(list(PATHS), "path"), default="shm,net",
-                        help="shm (shared memory) and/or net (MPICH's network path, TCP "
-                             "on loopback) (default shm,net)")
+                        help="shm (shared memory), net (the MPI's network path, TCP on "
+                             "loopback) and/or ucx (Open MPI: UCX over TCP) (default "
+                             "shm,net)")
     # "hierarchical" needs the hosts, found by the Exchange: not a fixed graph to sweep
     parser.add_argument("--graphs", type=_names(sorted(set(GRAPHS) - {"hierarchical"}),
                                                 "graph"),
@@ -175,7 +178,7 @@ def run_jobs(args: argparse.Namespace) -> List[Dict[str, Any]]:
                 jobs.append(run_job("asapmpi.bench.reduce_job", n, spec,
                                     os.path.join(tmp, f"{path}-{n}.json"),
                                     f"the {PATHS[path]} job on {n} ranks",
-                                    network=path == "net", timeout=args.job_timeout))
+                                    network=NETWORK_OF[path], timeout=args.job_timeout))
     return jobs
 
 

@@ -34,6 +34,7 @@ from mpi4py import MPI
 
 import asapmpi
 from asapmpi import Exchange
+from asapmpi._core.mpiabi import library_version
 from asapmpi.reduce import graph as make_graph
 
 from .core import Timer, measure_memory_bandwidth, rma_path, size_label, time_memcpy
@@ -154,7 +155,7 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
         finally:
             gloo.close()
     return {"ranks": comm.Get_size(), "path": rma_path(),
-            "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi_library": library_version(),
             "asapmpi": asapmpi.__version__,
             "gloo": None if gloo is None else (gloo.reason or "ok"),
             "degrees": {g: degrees(g, comm.Get_size()) for g in spec["graphs"]},

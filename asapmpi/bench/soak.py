@@ -54,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="traces kept in memory at the default bound (ring), one "
                              "iteration only (off), or streamed to a file (file)")
     parser.add_argument("--samples", type=int, default=40, help="samples per run")
-    parser.add_argument("--network", action="store_true",
-                        help="MPICH's forced network path (TCP on loopback)")
+    parser.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
+                        help="the MPI's forced network path (TCP on loopback; ucx: Open "
+                             "MPI's UCX over TCP)")
     parser.add_argument("--job-timeout", type=float, default=1800,
                         help="seconds one run may take before mpiexec ends it")
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")

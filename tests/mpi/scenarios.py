@@ -13,7 +13,7 @@ from mpi4py.MPI import MIN as MPI_MIN
 import asapmpi
 from asapmpi import _core
 from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, ProtocolError
-from asapmpi.ranks import network_forced
+from asapmpi.launchers import network_forced
 
 HEADER = 64  # bytes before the payload in a slot
 

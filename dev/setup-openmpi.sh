@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Set up the second MPI family the tests run on, idempotently: Open MPI as a cluster user
+# has it (Debian's openmpi-bin and libopenmpi-dev, with UCX; installed with apt-get when
+# missing and this user may), a virtual environment in .venv-openmpi (or
+# $ASAPMPI_OPENMPI_VENV) with mpi4py built from source by Open MPI's mpicc, and asapmpi
+# built by the same mpicc.  Prints the environment's python on the last line.
+#
+# asapmpi is built in a copy of the source tree ($VENV/src): an in-place build here
+# would overwrite the MPICH build's extension modules in the checkout.  The copy holds
+# the checkout's files as they are now (committed or not), refreshed on every run.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${ASAPMPI_OPENMPI_VENV:-$ROOT/.venv-openmpi}"
+PY="$VENV/bin/python"
+MPICC="${OPENMPI_MPICC:-/usr/bin/mpicc.openmpi}"
+
+if ! "$MPICC" -showme:version >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+    if ! command -v apt-get >/dev/null; then
+        echo "setup-openmpi: Open MPI is missing and there is no apt-get; install Open MPI" \
+             "and set OPENMPI_MPICC=/path/to/its/mpicc" >&2
+        exit 1
+    fi
+    echo "setup-openmpi: installing Debian's openmpi-bin libopenmpi-dev" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq >&2
+    $SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev >&2
+fi
+"$MPICC" -showme:version 2>&1 | grep -q "Open MPI" || {
+    echo "setup-openmpi: $MPICC is not Open MPI's mpicc; set OPENMPI_MPICC" >&2; exit 1; }
+MPIEXEC="$(dirname "$MPICC")/mpiexec.openmpi"
+[ -x "$MPIEXEC" ] || MPIEXEC="$(dirname "$MPICC")/mpiexec"
+
+if [ ! -x "$PY" ]; then
+    echo "setup-openmpi: creating $VENV" >&2
+    python3 -m venv "$VENV"
+fi
+# everything the tests need but the MPICH wheel and its mpi4py
+grep -v -E '^(mpich|mpi4py)==' "$ROOT/dev/requirements.txt" \
+    | "$PY" -m pip install --quiet --disable-pip-version-check -r /dev/stdin >&2
+MPI4PY="$(grep -E '^mpi4py==' "$ROOT/dev/requirements.txt")"
+BUILT_WITH="$VENV/.mpi4py-built-with"
+if [ "$(cat "$BUILT_WITH" 2>/dev/null)" != "$MPI4PY $MPICC" ]; then
+    echo "setup-openmpi: building $MPI4PY with $MPICC" >&2
+    MPICC="$MPICC" "$PY" -m pip install --quiet --disable-pip-version-check \
+        --no-binary mpi4py --no-build-isolation --no-cache-dir --force-reinstall --no-deps \
+        "$MPI4PY" >&2
+    echo "$MPI4PY $MPICC" > "$BUILT_WITH"
+fi
+# the mpiexec of this MPI, where the tests and asapmpi-run look first
+ln -sf "$MPIEXEC" "$VENV/bin/mpiexec"
+
+SRC="$VENV/src"
+mkdir -p "$SRC"
+# drop what the checkout no longer has; keep the build's outputs
+find "$SRC" -type f ! -name '*.so' ! -name '*.c' ! -name '_build_config.py' \
+    ! -path '*/build/*' ! -path '*.egg-info/*' -delete
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+    | xargs -0 -I{} sh -c 'test -f "{}" && printf "%s\0" "{}"' \
+    | tar --null -T - -cf -) | (cd "$SRC" && tar -xf -)
+STAMP="$VENV/.asapmpi-build-stamp"
+HASH="$(cd "$SRC" && find asapmpi bindings setup.py pyproject.toml _build -type f \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' -o -name '*.h' \
+           -o -name '*.txt' -o -name '*.toml' \) ! -name '_build_config.py' -print0 \
+        | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] \
+        || ! (cd "$SRC" && "$PY" -c 'import asapmpi._core') 2>/dev/null; then
+    echo "setup-openmpi: building asapmpi with $MPICC" >&2
+    (cd "$SRC" && MPICC="$MPICC" "$PY" -m pip install --quiet --disable-pip-version-check \
+        --no-build-isolation --no-deps --editable . >&2)
+    echo "$HASH" > "$STAMP"
+fi
+echo "$PY"
