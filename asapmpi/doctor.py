@@ -4,7 +4,8 @@ Reports which MPI library mpi4py loaded, which one the extension was built again
 whether their ABIs match, whether one-sided traffic between ranks of a host takes the
 shared-memory or the network path, whether MPI's asynchronous progress is on, and then
 runs a 2-rank smoke test (put, notify, verified reduce, with checksums) under mpiexec,
-reporting the window memory model.  The exit code is 0 when every check passes.
+reporting the window memory model and the transport that transport="auto" measured
+and chose.  The exit code is 0 when every check passes.
 """
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ def smoke() -> int:
                 ok, detail = False, f"step {k + 1}: wrong values {buf[:2]}"
         model = ex.window.memory_model
         stats = ex.stats
+        transport = f"{ex.transport} ({ex.transport_report['reason']})"
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         same_host = local.Get_size()
         local.Free()
@@ -120,6 +122,7 @@ def smoke() -> int:
     if rank == 0:
         print(SMOKE_TAG + " " + json.dumps({"ok": ok, "detail": detail, "ranks": size,
                                             "memory_model": model,
+                                            "transport": transport,
                                             "ranks_on_host": same_host}), flush=True)
     return 0 if ok else 1
 
@@ -202,6 +205,7 @@ def _smoke_checks(mpiexec: str, env: Dict[str, str]) -> List[Tuple[str, bool, st
         return [("2-rank smoke test", False, f"exit {proc.returncode}: {' | '.join(tail)}")]
     res = json.loads(lines[0][len(SMOKE_TAG):])
     return [("window memory model", True, res["memory_model"]),
+            ("transport chosen (auto)", True, res["transport"]),
             ("ranks on one host", True, f"{res['ranks_on_host']} of {res['ranks']}"),
             ("2-rank smoke test", res["ok"],
              res["detail"] or "20 put/notify/verify steps, checksums, all values exact")]

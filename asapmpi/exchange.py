@@ -186,22 +186,64 @@ def _on_one_host(comm: MPI.Comm) -> bool:
         node.Free()
 
 
-def _choose_transport(requested: str, policy, comm: MPI.Comm) -> str:
-    """'shared', 'messages' or 'put' for this exchange, the same on every rank
-    (collective)."""
+#: the shared transport reads payloads in place (zero copy): it stays the choice unless
+#: messages signal this many times faster
+SHARED_MARGIN = 2.0
+
+
+def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
+                      timeout: float) -> Tuple[str, Dict[str, Any]]:
+    """The transport of this exchange, the same on every rank, and the report of how it
+    was chosen (ex.transport_report).  Collective.
+
+    An explicit choice wins.  Under "auto", a policy with one transport gets it; for
+    one with a choice (NOTIFY-ACK: window words or messages) the signals each would
+    wait on are timed (asapmpi.transport_probe), per neighbour class, and the faster
+    one taken: the step waits for its slowest neighbour, so a transport costs its
+    slowest class."""
+    rank = comm.Get_rank()
+    report: Dict[str, Any] = {"requested": requested}
     if requested in ("put", "messages") or not (policy.outbox or policy.messages):
-        return requested if requested == "messages" else "put"
+        chosen = requested if requested == "messages" else "put"
+        report.update(chosen=chosen, reason="asked for" if requested != "auto" else
+                      f"the only transport sync={policy.name!r} has")
+        return chosen, report
     one_host = _on_one_host(comm)
     if requested == "shared":
         if not one_host:
             raise ConfigError("transport='shared' needs every rank on one host; use "
                               "transport='messages', 'put' or 'auto'")
-        return "shared"
+        report.update(chosen="shared", reason="asked for")
+        return "shared", report
     # the environment could differ between ranks: agree on the most conservative
     shared = comm.allreduce(int(one_host and not network_forced()), op=MPI.MIN)
-    if shared and policy.outbox:
-        return "shared"
-    return "messages" if policy.messages else "put"
+    window = "shared" if shared and policy.outbox else "put"
+    if not policy.messages:
+        report.update(chosen=window, reason="window words: the only signals this policy "
+                                            "has")
+        return window, report
+    from . import transport_probe
+
+    classes = {"same host": [], "other host": []}
+    for j in g.out_neighbours(rank):
+        classes["same host" if hosts[j] == hosts[rank] else "other host"].append(j)
+    measured: Dict[str, Dict[str, float]] = {}
+    for name in classes:
+        keep = [[j for j in g.out_neighbours(r)
+                 if (hosts[j] == hosts[r]) == (name == "same host")] for r in range(g.n)]
+        if not any(keep):
+            continue
+        ins = [[i for i in range(g.n) if r in keep[i]] for r in range(g.n)]
+        measured[name] = transport_probe.measure(comm, ins[rank], keep[rank], ins, timeout)
+    words = max(m["words"] for m in measured.values())
+    messages = max(m["messages"] for m in measured.values())
+    margin = SHARED_MARGIN if window == "shared" else 1.0
+    chosen = "messages" if messages * margin < words else window
+    report.update(chosen=chosen, reason=f"measured: window words {words * 1e6:.0f} us, "
+                                        f"messages {messages * 1e6:.0f} us a round",
+                  rounds={name: {k: round(v * 1e6, 1) for k, v in m.items()}
+                          for name, m in measured.items()}, unit="us per round")
+    return chosen, report
 
 
 def _same_everywhere(meta: List[Dict[str, Any]], key: str, what: str) -> None:
@@ -316,8 +358,11 @@ class Exchange:
         the next version is the ack (notify_ack only; any path: on TCP networks MPICH
         runs one-sided operations as active messages that cost each target CPU time
         per piece, while its two-sided messages are its fastest path).  "auto"
-        (default): for notify_ack "shared" where it applies (every rank on one host,
-        the network path not forced with MPIR_CVAR_NOLOCAL=1), else "messages"; "put"
+        (default): for notify_ack, by measurement at creation: the window words of
+        "shared" (every rank on one host, the network path not forced) or else "put",
+        against messages, each timed over the graph's edges per neighbour class (same
+        host, other host); messages win when faster (by 2x against "shared", which
+        reads in place).  ex.transport_report says what was chosen and why.  "put"
         for every other policy.
     double_buffer: with the shared transport, keep the buffer in two slots of this
         rank's shared memory, computed on in place and reduced from one into the other:
@@ -409,9 +454,12 @@ class Exchange:
                                 np.ascontiguousarray(w[rank, self.in_neighbours]),
                                 self.timeout, bool(checksum))
         self.transport = "put"
+        self.transport_report: Dict[str, Any] = {"requested": transport, "chosen": None,
+                                                 "reason": "no window: MPI collectives"}
         self.double_buffered = False
         if self._policy.uses_window:
-            self.transport = _choose_transport(transport, self._policy, comm)
+            self.transport, self.transport_report = _choose_transport(
+                transport, self._policy, comm, g, self.hosts, self.timeout)
             self.double_buffered = bool(double_buffer) and self.transport == "shared"
             self._win = self._make_window(comm)
             if self.double_buffered:

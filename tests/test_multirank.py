@@ -24,13 +24,16 @@ def test_roundtrip_exact_values_and_versions(graph, n, path):
 @pytest.mark.parametrize("n", (2, 4, 8))
 @pytest.mark.parametrize("graph", ["ring", "complete"])
 def test_double_buffered_roundtrip_exact_values(graph, n, path):
-    # shared memory: computed in the slots, reduced from one into the other, no copy;
-    # the network path: the same calls on the message transport, the buffer never moves
+    # the shared transport: computed in the slots, reduced from one into the other, no
+    # copy; the others (transport="auto" measures: the network path, or messages
+    # faster) run the same calls, the buffer never moves
     results = run("roundtrip", n, path, timeout=300, graph=graph, iters=500, n=257,
                   double_buffer=True)
+    assert len({res["transport"] for res in results}) == 1
     for res in results:
-        assert res["double_buffered"] == (path == "shm"), res
-        assert res["transport"] == ("shared" if path == "shm" else "messages"), res
+        assert res["transport"] in ({"shared", "messages"} if path == "shm"
+                                    else {"put", "messages"}), res
+        assert res["double_buffered"] == (res["transport"] == "shared"), res
 
 
 def test_double_buffered_float32_with_checksum_across_the_copy_threshold():
@@ -44,9 +47,29 @@ def test_double_buffer_keeps_the_shape_and_guards_the_read_slot():
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_free_after_a_send_leaves_nothing_in_flight(path):
-    results = run("free_after_send", 4, path, timeout=300)
-    assert {r["transport"] for r in results} == {"shared" if path == "shm" else "messages"}
+def test_auto_transport_is_measured_agreed_and_reported(path):
+    results = run("transport_choice", 4, path, timeout=300)
+    auto = [r["auto"] for r in results]
+    assert all(a == auto[0] for a in auto), auto          # one choice, one report
+    report = auto[0]["report"]
+    assert report["chosen"] == auto[0]["transport"] and report["requested"] == "auto"
+    rounds = report["rounds"]["same host"]                 # every rank on this host
+    window = "shared" if path == "shm" else "put"
+    margin = 2.0 if window == "shared" else 1.0
+    assert auto[0]["transport"] == ("messages" if rounds["messages"] * margin
+                                    < rounds["words"] else window), report
+    assert results[0]["put"]["report"]["reason"] == "asked for"
+    assert results[0]["put"]["transport"] == "put"
+    assert results[0]["hop"]["report"]["reason"] == "the only transport sync='hop' has"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("transport", ["messages", "window"])
+def test_free_after_a_send_leaves_nothing_in_flight(path, transport):
+    if transport == "window":
+        transport = "shared" if path == "shm" else "put"
+    results = run("free_after_send", 4, path, timeout=300, transport=transport)
+    assert {r["transport"] for r in results} == {transport}
 
 
 @mpich_only

@@ -22,7 +22,7 @@ def slot_transport():
     """The transport of scenarios that drive the slot protocol themselves (puts, tears,
     seqlock reads): shared memory where it runs, else puts (the message transport has
     no puts to tear)."""
-    return "put" if network_forced() else "auto"
+    return "put" if network_forced() else "shared"
 
 
 def message_of(error, call, what):
@@ -786,13 +786,14 @@ def nonfinite_update(comm, n=100):
     return {"error": error}
 
 
-def free_after_send(comm, n=20000, iters=5):
+def free_after_send(comm, n=20000, iters=5, transport="auto"):
     """Free an exchange whose last update is sent but not received (parallel mode's
     Send(k+1) at the end of training), then run a new exchange on the same ranks: every
     step of the new one is exact, so nothing of the old one was left in flight."""
     rank = comm.rank
     buf = np.zeros(n)
-    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=60) as ex:
+    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=60,
+                          transport=transport) as ex:
         transport = ex.transport
         for k in range(1, 3):
             buf[:] = pattern(rank, 100 + k, n, "float64")
@@ -894,3 +895,18 @@ def trace_streams_whole_run(comm, trace_file, sync="hop", steps=300, keep=50,
         kept = ex.trace
     return {"first": int(kept["first"]), "kept": len(kept["hi"]),
             "reduced": len(kept["reduced"])}
+
+
+def transport_choice(comm):
+    """transport="auto" measures and reports; an explicit transport and a policy with
+    one transport are reported as such."""
+    buf = np.zeros(1000)
+    out = {}
+    for label, kwargs in (("auto", {}), ("put", {"transport": "put"}),
+                          ("hop", {"sync": "hop"})):
+        with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=60, **kwargs) as ex:
+            for _ in range(3):
+                ex.step()
+            out[label] = {"transport": ex.transport, "report": ex.transport_report}
+            ex.free()
+    return out
