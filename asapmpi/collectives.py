@@ -17,6 +17,7 @@ program must not receive those tags with MPI_ANY_TAG on it at the same time.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, List, Optional
 
 import numpy as np
@@ -30,6 +31,24 @@ VERDICT_TAG = 32702
 _MAX_SLEEP_S = 1e-3
 #: how much longer than the deadline a rank waits for rank 0's verdict
 VERDICT_GRACE_S = 2.0
+
+
+#: the live exchanges of this process (asapmpi.Exchange registers itself)
+_EXCHANGES: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def settle_before_waiting(exchange: Any) -> None:
+    """Register an object whose settle() completes its pending one-sided operations:
+    every collective here calls it before waiting.  A rank's last NOTIFY-ACK or Hop
+    notifies are issued lazily, and an MPI may defer even issuing them until a
+    synchronization call (Open MPI's osc pt2pt does): a neighbour still in its last
+    steps would wait for them while this rank waits here."""
+    _EXCHANGES.add(exchange)
+
+
+def _settle() -> None:
+    for exchange in list(_EXCHANGES):
+        exchange.settle()
 
 
 def _backoff(polls: int) -> None:
@@ -64,6 +83,7 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
     raises NeighbourTimeoutError naming the ranks that did not arrive within `timeout`
     seconds (on every rank that did).  `what` says what the ranks were meeting for."""
     rank, size = comm.Get_rank(), comm.Get_size()
+    _settle()
     if size == 1:
         return
     deadline = time.monotonic() + timeout

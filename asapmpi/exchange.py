@@ -186,6 +186,22 @@ def _on_one_host(comm: MPI.Comm) -> bool:
         node.Free()
 
 
+def _window_hint() -> str:
+    """Why MPI_Win_allocate may have failed, for Open MPI's usual reasons ("" on other
+    MPIs): its RMA over TCP (osc pt2pt, 4.x) refuses MPI_THREAD_MULTIPLE, which mpi4py
+    asks for by default, and Debian's openmpi-mca-params.conf excludes osc pt2pt and
+    ucx, which leaves no one-sided component between hosts without RDMA."""
+    if "Open MPI" not in MPI.Get_library_version():
+        return ""
+    if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        return ("; Open MPI's RMA over TCP (osc pt2pt) refuses MPI_THREAD_MULTIPLE, "
+                "mpi4py's default: set MPI4PY_RC_THREAD_LEVEL=serialized")
+    return ("; Open MPI found no one-sided (osc) component for these ranks: between hosts "
+            "without RDMA allow osc pt2pt (OMPI_MCA_osc=^ucx; Debian's "
+            "openmpi-mca-params.conf excludes it) or use UCX (OMPI_MCA_pml=ucx "
+            "OMPI_MCA_osc=ucx)")
+
+
 #: the shared transport reads payloads in place (zero copy): it stays the choice unless
 #: messages signal this many times faster
 SHARED_MARGIN = 2.0
@@ -234,7 +250,15 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         if not any(keep):
             continue
         ins = [[i for i in range(g.n) if r in keep[i]] for r in range(g.n)]
-        measured[name] = transport_probe.measure(comm, ins[rank], keep[rank], ins, timeout)
+        try:
+            measured[name] = transport_probe.measure(comm, ins[rank], keep[rank], ins,
+                                                     timeout)
+        except MPI.Exception as exc:
+            raise MPIError(exc.Get_error_code(), "MPI_Win_allocate (the transport probe)",
+                           exc.Get_error_string() + _window_hint()) from None
+    if not measured:
+        report.update(chosen=window, reason="no neighbours to measure")
+        return window, report
     words = max(m["words"] for m in measured.values())
     messages = max(m["messages"] for m in measured.values())
     margin = SHARED_MARGIN if window == "shared" else 1.0
@@ -466,6 +490,7 @@ class Exchange:
                 self._enter_slots()
             self._policy.records = Records(path=trace_file, rank=rank)
             self._policy.start()
+            collectives.settle_before_waiting(self)
         else:
             self._comm = comm.Dup()
             self._ctx.comm = self._comm
@@ -562,12 +587,8 @@ class Exchange:
         except MPIError as exc:
             if self._segments is not None:
                 self._segments.close()
-            if exc.call == "MPI_Win_allocate" and MPI.Query_thread() == MPI.THREAD_MULTIPLE \
-                    and "Open MPI" in MPI.Get_library_version():
-                raise MPIError(exc.code, exc.call,
-                               exc.mpi_message + "; Open MPI's RMA over its tcp btl (osc "
-                               "pt2pt) refuses MPI_THREAD_MULTIPLE, mpi4py's default: set "
-                               "MPI4PY_RC_THREAD_LEVEL=serialized") from None
+            if exc.call == "MPI_Win_allocate" and _window_hint():
+                raise MPIError(exc.code, exc.call, exc.mpi_message + _window_hint()) from None
             raise
         except BaseException:
             if self._segments is not None:
@@ -832,9 +853,6 @@ class Exchange:
             records = self._policy.records
             if records is not None:
                 records.close()         # this rank's part of the trace file is complete
-            if self._win is not None and not self._win.freed:
-                # a neighbour may still wait for this rank's last notify or ack
-                self._win.complete_pending()
             # lockstep policies reach free() within a step of each other; the others
             # may leave a slow rank far behind, alive, with steps still to do
             deadline = self.timeout if self._policy.lockstep else \
@@ -852,6 +870,15 @@ class Exchange:
             self._segments.close()
         if self._comm is not None and self._comm != MPI.COMM_NULL:
             self._comm.Free()
+
+    def settle(self) -> None:
+        """Complete this rank's pending notifies and acks (issued lazily by step()).
+        asapmpi's own collectives and free() call it; call it yourself after the last
+        step before waiting in an MPI call of your own that a neighbour still stepping
+        could wait on (an MPI may defer issuing one-sided operations until a
+        synchronization call: Open MPI's osc pt2pt over TCP does)."""
+        if self._win is not None and not self._win.freed:
+            self._win.complete_pending()
 
     def __enter__(self) -> "Exchange":
         return self

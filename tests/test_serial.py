@@ -128,9 +128,12 @@ def test_window_word_access_checks_offsets_and_ranks():
         with pytest.raises(ConfigError, match="not an int64 word of rank 0"):
             win.fetch_word(0, win.total_bytes)
         word = 48  # an unused word of the window's header line
-        win.accumulate_word(0, word, 5, op="sum")
-        win.accumulate_word(0, word, 2, op="sum")
+        assert win.accumulate_word(0, word, 5, op="sum") == 0
+        assert win.accumulate_word(0, word, 2, op="sum") == 5        # returns the old value
         assert win.fetch_word(0, word) == 7 and win.local_word(word) == 7
+        assert win.accumulate_word(0, word, 3, op="max") == 7        # below: unchanged
+        assert win.accumulate_word(0, word, 9, op="max") == 7 and win.local_word(word) == 9
+        win.accumulate_word(0, word, 7, op="replace")
         win.wait_word(word, 7, 1.0)
         with pytest.raises(NeighbourTimeoutError, match="to reach 8"):
             win.wait_word(word, 8, 0.05, from_rank=0)

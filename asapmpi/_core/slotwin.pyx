@@ -909,7 +909,9 @@ cdef class SlotWindow:
                                         self.win), "MPI_Fetch_and_op")
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
-        """Atomically replace or add to the int64 word at `disp` in `target`'s window."""
+        """Atomically replace, add to or raise to at least `value` ("replace", "sum",
+        "max") the int64 word at `disp` in `target`'s window; returns the word's old
+        value (MPI_Fetch_and_op, flushed)."""
         cdef MPI_Op mop
         self._check_alive()
         self._check_target(target, disp)
@@ -917,14 +919,17 @@ cdef class SlotWindow:
             mop = MPI_REPLACE
         elif op == "sum":
             mop = MPI_SUM
+        elif op == "max":
+            mop = MPI_MAX
         else:
-            raise ConfigError(f"op must be 'replace' or 'sum', got {op!r}")
+            raise ConfigError(f"op must be 'replace', 'sum' or 'max', got {op!r}")
         with nogil:
             self.word_out = value
             # Fetch_and_op rather than Accumulate: see _lazy_word (MPICH's leak)
             CHKERR(MPI_Fetch_and_op(&self.word_out, &self.word_sink, MPI_INT64_T, target,
                                     disp, mop, self.win), "MPI_Fetch_and_op")
             self._flush(target, b"MPI_Win_flush after an accumulate")
+        return self.word_sink
 
     def allgather_doubles(self, values, double timeout=-1.0):
         """Collective over the window's communicator: every rank's `values` (the same
@@ -989,7 +994,10 @@ cdef class SlotWindow:
     def compare_and_swap_word(self, int target, Py_ssize_t disp, int64_t compare,
                               int64_t value):
         """Atomically set the int64 word at `disp` in `target`'s window to `value` if it
-        equals `compare` (MPI_Compare_and_swap); return the word's old value."""
+        equals `compare` (MPI_Compare_and_swap); return the word's old value.  Not on
+        Open MPI 4.1's shared memory (osc rdma over btl vader crashes in a 64-bit
+        compare-and-swap: open-mpi/ompi#7967, #11349): asapmpi's own protocols use
+        accumulate_word."""
         cdef int64_t old = 0
         self._check_alive()
         self._check_target(target, disp)

@@ -198,12 +198,13 @@ class Gossip(Policy):
             return
         seconds = self.links.seconds(win.rank, peer, win.nbytes)
         disp = self.layouts[peer].user_disp(_BUSY)
-        while True:
-            busy = win.fetch_word(peer, disp)
-            now = time.monotonic_ns()
-            until = max(now, busy) + int(seconds * 1e9)
-            if win.compare_and_swap_word(peer, disp, busy, until) == busy:
-                break
+        # The link's busy-until word only grows: raise it to now (MPI_MAX), then take the
+        # next `seconds` of it (MPI_SUM returns where this transfer starts).  Two
+        # reservations never overlap: each SUM takes its own interval of the word.  No
+        # compare-and-swap loop: Open MPI 4.1 crashes in a 64-bit one on shared memory.
+        took = int(seconds * 1e9)
+        win.accumulate_word(peer, disp, time.monotonic_ns(), op="max")
+        until = win.accumulate_word(peer, disp, took, op="sum") + took
         # at most everybody queued on this link: a clock from another host (emulation
         # is for one host) cannot make a pull sleep for hours
         delay = min(until / 1e9 - time.monotonic(), seconds * win.size + 1.0)

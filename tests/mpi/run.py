@@ -1,7 +1,8 @@
 """Run one scenario of scenarios.py on every rank: `run.py NAME '{"kwarg": ...}'`.
 
 A rank whose scenario raises prints its traceback and aborts the whole job, so the
-launcher sees a non-zero exit instead of the other ranks waiting forever.
+launcher sees a non-zero exit instead of the other ranks waiting forever.  Rank 0
+prints every rank's result, one line each.
 """
 import importlib
 import json
@@ -29,8 +30,13 @@ def main() -> None:
     except BaseException:  # noqa: BLE001  (any failure must abort the whole job)
         sys.stderr.write(f"[rank {comm.rank}] scenario {name} failed:\n{traceback.format_exc()}")
         abort_world(1)
-    sys.stdout.write(f"ASAPMPI-RESULT {comm.rank} {json.dumps(result)}\n")
-    sys.stdout.flush()
+    # one writer: Open MPI forwards a rank's output in pieces, and a long line of one
+    # rank could be cut by another's
+    every = comm.gather(result, root=0)
+    if comm.rank == 0:
+        for rank, res in enumerate(every):
+            sys.stdout.write(f"ASAPMPI-RESULT {rank} {json.dumps(res)}\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
