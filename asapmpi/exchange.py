@@ -202,6 +202,18 @@ def _window_hint() -> str:
             "OMPI_MCA_osc=ucx)")
 
 
+def window_offsets(g: Graph, layouts: Sequence[Any], rank: int) -> Tuple[list, list, list]:
+    """Where this rank writes in its neighbours' windows: its slot and notify word in
+    each out-neighbour's, its ack word in each in-neighbour's."""
+    out_slot = [layouts[j].slot_disp(g.in_neighbours(j).index(rank))
+                for j in g.out_neighbours(rank)]
+    out_notify = [layouts[j].notify_disp(g.in_neighbours(j).index(rank))
+                  for j in g.out_neighbours(rank)]
+    in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
+              for i in g.in_neighbours(rank)]
+    return out_slot, out_notify, in_ack
+
+
 #: the shared transport reads payloads in place (zero copy): it stays the choice unless
 #: messages signal this many times faster
 SHARED_MARGIN = 2.0
@@ -217,7 +229,6 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
     wait on are timed (asapmpi.transport_probe), per neighbour class, and the faster
     one taken: the step waits for its slowest neighbour, so a transport costs its
     slowest class."""
-    rank = comm.Get_rank()
     report: Dict[str, Any] = {"requested": requested}
     if requested in ("put", "messages") or not (policy.outbox or policy.messages):
         chosen = requested if requested == "messages" else "put"
@@ -240,22 +251,19 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         return window, report
     from . import transport_probe
 
-    classes = {"same host": [], "other host": []}
-    for j in g.out_neighbours(rank):
-        classes["same host" if hosts[j] == hosts[rank] else "other host"].append(j)
     measured: Dict[str, Dict[str, float]] = {}
-    for name in classes:
+    for name in ("same host", "other host"):
         keep = [[j for j in g.out_neighbours(r)
                  if (hosts[j] == hosts[r]) == (name == "same host")] for r in range(g.n)]
         if not any(keep):
             continue
-        ins = [[i for i in range(g.n) if r in keep[i]] for r in range(g.n)]
         try:
-            measured[name] = transport_probe.measure(comm, ins[rank], keep[rank], ins,
-                                                     timeout)
-        except MPI.Exception as exc:
-            raise MPIError(exc.Get_error_code(), "MPI_Win_allocate (the transport probe)",
-                           exc.Get_error_string() + _window_hint()) from None
+            measured[name] = transport_probe.measure(comm, Graph(g.n, keep, name), timeout)
+        except MPIError as exc:
+            if exc.call == "MPI_Win_allocate" and _window_hint():
+                raise MPIError(exc.code, exc.call, exc.mpi_message + _window_hint()) \
+                    from None
+            raise
     if not measured:
         report.update(chosen=window, reason="no neighbours to measure")
         return window, report
@@ -566,12 +574,7 @@ class Exchange:
                    for r in range(g.n)]
         # a policy that writes control words into other ranks' windows needs their offsets
         self._policy.layouts = layouts
-        out_slot = [layouts[j].slot_disp(g.in_neighbours(j).index(rank))
-                    for j in self.out_neighbours]
-        out_notify = [layouts[j].notify_disp(g.in_neighbours(j).index(rank))
-                      for j in self.out_neighbours]
-        in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
-                  for i in self.in_neighbours]
+        out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
         outboxes = None
         if outbox:
             self._segments = SharedSegments(comm, layouts[rank].segment_bytes,
