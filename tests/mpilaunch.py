@@ -49,6 +49,20 @@ if STACK == "mpich":
 else:
     PATH_ENV["ucx"] = network_env(STACK, "ucx")
 
+
+def _has_ucx() -> bool:
+    """True when this Open MPI has the UCX one-sided component (osc ucx)."""
+    info = shutil.which("ompi_info", path=str(Path(mpiexec()).resolve().parent))
+    if STACK != "openmpi" or not info:
+        return False
+    out = subprocess.run([info], capture_output=True, text=True, timeout=60,
+                         check=False).stdout
+    return "MCA osc: ucx" in out
+
+
+#: Open MPI with UCX: the tests of tests/test_ucx.py run
+HAS_UCX = _has_ucx()
+
 #: pytest marks for tests about one MPI family's behaviour: they run only on it
 mpich_only = pytest.mark.skipif(STACK != "mpich", reason="about MPICH's behaviour")
 openmpi_only = pytest.mark.skipif(STACK != "openmpi", reason="about Open MPI's behaviour")

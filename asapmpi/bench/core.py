@@ -492,8 +492,11 @@ def summarize(records: Sequence[Dict[str, Any]]) -> Dict[str, Optional[str]]:
 
 
 def rma_path() -> str:
-    """'network' when MPICH is told not to use shared memory for local ranks."""
-    return "network" if network_forced() else "shared-memory"
+    """'network' when the MPI is told not to use shared memory for local ranks
+    ('network (UCX)' when that is Open MPI's UCX), else 'shared-memory'."""
+    if not network_forced():
+        return "shared-memory"
+    return "network (UCX)" if os.environ.get("OMPI_MCA_pml") == "ucx" else "network"
 
 
 def environment(comm: MPI.Comm, args: argparse.Namespace) -> Dict[str, Any]:

@@ -39,6 +39,10 @@ Targets (PASS/FAIL):
   T3  shared memory, SIZE >= 1 MB, every graph and rank count, notify_ack: step <= 1.4x
       bound (the table marks every such row; T3 is their worst)
   T4  network path, 8 ranks, 64 KB, root-expander, notify_ack: step <= 2.0x allreduce
+  T5  Open MPI, UCX over TCP (--paths ucx), 8 ranks, 64 KB, root-expander: notify_ack,
+      hop:backup=1, bsp and async step <= 1.0x allreduce; gossip, backup_ps and elastic
+      (on their star) <= 2.0x
+  T6  MPICH's network path, 8 ranks, 64 KB, root-expander, hop:backup=1: <= 1.0x
 A target whose configuration was not in the sweep is "not measured".
 """
 from __future__ import annotations
@@ -61,16 +65,30 @@ PATHS = {"shm": "shared-memory", "net": "network", "ucx": "network (UCX)"}
 NETWORK_OF = {"shm": None, "net": "tcp", "ucx": "ucx"}
 DEFAULT_GRAPHS = "complete,root-expander,ring,exponential"
 DEFAULT_POLICIES = "notify_ack,bsp,async,hop"
-#: policies whose step is an averaging step over any graph (the others fix a topology)
+#: policies whose step is an averaging step over any graph
 STEP_POLICIES = ("notify_ack", "bsp", "async", "hop", "gossip")
+#: policies that fix their own graph (a star around a server): timed on it, whatever
+#: --graphs says
+FIXED_GRAPH_POLICIES = ("backup_ps", "elastic")
 MAIN_POLICY, MAIN_GRAPH = "notify_ack", "root-expander"
 LARGE = 1 << 20
 BOUND_MAX = 1.4
+#: the cluster stacks' targets (issue 14): 8 ranks, 64 KB, root expander, the MPI's
+#: forced network path; (policy, limit) against MPI_Allreduce on the same stack
+NETWORK_TARGETS = {
+    ("network (UCX)", "openmpi"): (("notify_ack", 1.0), ("hop:backup=1", 1.0),
+                                   ("bsp", 1.0), ("async", 1.0), ("gossip", 2.0),
+                                   ("backup_ps", 2.0), ("elastic", 2.0)),
+    ("network", "mpich"): (("hop:backup=1", 1.0),),
+}
 TARGETS = (
-    # name, path, ranks, size, against, limit
-    ("T1", "shared-memory", 8, 16 << 20, "allreduce", 1.0),
-    ("T2", "shared-memory", 8, 16 << 20, "gloo", 0.5),
-    ("T4", "network", 8, 64 << 10, "allreduce", 2.0),
+    # name, path, MPI family (None: any), ranks, size, policy, against, limit
+    ("T1", "shared-memory", None, 8, 16 << 20, MAIN_POLICY, "allreduce", 1.0),
+    ("T2", "shared-memory", None, 8, 16 << 20, MAIN_POLICY, "gloo", 0.5),
+    ("T4", "network", None, 8, 64 << 10, MAIN_POLICY, "allreduce", 2.0),
+    *((f"T5 {policy}" if family == "openmpi" else f"T6 {policy}", path, family, 8,
+       64 << 10, policy, "allreduce", limit)
+      for (path, family), rows in NETWORK_TARGETS.items() for policy, limit in rows),
 )
 
 
@@ -87,6 +105,36 @@ def _names(allowed: Sequence[str], what: str):
         return list(dict.fromkeys(names))
     convert.__name__ = what
     return convert
+
+
+def policy_specs(text: str) -> List[str]:
+    """"notify_ack,hop:backup=1" -> the runs, each checked: a known policy and options
+    it takes (asapmpi.sync.make_policy)."""
+    from ..sync import policy as make_policy
+    from ..train.config import parse_options
+
+    runs = [t.strip() for t in text.split(",") if t.strip()]
+    if not runs:
+        raise argparse.ArgumentTypeError(f"no policy in {text!r}")
+    for run in runs:
+        name, *opts = run.split(":")
+        if name not in STEP_POLICIES + FIXED_GRAPH_POLICIES:
+            raise argparse.ArgumentTypeError(
+                f"unknown policy {name!r}; choose from "
+                f"{','.join(STEP_POLICIES + FIXED_GRAPH_POLICIES)}")
+        try:
+            make_policy(name, **parse_options(opts, f"in {run!r}"))
+        except (ConfigError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"{run}: {exc}") from None
+    return list(dict.fromkeys(runs))
+
+
+def split_spec(run: str) -> Tuple[str, Dict[str, Any]]:
+    """"hop:backup=1" -> ("hop", {"backup": 1})."""
+    from ..train.config import parse_options
+
+    name, *opts = run.split(":")
+    return name, parse_options(opts, f"in {run!r}")
 
 
 def _rank_counts(text: str) -> List[int]:
@@ -117,8 +165,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graphs", type=_names(sorted(set(GRAPHS) - {"hierarchical"}),
                                                 "graph"),
                         default=DEFAULT_GRAPHS, help=f"(default {DEFAULT_GRAPHS})")
-    parser.add_argument("--policies", type=_names(STEP_POLICIES, "policy"),
-                        default=DEFAULT_POLICIES, help=f"(default {DEFAULT_POLICIES})")
+    parser.add_argument("--policies", type=policy_specs, default=DEFAULT_POLICIES,
+                        help=f"POLICY[:OPTION=VALUE...] runs, comma-separated, such as "
+                             f"hop:backup=1 (default {DEFAULT_POLICIES}); backup_ps and "
+                             f"elastic run on their own star")
     parser.add_argument("--repeats", type=positive(int), default=5,
                         help="timed loops per figure; the median is reported (default 5)")
     parser.add_argument("--min-time", type=positive(float), default=0.02,
@@ -259,6 +309,7 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                         x_bound = paired_bound or x_bound
                     rows.append({
                         "path": job["path"], "ranks": job["ranks"], "size": rec["size"],
+                        "family": mpi_family(job.get("mpi_library", "")),
                         "graph": graph, "policy": policy, "seconds": seconds,
                         "transport": step["transport"],
                         "allreduce": rec["allreduce"], "gloo": rec["gloo"],
@@ -274,21 +325,27 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             "rows": rows, "targets": targets(rows)}
 
 
-def _find(rows, path, ranks, size, graph=MAIN_GRAPH, policy=MAIN_POLICY):
+def _find(rows, path, ranks, size, graph=MAIN_GRAPH, policy=MAIN_POLICY, family=None):
     for r in rows:
         if (r["path"], r["ranks"], r["size"], r["graph"], r["policy"]) == \
-                (path, ranks, size, graph, policy):
+                (path, ranks, size, graph, policy) and family in (None, r.get("family")):
             return r
     return None
+
+
+def mpi_family(library: str) -> str:
+    """"openmpi" or "mpich" (MPICH and its derivatives) from the library's version."""
+    return "openmpi" if "Open MPI" in library else "mpich"
 
 
 def targets(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The verdict of every target (see the module docstring)."""
     out = []
-    for name, path, ranks, size, against, limit in TARGETS:
-        row = _find(rows, path, ranks, size)
+    for name, path, family, ranks, size, policy, against, limit in TARGETS:
+        row = _find(rows, path, ranks, size, policy=policy, family=family)
         value = row and row[f"x_{against}"]
-        what = (f"{path}, {ranks} ranks, {size_label(size)}, {MAIN_GRAPH}, {MAIN_POLICY}: "
+        stack = {"openmpi": "Open MPI ", "mpich": "MPICH "}.get(family, "")
+        what = (f"{stack}{path}, {ranks} ranks, {size_label(size)}, {MAIN_GRAPH}, {policy}: "
                 f"step / {'MPI_Allreduce' if against == 'allreduce' else 'gloo all_reduce'}")
         out.append({"name": name, "what": what, "limit": limit, "value": value,
                     "verdict": "not measured" if value is None else

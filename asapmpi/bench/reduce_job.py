@@ -89,11 +89,14 @@ def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, po
     ("shared double-buffered", "messages", "put").
     With `references` (name -> callable) the step's loops and theirs take turns in every
     repeat, and "paired" holds each one's seconds per call, repeat by repeat."""
+    from .reduce import FIXED_GRAPH_POLICIES, split_spec
+
     buf = np.full(nbytes // 4, 1.0, dtype=np.float32)
+    sync, options = split_spec(policy)
     # double-buffered where the transport allows it (shared memory): what the torch
     # bindings run, and the exchange without a copy per step
-    with Exchange(buf, graph=graph, sync=policy, comm=comm, timeout=timeout,
-                  double_buffer=True) as ex:
+    with Exchange(buf, graph=None if sync in FIXED_GRAPH_POLICIES else graph, sync=sync,
+                  comm=comm, timeout=timeout, double_buffer=True, **options) as ex:
         transport = ex.transport + (" double-buffered" if ex.double_buffered else "")
         if references:
             names = ["step", *references]

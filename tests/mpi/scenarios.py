@@ -39,7 +39,8 @@ def pattern(rank, k, n, dtype):
     return (rank * 1000.0 + k + np.arange(n) * 0.25).astype(dtype)
 
 
-def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buffer=False):
+def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buffer=False,
+              transport="auto"):
     """Every step reduces exactly w_self*own + sum w_i*pattern(i, k), from version k.
     double_buffer: compute in ex.buffer, take the result from what step() returns, and
     find the last one in the original buffer after free()."""
@@ -47,7 +48,7 @@ def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buf
     original = np.zeros(n, dtype=dtype)
     g = asapmpi.graph(graph, comm.size)
     with asapmpi.Exchange(original, graph=g, comm=comm, checksum=checksum, timeout=60,
-                          double_buffer=double_buffer) as ex:
+                          double_buffer=double_buffer, transport=transport) as ex:
         w = ex.weights
         buf = ex.buffer
         assert (buf is not original) == ex.double_buffered

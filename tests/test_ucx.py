@@ -1,0 +1,47 @@
+"""Open MPI with UCX over TCP (pml ucx, osc ucx, UCX_TLS=tcp,self): a cluster's UCX
+stack without its RDMA hardware, where UCX emulates one-sided operations with messages
+that the target must progress.  Each transport and the window-word protocols run end
+to end on it, every value checked.  Runs where Open MPI has osc ucx (dev/test.sh's
+second session); a subset, as this path is the slowest for one-sided traffic."""
+import pytest
+
+from mpilaunch import HAS_UCX, run
+
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(not HAS_UCX, reason="needs Open MPI with osc ucx")]
+
+
+@pytest.mark.parametrize("transport", ["auto", "messages", "put"])
+def test_roundtrip_exact_values_on_every_transport(transport):
+    iters = 20 if transport == "put" else 100
+    results = run("roundtrip", 4, "ucx", timeout=300, graph="complete", iters=iters,
+                  n=4099, transport=transport)
+    assert [r["in"] for r in results] == [[j for j in range(4) if j != r] for r in range(4)]
+    if transport != "auto":
+        assert {r["transport"] for r in results} == {transport}
+
+
+def test_auto_transport_measures_words_against_messages():
+    results = run("transport_choice", 4, "ucx", timeout=300)
+    report = results[0]["auto"]["report"]
+    rounds = report["rounds"]["same host"]
+    assert results[0]["auto"]["transport"] == ("messages" if rounds["messages"]
+                                               < rounds["words"] else "put"), report
+
+
+def test_torn_write_is_detected_and_not_reduced():
+    for res in run("tear_detected", 4, "ucx", timeout=300):
+        assert res["stats"]["torn"] == 2
+
+
+def test_hop_with_a_backup_worker_keeps_its_gap_bound():
+    options = {"max_gap": 3, "backup": 1}
+    rank0 = run("hop_runs", 4, "ucx", timeout=600, graph="ring-based", options=options,
+                iters=30)[0]
+    assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= 3
+
+
+def test_backup_ps_replays_every_reduce():
+    server = run("backup_ps_never_applies_late", 4, "ucx", timeout=600, backup=1,
+                 iters=20)[0]
+    assert server["iterations"] == 20 and server["mismatch"] < 1e-12
