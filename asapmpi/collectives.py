@@ -16,8 +16,8 @@ program must not receive those tags with MPI_ANY_TAG on it at the same time.
 """
 from __future__ import annotations
 
+import sys
 import time
-import weakref
 from typing import Any, List, Optional
 
 import numpy as np
@@ -33,22 +33,15 @@ _MAX_SLEEP_S = 1e-3
 VERDICT_GRACE_S = 2.0
 
 
-#: the live exchanges of this process (asapmpi.Exchange registers itself)
-_EXCHANGES: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
-
-def settle_before_waiting(exchange: Any) -> None:
-    """Register an object whose settle() completes its pending one-sided operations:
-    every collective here calls it before waiting.  A rank's last NOTIFY-ACK or Hop
-    notifies are issued lazily, and an MPI may defer even issuing them until a
-    synchronization call (Open MPI's osc pt2pt does): a neighbour still in its last
-    steps would wait for them while this rank waits here."""
-    _EXCHANGES.add(exchange)
-
-
 def _settle() -> None:
-    for exchange in list(_EXCHANGES):
-        exchange.settle()
+    """Complete the pending notifies and acks of this process's slot windows before
+    waiting here.  A rank's last NOTIFY-ACK or Hop notifies are issued lazily, and an
+    MPI may defer even issuing them until a synchronization call (Open MPI's osc pt2pt
+    does): a neighbour still in its last steps would wait for them while this rank
+    waits here."""
+    slotwin = sys.modules.get("asapmpi._core.slotwin")
+    if slotwin is not None:
+        slotwin.settle_all()
 
 
 def _backoff(polls: int) -> None:

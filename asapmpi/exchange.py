@@ -498,7 +498,6 @@ class Exchange:
                 self._enter_slots()
             self._policy.records = Records(path=trace_file, rank=rank)
             self._policy.start()
-            collectives.settle_before_waiting(self)
         else:
             self._comm = comm.Dup()
             self._ctx.comm = self._comm
@@ -875,13 +874,14 @@ class Exchange:
             self._comm.Free()
 
     def settle(self) -> None:
-        """Complete this rank's pending notifies and acks (issued lazily by step()).
+        """Complete this process's pending notifies and acks (issued lazily by step()).
         asapmpi's own collectives and free() call it; call it yourself after the last
         step before waiting in an MPI call of your own that a neighbour still stepping
         could wait on (an MPI may defer issuing one-sided operations until a
         synchronization call: Open MPI's osc pt2pt over TCP does)."""
-        if self._win is not None and not self._win.freed:
-            self._win.complete_pending()
+        from ._core import slotwin
+
+        slotwin.settle_all(self.timeout)
 
     def __enter__(self) -> "Exchange":
         return self

@@ -101,6 +101,8 @@ def test_exchange_roundtrip_across_hosts_goes_over_their_links(hosts):
                         json.dumps({"graph": "ring", "iters": iters, "n": n}))
     for rank, res in enumerate(results(proc, HOSTS)):
         assert res["in"] == [(rank - 1) % HOSTS]
+        # transport="auto" timed the only neighbour class there is: other hosts
+        assert list(res["transport_report"]["rounds"]) == ["other host"], res
         assert res["stats"] == {str((rank - 1) % HOSTS): {"consistent": iters, "torn": 0,
                                                            "stale": 0, "ahead": 0}}
     payload = iters * n * 8                   # what each rank reads from its in-neighbour

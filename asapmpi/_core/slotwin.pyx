@@ -47,6 +47,64 @@ cdef enum:
     # NOTIFY-ACK keeps a sender within one version of its receiver)
     TAG_MODULUS = 32768
 
+# The windows of this process holding lazy notifies or acks (see _lazy_word).  A rank
+# waiting on one window completes the pending words of every other first: an MPI may
+# defer even issuing them until a synchronization call (Open MPI's osc pt2pt does), and
+# a neighbour could be waiting for one of them while this rank waits on another window
+# (two exchanges, the transport probe's two windows).  One thread drives MPI.
+cdef enum:
+    MAX_PENDING = 64
+cdef MPI_Win *_pending_win[MAX_PENDING]
+cdef int *_pending_n[MAX_PENDING]
+cdef int _n_pending = 0
+
+
+cdef void _note_pending(MPI_Win *win, int *n) noexcept nogil:
+    global _n_pending
+    cdef int i
+    for i in range(_n_pending):
+        if _pending_win[i] == win:
+            return
+    if _n_pending < MAX_PENDING:      # else the window's own waits still complete them
+        _pending_win[_n_pending] = win
+        _pending_n[_n_pending] = n
+        _n_pending += 1
+
+
+cdef void _forget_pending(MPI_Win *win) noexcept nogil:
+    global _n_pending
+    cdef int i
+    for i in range(_n_pending):
+        if _pending_win[i] == win:
+            _n_pending -= 1
+            _pending_win[i] = _pending_win[_n_pending]
+            _pending_n[i] = _pending_n[_n_pending]
+            return
+
+
+cdef int _settle_all(double timeout) except -1 nogil:
+    """Complete the lazy words of every window of this process (MPI_Win_flush_all)."""
+    global _n_pending
+    cdef int ierr
+    while _n_pending:
+        _n_pending -= 1
+        if _pending_n[_n_pending][0]:
+            asap_watchdog_arm(timeout, b"MPI_Win_flush_all of its notifies and acks", -1,
+                              b"its neighbours")
+            ierr = MPI_Win_flush_all(_pending_win[_n_pending][0])
+            asap_watchdog_disarm()
+            _pending_n[_n_pending][0] = 0
+            CHKERR(ierr, "MPI_Win_flush_all")
+    return 0
+
+
+def settle_all(double timeout=60.0):
+    """Complete the pending notifies and acks of every slot window of this process,
+    before waiting outside them (asapmpi's collectives call it)."""
+    with nogil:
+        _settle_all(timeout)
+
+
 cdef int64_t MAGIC = _layout.MAGIC
 cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
 assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree on the header size"
@@ -362,6 +420,7 @@ cdef class SlotWindow:
 
     def __dealloc__(self):
         cdef int finalized = 1
+        _forget_pending(&self.win)
         if not self._freed:
             MPI_Finalized(&finalized)
             if not finalized:
@@ -410,6 +469,7 @@ cdef class SlotWindow:
                                          self.comm), "MPI_Allgather")
                     self._drain_messages(sent)
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
+                _forget_pending(&self.win)  # unlock_all completes its words
                 if self._locked:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
                 CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
@@ -883,6 +943,8 @@ cdef class SlotWindow:
         if self.n_lazy == LAZY_WORDS:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", value,
                             self.nbr_desc)
+        if self.n_lazy == 0:
+            _note_pending(&self.win, &self.n_lazy)
         self.lazy_words[self.n_lazy] = value
         self.lazy_results = self.lazy_sink + self.n_lazy * max(self.n_in, self.n_out, 1)
         self.n_lazy += 1
@@ -1057,6 +1119,8 @@ cdef class SlotWindow:
         cdef double t = asap_now()
         if self.n_lazy and polls[0] >= self.poll_yields:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
+        if _n_pending and polls[0] >= self.poll_yields:
+            _settle_all(self.flush_timeout)         # this process's other windows
         self._progress()
         if t - t0 > timeout:
             return 1
@@ -1180,18 +1244,6 @@ cdef class SlotWindow:
                 return 0
             if self._idle(&polls, t0, timeout):
                 return 1
-
-    def complete_pending(self):
-        """Complete this rank's own notifies and acks that are still pending (issued
-        lazily, without a flush) before it waits outside the window, in a collective or
-        free(): MPI lets an implementation defer even issuing an operation until a
-        synchronization call (Open MPI's osc pt2pt does), and a neighbour may be waiting
-        for one of them."""
-        self._check_alive()
-        if self.n_lazy:
-            with nogil:
-                self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1,
-                                self.nbr_desc)
 
     def barrier(self, double timeout=-1.0, int64_t version=0):
         """The BSP baseline's global barrier on the window's communicator: MPI_Ibarrier

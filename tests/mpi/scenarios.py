@@ -71,13 +71,15 @@ def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buf
         last = ex.window.last_versions.tolist()
         assert ex.version == iters
         transport = ex.transport
+        report = ex.transport_report
     # after free(): the result is in the original buffer, and the slot still readable
     assert np.array_equal(original, buf)
     for sender, counts in stats.items():
         assert counts == {"consistent": iters, "torn": 0, "stale": 0, "ahead": 0}, (sender, counts)
     assert last == [iters] * len(ex.in_neighbours), last
     return {"in": ex.in_neighbours, "stats": {str(k): v for k, v in stats.items()},
-            "transport": transport, "double_buffered": ex.double_buffered}
+            "transport": transport, "double_buffered": ex.double_buffered,
+            "transport_report": report}
 
 
 def dtype_cast(w, dtype):
