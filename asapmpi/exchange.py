@@ -46,6 +46,7 @@ from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
 from .sync import StepContext
 from .sync import policy as make_policy
 from .sync.records import Records
+from .transports import make_transport
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
                   Any]
@@ -597,9 +598,9 @@ class Exchange:
                 self._segments.close()
             raise
         win.max_transfer = max_transfer()
-        if self.transport == "messages":
-            # the "ack" of version 0: every slot is free for version 1
-            win.post_receives(1, checksum=self._ctx.checksum)
+        self._ctx.transport = make_transport(self.transport, win, self.double_buffered)
+        # the "ack" of version 0: every slot is free for version 1
+        self._ctx.transport.start(self._ctx.checksum)
         return win
 
     def _enter_slots(self) -> None:

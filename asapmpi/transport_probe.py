@@ -23,6 +23,8 @@ from typing import Dict
 import numpy as np
 from mpi4py import MPI
 
+from .transports import MessageTransport, PutTransport
+
 WARMUP = 3
 ROUNDS = 15
 
@@ -41,25 +43,9 @@ def _window(comm: MPI.Comm, g, messages: bool, timeout: float):
                            poll_yields=rc.poll_yields,
                            poll_max_sleep_us=rc.poll_max_sleep_us, flush_timeout=timeout,
                            messages=messages)
-    if messages:
-        win.post_receives(1)
-    return win
-
-
-def _words_round(win, buf: np.ndarray, k: int, timeout: float) -> None:
-    # a NOTIFY-ACK step on the put transport: the acks of k-1, the put and its notify,
-    # the notifies of k, the ack of k
-    win.wait_acks(k - 1, timeout)
-    win.put(buf, k, k)
-    win.wait_notifies(k, timeout)
-    win.ack(k)
-
-
-def _messages_round(win, buf: np.ndarray, k: int, timeout: float) -> None:
-    # the same step on the message transport: the receive posted is the ack
-    win.send_update(buf, k)
-    win.wait_updates(k, timeout)
-    win.post_receives(k + 1)
+    transport = (MessageTransport if messages else PutTransport)(win)
+    transport.start(False)
+    return transport
 
 
 def measure(comm: MPI.Comm, g, timeout: float) -> Dict[str, float]:
@@ -68,18 +54,20 @@ def measure(comm: MPI.Comm, g, timeout: float) -> Dict[str, float]:
     rank's.  Collective."""
     buf = np.zeros(1, dtype=np.float64)
     times: Dict[str, list] = {"words": [], "messages": []}
-    rounds = {"words": _words_round, "messages": _messages_round}
     # on an error (a neighbour's timeout) the windows are left to MPI_Abort or
     # MPI_Finalize: freeing is collective and could wait for the rank that failed
-    windows = {"words": _window(comm, g, False, timeout)}
-    windows["messages"] = _window(comm, g, True, timeout)
+    transports = {"words": _window(comm, g, False, timeout)}
+    transports["messages"] = _window(comm, g, True, timeout)
     for k in range(1, WARMUP + ROUNDS + 1):
-        for name, win in windows.items():
+        for name, transport in transports.items():
+            # one NOTIFY-ACK step, as the policy runs it (asapmpi.sync.notify_ack)
             t0 = time.perf_counter()
-            rounds[name](win, buf, k, timeout)
+            transport.send(buf, k, timeout, False)
+            transport.wait(k, timeout)
+            transport.release(k, False)
             if k > WARMUP:
                 times[name].append(time.perf_counter() - t0)
-    for win in windows.values():
-        win.free()
+    for transport in transports.values():
+        transport.free()
     return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX)
             for name, ts in times.items()}

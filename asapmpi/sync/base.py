@@ -25,6 +25,9 @@ class StepContext:
     #: double buffering (Exchange(double_buffer=True)): this rank's two own slots;
     #: version k is computed in buffers[k % 2] and reduced into the other
     buffers: Tuple[np.ndarray, ...] = ()
+    #: how updates reach the slots (asapmpi.transports), for policies that run on any
+    #: transport (Policy.outbox / Policy.messages)
+    transport: Optional[Any] = None
 
 
 def server_star(policy: str, server: int, n: int):

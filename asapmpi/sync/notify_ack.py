@@ -61,35 +61,21 @@ class NotifyAck(Policy):
         return entry_trace(self.entries, self.reduced)
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Steps 1-2: wait for the acks of version-1, then put and notify `version`
-        (double-buffered: notify at once, buf already is the slot)."""
+        """Steps 1-2: once the slots are free (acks of version-1), deliver and notify
+        `version`, on whichever transport (asapmpi.transports)."""
         self._started = time.monotonic()
-        if win.messages:
-            win.send_update(buf, version, checksum=ctx.checksum)
-            return
-        if not ctx.buffers:
-            win.wait_acks(version - 1, ctx.timeout)
-        win.put(buf, version, version, checksum=ctx.checksum)
+        ctx.transport.send(buf, version, ctx.timeout, ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
-        if win.messages:
-            win.wait_updates(version, ctx.timeout)
-        else:
-            win.wait_notifies(version, ctx.timeout)
+        ctx.transport.wait(version, ctx.timeout)
         out, own = buf, None
         if ctx.buffers:
-            # notify k went out before this wait: a neighbour may have acknowledged k
-            # already, so ">= k-1" (read atomically), not "== k-1"
-            win.wait_acks(version - 1, ctx.timeout, at_least=True)
             out, own = ctx.buffers[(version + 1) % 2], buf
         # every in-neighbour's version k, or ProtocolError before the buffer is touched
         win.reduce(out, ctx.w_self, ctx.weights, version, version, version,
                    checksum=ctx.checksum, require_all=True, own=own)
-        if win.messages:
-            win.post_receives(version + 1, checksum=ctx.checksum)
-        else:
-            win.ack(version)
+        ctx.transport.release(version, ctx.checksum)
         # iteration k+1 cannot have begun before step k started, and has begun by now
         self.entries.append((self._started, time.monotonic()))
         self.reduced.append((version,) * (win.n_in + 1))
