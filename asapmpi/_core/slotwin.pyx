@@ -447,6 +447,10 @@ cdef class SlotWindow:
         if finalized:
             self._freed = True
             return
+        # a neighbour may still wait for this rank's last notifies or acks (of this or
+        # another window) while this rank waits in the collectives below
+        with nogil:
+            _settle_all(self.flush_timeout)
         # a collective that once timed out completes once its late ranks reach free()
         self._finish_late(self.flush_timeout)
         # agree first, so that all ranks raise together instead of some entering
@@ -764,6 +768,7 @@ cdef class SlotWindow:
                 t = asap_now()
                 if t - t0 > timeout:
                     break
+                self._settle_pending(polls)
                 asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
                 polls += 1
                 self.wait_seconds += asap_now() - t
@@ -1113,14 +1118,23 @@ cdef class SlotWindow:
                "MPI_Iprobe")
         return 0
 
+    cdef int _settle_pending(self, long polls) except -1 nogil:
+        """In a wait that has lasted poll_yields polls: complete this rank's pending
+        notifies and acks, this window's and every other window's of the process, so
+        that no rank waits while a neighbour waits for one of its words."""
+        if polls < self.poll_yields:
+            return 0
+        if self.n_lazy:
+            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
+        if _n_pending:
+            _settle_all(self.flush_timeout)
+        return 0
+
     cdef int _idle(self, long *polls, double t0, double timeout) except -1 nogil:
         """Between two unsuccessful polls: drive progress, then back off.  Returns 1 once
         `timeout` seconds have passed since t0."""
         cdef double t = asap_now()
-        if self.n_lazy and polls[0] >= self.poll_yields:
-            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
-        if _n_pending and polls[0] >= self.poll_yields:
-            _settle_all(self.flush_timeout)         # this process's other windows
+        self._settle_pending(polls[0])
         self._progress()
         if t - t0 > timeout:
             return 1
@@ -1445,6 +1459,7 @@ cdef class SlotWindow:
                 return versions
             with nogil:
                 t = asap_now()
+                self._settle_pending(polls)
                 self._progress()
                 done = t - t0 > timeout
                 if not done:
