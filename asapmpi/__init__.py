@@ -32,6 +32,15 @@ def __getattr__(name):
         from .exchange import Exchange
 
         return Exchange
+    # a submodule used as an attribute (asapmpi.sync.Hop), as when importing Exchange
+    # imported them all
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
     raise AttributeError(f"module 'asapmpi' has no attribute {name!r}")
 
 __all__ = [
