@@ -120,11 +120,12 @@ def test_silent_neighbour_times_out_naming_it(n, path):
     assert results[1]["error"] is None
     # rank 2 % n receives from rank 1: waits for a notify that never comes
     victim = results[2 % n]
-    awaited = "notify of version 1" if path == "shm" else "update of version 1"
-    assert victim["ranks"] == [1] and awaited in victim["what"], victim
+    # a notify (window words) or an update (messages), whichever auto measured faster
+    assert victim["ranks"] == [1] and victim["what"] in ("the notify of version 1",
+                                                         "the update of version 1"), victim
     assert "rank 1 (expected 1, last seen 0)" in victim["error"]
     assert timeout <= victim["elapsed"] < timeout + 10
-    if n > 2 and path == "shm":
+    if n > 2 and "notify" in victim["what"]:
         # rank 0 sends to rank 1: its step 1 completes, step 2 waits for rank 1's ack
         assert results[0]["ranks"] == [1] and "ack of version 1" in results[0]["what"]
     elif n > 2:

@@ -12,6 +12,8 @@ import pytest
 import asapmpi
 from asapmpi.train.checkpoint import load_tree
 
+from mpilaunch import mpich_only
+
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi
 
@@ -190,6 +192,7 @@ def test_training_on_the_network_path(tmp_path):
         assert r["iterations"] == 200 and r["final_test_accuracy"] > 0.8
 
 
+@mpich_only     # the main job runs on the embedded MPICH: dev/demo.sh builds it in place
 def test_the_main_job_ends_with_the_summary_table(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(["bash", os.path.join(root, "dev", "demo.sh"), "--iters", "60",
