@@ -18,6 +18,14 @@ from asapmpi.launchers import network_forced
 HEADER = 64  # bytes before the payload in a slot
 
 
+def settled_barrier(comm):
+    """comm.Barrier() after this rank's own steps: first complete its lazy notifies and
+    acks (Exchange.settle), which an MPI may not issue until a flush (Open MPI's osc
+    pt2pt): a neighbour still stepping would wait for them (docs/PROTOCOL.md section 2)."""
+    _core.slotwin.settle_all()
+    comm.Barrier()
+
+
 def slot_transport():
     """The transport of scenarios that drive the slot protocol themselves (puts, tears,
     seqlock reads): shared memory where it runs, else puts (the message transport has
@@ -115,18 +123,18 @@ def tear_detected(comm, n=4096):
         assert used == 0 and status_2 == _core.TORN, (used, status_2)
         assert np.array_equal(buf, (np.float32(w_self) * before)), "a torn input was reduced"
 
-        comm.Barrier()
+        settled_barrier(comm)
         src[:] = 200.0 + rank
         win.put(src, 3, seqlock=True, notify=False)  # version 3, complete
-        comm.Barrier()
+        settled_barrier(comm)
         src[:] = 300.0 + rank
         win.put(src, 4, seqlock=True, tear=0.5)      # version 4 begins and stalls
-        comm.Barrier()
+        settled_barrier(comm)
         used = win.reduce(buf, w_self, w, 3, 3, 3, seqlock=True)
         status_3 = win.last_status()[0]
         assert used == 0 and status_3 == _core.TORN, (used, status_3)
         stats = ex.stats[ex.in_neighbours[0]]
-        comm.Barrier()
+        settled_barrier(comm)
     assert stats == {"consistent": 1, "torn": 2, "stale": 0, "ahead": 0}, stats
     return {"stats": stats, "size": size}
 
@@ -146,12 +154,12 @@ def notify_ack_refuses_torn(comm, n=1024):
         win.wait_acks(1, 30)
         win.put(np.full(n, -1.0), 2, tear=0.5)
         win.notify(2)
-        comm.Barrier()
+        settled_barrier(comm)
         before = buf.copy()
         message = message_of(ProtocolError, lambda: ex._policy.receive(win, buf, 2, ex._ctx),
                              "a torn input under notify_ack")
         assert np.array_equal(buf, before), "the buffer changed although nothing was reduced"
-        comm.Barrier()
+        settled_barrier(comm)
     assert f"rank(s) [{sender}]" in message and "'torn'" in message, message
     return {"message": message}
 
@@ -190,7 +198,7 @@ def concurrent_seqlock(comm, iters=2000, n=65536, seed=0):
             if rng.random() < 0.3:
                 time.sleep(rng.random() * 1e-4)
         counts = ex.stats[ex.in_neighbours[0]]
-        comm.Barrier()
+        settled_barrier(comm)
     assert counts["torn"] == torn, (counts, torn)
     return {"untorn": untorn, "torn": torn, "stats": counts}
 
@@ -216,7 +224,7 @@ def checksum_catches_corruption(comm, n=1000):
         buf[:] = keep
         assert win.reduce(buf, w_self, w, 2, 2, 2, checksum=True) == 0, "checksum missed it"
         assert win.last_status()[0] == _core.TORN
-        comm.Barrier()
+        settled_barrier(comm)
     return {}
 
 
@@ -235,7 +243,7 @@ def silent_neighbour(comm, wait_timeout=1.0):
             except NeighbourTimeoutError as exc:
                 result = {"error": str(exc), "ranks": exc.ranks, "what": exc.what,
                           "elapsed": time.monotonic() - t0, "version": ex.version}
-        comm.Barrier()
+        settled_barrier(comm)
     return result
 
 
@@ -340,7 +348,7 @@ def bounds_are_checked(comm):
                      lambda: win.fetch_word((comm.rank + 1) % comm.size, 1 << 40),
                      lambda: win.accumulate_word(comm.rank, win.total_bytes, 1)):
             problems.append(message_of(ConfigError, call, "an out-of-range call"))
-        comm.Barrier()
+        settled_barrier(comm)
     return {"problems": problems}
 
 
@@ -363,7 +371,7 @@ def stalled_target(comm, wait_timeout=2.0, stall=8.0, transport="auto"):
                 ex.step()
             except NeighbourTimeoutError as exc:
                 error, elapsed = str(exc), time.monotonic() - t0
-        comm.Barrier()
+        settled_barrier(comm)
     return {"error": error, "elapsed": elapsed}
 
 
@@ -466,7 +474,7 @@ def policies_reduce_exactly_what_they_report(comm, iters=150, n=4096,
                     assert np.all(buf == expected), (sync, name, k, buf[0], expected)
                     for s in status:
                         tally[asapmpi._core.STATUS_NAMES[s]] += 1
-                comm.Barrier()
+                settled_barrier(comm)
             counts[f"{sync}/{name}"] = tally
     return counts
 
@@ -484,7 +492,7 @@ def broken_protocol(comm, iters=300, n=1 << 15):
             assert np.all(buf == buf[0]), k
             for s in ex.last_status.values():
                 tally[s] += 1
-        comm.Barrier()
+        settled_barrier(comm)
     return tally
 
 
@@ -571,7 +579,7 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
         stats = ex.stats
         tr = ex.trace
         jumps = policy.jumps
-        comm.Barrier()
+        settled_barrier(comm)
     traces = comm.gather(tr, root=0)
     result = {"stats": {str(r): c for r, c in stats.items()}, "jumps": jumps}
     if rank == 0:
@@ -600,7 +608,7 @@ def hop_stopped_rank(comm, options, iters=200, wait_timeout=1.5):
             outcome["waited_for"] = exc.ranks
         if rank == 0:
             time.sleep(wait_timeout * 3)      # silent, as if computing forever
-        comm.Barrier()
+        settled_barrier(comm)
     return outcome
 
 
@@ -615,7 +623,7 @@ def notify_ack_trace(comm, trace_file, iters=100):
             slow.compute(comm.rank, k, 0.0003)
             ex.step()
         trace.save(trace_file, ex, comm)
-        comm.Barrier()
+        settled_barrier(comm)
     return {}
 
 
