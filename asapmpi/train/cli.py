@@ -125,6 +125,14 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
         threads=args.threads, kill_rank=args.kill_rank, kill_at=args.kill_at,
         kill_in=args.kill_in, kill_signal=args.kill_signal)
+    from .data import _LOADERS
+
+    for flag, name in (("--data", args.data), ("--test-data", args.test_data)):
+        # checked here, before any rank starts (Open MPI prints its own lines when the
+        # ranks refuse it)
+        if name and name not in _LOADERS and not os.path.isfile(name):
+            raise ConfigError(f"{flag} {name}: unknown dataset; choose "
+                              f"{', '.join(_LOADERS)} or the path of a LIBSVM file")
     if args.compare and args.options:
         raise ConfigError("with --compare, put policy options in each run "
                           "(hop:backup=1), not in --hop")
