@@ -369,9 +369,10 @@ def test_wrapper_matches_a_replay_of_optimizer_and_mixing(kind, mode, path):
         # parallel: Send(7) is already out, before step 7's Compute
         sends = 6 + (mode == "parallel")
         assert res["bytes_sent"] == sends * res["out_degree"] * res["model_bytes"]
-        # shared memory: the parameters alternate between the exchange's two buffers
-        assert res["double_buffered"] == (path == "shm")
-        assert res["homes"] == (2 if path == "shm" else 1)
+        # the shared transport (on one host, unless transport="auto" measured messages
+        # faster): the parameters alternate between the exchange's two buffers
+        assert path == "shm" or not res["double_buffered"]
+        assert res["homes"] == (2 if res["double_buffered"] else 1)
 
 
 @pytest.mark.mpi
