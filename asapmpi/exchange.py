@@ -215,6 +215,13 @@ def window_offsets(g: Graph, layouts: Sequence[Any], rank: int) -> Tuple[list, l
     return out_slot, out_notify, in_ack
 
 
+def _explained(exc: MPIError) -> MPIError:
+    """`exc`, with Open MPI's usual reason appended when it is a failed window
+    allocation (_window_hint)."""
+    hint = _window_hint() if exc.call == "MPI_Win_allocate" else ""
+    return MPIError(exc.code, exc.call, exc.mpi_message + hint) if hint else exc
+
+
 #: the shared transport reads payloads in place (zero copy): it stays the choice unless
 #: messages signal this many times faster
 SHARED_MARGIN = 2.0
@@ -261,10 +268,7 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         try:
             measured[name] = transport_probe.measure(comm, Graph(g.n, keep, name), timeout)
         except MPIError as exc:
-            if exc.call == "MPI_Win_allocate" and _window_hint():
-                raise MPIError(exc.code, exc.call, exc.mpi_message + _window_hint()) \
-                    from None
-            raise
+            raise _explained(exc) from None
     if not measured:
         report.update(chosen=window, reason="no neighbours to measure")
         return window, report
@@ -590,9 +594,7 @@ class Exchange:
         except MPIError as exc:
             if self._segments is not None:
                 self._segments.close()
-            if exc.call == "MPI_Win_allocate" and _window_hint():
-                raise MPIError(exc.code, exc.call, exc.mpi_message + _window_hint()) from None
-            raise
+            raise _explained(exc) from None
         except BaseException:
             if self._segments is not None:
                 self._segments.close()
