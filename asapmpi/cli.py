@@ -166,7 +166,9 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
     if args.command == "train":
         from .train import cli as train_cli
 
-        train_cli.configs(args)
+        runs = train_cli.configs(args)
+        if not inside_mpi_job():
+            train_cli.check_resume(runs, args.ranks)
     elif args.command == "demo":
         from . import demo
 

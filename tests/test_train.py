@@ -12,7 +12,7 @@ import pytest
 import asapmpi
 from asapmpi.train.checkpoint import load_tree
 
-from mpilaunch import mpich_only
+from mpilaunch import job_command, mpich_only
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi
@@ -116,6 +116,13 @@ def test_resume_refuses_another_configuration_and_fresh_runs_clear_old_ones(tmp_
     assert other.returncode == 2
     lines = other.stderr.strip().splitlines()
     assert len(lines) == 1 and "was written with lr=0.5, this run has lr=0.25" in lines[0]
+    # started by mpiexec itself nothing checks before the ranks: they refuse together
+    cmd, env = job_command(2, [sys.executable, "-m", "asapmpi", "train", *common, "--lr",
+                               "0.25", "--resume", "--no-progress"], timeout=300)
+    inside = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=330,
+                            check=False)
+    assert inside.returncode != 0
+    assert "was written with lr=0.5, this run has lr=0.25" in inside.stderr
     again = train(*common, "--seed", "3")
     assert again.returncode == 0
     assert "starting 'notify_ack' afresh (no --resume): removed" in again.stdout

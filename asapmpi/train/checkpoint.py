@@ -79,6 +79,24 @@ def load_tree(path: str) -> Dict[str, Any]:
         raise ConfigError(f"cannot read checkpoint {path}: {exc}") from None
 
 
+def load_entry(path: str, key: str) -> Any:
+    """Read only the entry `key` of the top level of a tree written by save_tree (the
+    configuration of a checkpoint, say, without its model)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return _read(f[key])
+    except (OSError, KeyError) as exc:
+        raise ConfigError(f"cannot read {key!r} of checkpoint {path}: {exc}") from None
+
+
+def common_iteration(root: str, ranks: int, keep: int = 2) -> Optional[int]:
+    """Without MPI: the newest iteration every one of `ranks` ranks has a checkpoint of
+    under `root`, as CheckpointDir.latest_common would agree on, or None."""
+    sets = [set(CheckpointDir(root, r, keep).iterations()) for r in range(ranks)]
+    common = set.intersection(*sets) if sets else set()
+    return max(common) if common else None
+
+
 class CheckpointDir:
     """The checkpoints of one rank of one run: `root/rankNNNNN/iter_NNNNNNNNN.h5`."""
 

@@ -147,6 +147,25 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     return runs_from(base, args.compare)
 
 
+def check_resume(runs: List[TrainConfig], ranks: int) -> None:
+    """Before any rank starts: refuse --resume from a checkpoint another configuration
+    wrote (the ranks check again, for checkpoints only their hosts can see)."""
+    from .checkpoint import CheckpointDir, common_iteration, load_entry
+
+    for cfg in runs:
+        if not cfg.resume:
+            continue
+        root = cfg.checkpoint_root()
+        start = common_iteration(root, ranks, cfg.keep)
+        if start is None:
+            continue
+        path = CheckpointDir(root, 0).path(start)
+        mismatch = cfg.resume_mismatch(load_entry(path, "config"))
+        if mismatch:
+            raise ConfigError(f"cannot resume from {path}: the checkpoint at iteration "
+                              f"{start} under {root} {mismatch}")
+
+
 def _torch_trainer():
     try:
         from ..torch import trainer

@@ -3,6 +3,7 @@ of --compare ("POLICY[@GRAPH][:OPTION=VALUE...]")."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -74,6 +75,11 @@ def parse_options(pairs, where: str) -> Dict[str, Any]:
         options[key.replace("-", "_")] = _value(val)
     return options
 
+
+#: settings a resumed run may change (everything else must match the checkpoint)
+RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_in",
+                               "kill_signal", "out", "threads", "timeout", "eval_every",
+                               "checkpoint_every", "keep", "target"})
 
 #: where --kill-in kills the rank: just before the run's first (start) or last (end)
 #: collective (fault injection for the tests of their deadlines)
@@ -187,6 +193,21 @@ class TrainConfig:
         """A folder-safe name of this run's checkpoints: the model and the label."""
         return "".join(c if c.isalnum() or c in "-_=." else "_"
                        for c in f"{self.model}-{self.label}")
+
+    def checkpoint_root(self) -> str:
+        """The folder of this run's checkpoints (one subfolder per rank)."""
+        return os.path.join(self.out, "checkpoints", self.run_label())
+
+    def resume_mismatch(self, saved: Dict[str, Any]) -> Optional[str]:
+        """Why a checkpoint written with configuration `saved` cannot be resumed by this
+        run ("was written with lr=0.5, this run has lr=0.25; ..."), or None."""
+        mine = self.as_dict()
+        for key in sorted(set(saved) | set(mine)):
+            if key not in RESUMABLE_CHANGES and saved.get(key) != mine.get(key):
+                return (f"was written with {key}={saved.get(key)!r}, this run has "
+                        f"{key}={mine.get(key)!r}; resume with the same settings or "
+                        f"write to another --out")
+        return None
 
     def as_dict(self) -> Dict[str, Any]:
         """JSON-friendly copy (for HDF5 attributes and the summary)."""

@@ -142,8 +142,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         make_optimizer(cfg, model), None if fixed else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
         **cfg.policy_options)
-    ckpts = CheckpointDir(os.path.join(cfg.out, "checkpoints", cfg.run_label()), rank,
-                          cfg.keep)
+    ckpts = CheckpointDir(cfg.checkpoint_root(), rank, cfg.keep)
     log, elapsed, resumed_loop = MetricsLog(), 0.0, None
     if cfg.resume:
         tree = _load_checkpoint(cfg, ckpts, comm, model, opt, timeout)
@@ -194,13 +193,6 @@ def _agree(comm: MPI.Comm, problem: Optional[str], timeout: float, what: str) ->
             raise ConfigError(p if r == comm.Get_rank() else f"rank {r}: {p}")
 
 
-#: settings a resumed run may change (everything else must match the checkpoint)
-RESUMABLE_CHANGES = {"iters", "resume", "kill_rank", "kill_at", "kill_in", "kill_signal",
-                     "out", "threads",
-                     "timeout",
-                     "eval_every", "checkpoint_every", "keep", "target"}
-
-
 def _load_checkpoint(cfg: TrainConfig, ckpts: CheckpointDir, comm: MPI.Comm, model,
                      opt: DecentralizedOptimizer, timeout: float) -> Optional[dict]:
     """Collective: restore every rank from the newest iteration all of them saved, or
@@ -215,13 +207,10 @@ def _load_checkpoint(cfg: TrainConfig, ckpts: CheckpointDir, comm: MPI.Comm, mod
     problem, tree = None, None
     try:
         tree = ckpts.load(start)
-        saved, mine = tree["config"], cfg.as_dict()
-        for key in sorted(set(saved) | set(mine)):
-            if key not in RESUMABLE_CHANGES and saved.get(key) != mine.get(key):
-                raise ConfigError(f"the checkpoint at iteration {start} under {ckpts.root} "
-                                  f"was written with {key}={saved.get(key)!r}, this run has "
-                                  f"{key}={mine.get(key)!r}; resume with the same settings "
-                                  f"or write to another --out")
+        mismatch = cfg.resume_mismatch(tree["config"])
+        if mismatch:
+            raise ConfigError(f"the checkpoint at iteration {start} under {ckpts.root} "
+                              f"{mismatch}")
         state.load_module_state(model, tree["model"])
         opt.load_state_dict({**tree["trainer"],
                              "optimizer": state.load_optimizer_state(tree["optimizer"])})
