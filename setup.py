@@ -185,7 +185,8 @@ def extensions():
             define_macros=FLAGS["macros"],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=FLAGS["other_link"],
-            depends=[os.path.join(core, "kernels.h"), os.path.join(core, "chkerr.pxi")],
+            depends=[os.path.join(core, name) for name in ("kernels.h", "chkerr.pxi",
+                                                             "mailbox.pxi")],
         )
         for module, source in read_extension_list()
     ]

@@ -43,7 +43,7 @@ from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
 from .reduce.user import graph_from, hosts_of
 from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
-from .sync import StepContext
+from .sync import POLICIES, StepContext
 from .sync import policy as make_policy
 from .sync.records import Records
 from .transports import make_transport
@@ -227,6 +227,12 @@ def _explained(exc: MPIError) -> MPIError:
 SHARED_MARGIN = 2.0
 
 
+def _has_messages(policy) -> bool:
+    """Whether `policy` can run on transport="messages" (NOTIFY-ACK's versions or a
+    mailbox window)."""
+    return bool(policy.messages or policy.mailbox)
+
+
 def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
                       timeout: float) -> Tuple[str, Dict[str, Any]]:
     """The transport of this exchange, the same on every rank, and the report of how it
@@ -238,7 +244,7 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
     one taken: the step waits for its slowest neighbour, so a transport costs its
     slowest class."""
     report: Dict[str, Any] = {"requested": requested}
-    if requested in ("put", "messages") or not (policy.outbox or policy.messages):
+    if requested in ("put", "messages") or not (policy.outbox or _has_messages(policy)):
         chosen = requested if requested == "messages" else "put"
         report.update(chosen=chosen, reason="asked for" if requested != "auto" else
                       f"the only transport sync={policy.name!r} has")
@@ -253,7 +259,7 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
     # the environment could differ between ranks: agree on the most conservative
     shared = comm.allreduce(int(one_host and not network_forced()), op=MPI.MIN)
     window = "shared" if shared and policy.outbox else "put"
-    if not policy.messages:
+    if not _has_messages(policy):
         report.update(chosen=window, reason="window words: the only signals this policy "
                                             "has")
         return window, report
@@ -392,15 +398,18 @@ class Exchange:
         slot in shared memory and its out-neighbours reduce from it in place (one host
         only; notify_ack only).  "messages": every update is one two-sided message per
         out-neighbour, received straight into the reader's slot; the receive posted for
-        the next version is the ack (notify_ack only; any path: on TCP networks MPICH
-        runs one-sided operations as active messages that cost each target CPU time
-        per piece, while its two-sided messages are its fastest path).  "auto"
-        (default): for notify_ack, by measurement at creation: the window words of
-        "shared" (every rank on one host, the network path not forced) or else "put",
-        against messages, each timed over the graph's edges per neighbour class (same
-        host, other host); messages win when faster (by 2x against "shared", which
-        reads in place).  ex.transport_report says what was chosen and why.  "put"
-        for every other policy.
+        the next version is the ack (any path: on TCP networks MPICH runs one-sided
+        operations as active messages that cost each target CPU time per piece, and
+        Open MPI's need the target's progress, while two-sided messages are their
+        fastest path).  For hop the window becomes a mailbox: its updates and tokens
+        travel as messages that the reader's waits complete into the same slots and
+        words (docs/PROTOCOL.md 2d).  notify_ack and hop only.  "auto" (default): for
+        notify_ack and hop, by measurement at creation: the window words of "shared"
+        (notify_ack, every rank on one host, the network path not forced) or else
+        "put", against messages, each timed over the graph's edges per neighbour class
+        (same host, other host); messages win when faster (by 2x against "shared",
+        which reads in place).  ex.transport_report says what was chosen and why.
+        "put" for every other policy.
     double_buffer: with the shared transport, keep the buffer in two slots of this
         rank's shared memory, computed on in place and reduced from one into the other:
         no copy at all per step (the reduce moves only its own inputs and output, the
@@ -552,9 +561,11 @@ class Exchange:
             if transport == "shared" and not pol.outbox:
                 raise ConfigError(f"transport='shared' works with sync='notify_ack' only, "
                                   f"not {sync!r}; use transport='put' or 'auto'")
-            if transport == "messages" and not pol.messages:
-                raise ConfigError(f"transport='messages' works with sync='notify_ack' only, "
-                                  f"not {sync!r}; use transport='put' or 'auto'")
+            if transport == "messages" and not _has_messages(pol):
+                able = sorted(n for n, p in POLICIES.items() if _has_messages(p))
+                raise ConfigError(f"transport='messages' works with sync="
+                                  f"{'/'.join(able)}, not {sync!r}; use transport='put' "
+                                  f"or 'auto'")
             out["matrix"] = wspec.get("matrix")
             meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
                         graph_kind=spec["kind"], graph_key=spec["key"],
@@ -590,7 +601,9 @@ class Exchange:
                 out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
                 poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
                 flush_timeout=self.timeout, outboxes=outboxes,
-                messages=self.transport == "messages")
+                messages=self.transport == "messages" and self._policy.messages,
+                mailbox=self.transport == "messages" and self._policy.mailbox,
+                retain=self._policy.retain)
         except MPIError as exc:
             if self._segments is not None:
                 self._segments.close()
@@ -600,9 +613,13 @@ class Exchange:
                 self._segments.close()
             raise
         win.max_transfer = max_transfer()
-        self._ctx.transport = make_transport(self.transport, win, self.double_buffered)
-        # the "ack" of version 0: every slot is free for version 1
-        self._ctx.transport.start(self._ctx.checksum)
+        if self._policy.messages or self._policy.outbox:
+            # NOTIFY-ACK's steps go through a transport; a mailbox policy's through the
+            # window's own put, waits and ack
+            self._ctx.transport = make_transport(self.transport, win,
+                                                 self.double_buffered)
+            # the "ack" of version 0: every slot is free for version 1
+            self._ctx.transport.start(self._ctx.checksum)
         return win
 
     def _enter_slots(self) -> None:

@@ -60,7 +60,14 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
                                     < rounds["words"] else window), report
     assert results[0]["put"]["report"]["reason"] == "asked for"
     assert results[0]["put"]["transport"] == "put"
-    assert results[0]["hop"]["report"]["reason"] == "the only transport sync='hop' has"
+    assert results[0]["bsp"]["report"]["reason"] == "the only transport sync='bsp' has"
+    assert results[0]["bsp"]["transport"] == "put"
+    # Hop runs on window words or on a mailbox of messages: measured like NOTIFY-ACK,
+    # without the shared transport's margin (its slots are always put)
+    hop = results[0]["hop"]
+    rounds = hop["report"]["rounds"]["same host"]
+    assert hop["transport"] == ("messages" if rounds["messages"] < rounds["words"]
+                                else "put"), hop["report"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -286,7 +293,7 @@ def test_hop_skipping_on_a_directed_graph_does_not_deadlock():
     # in-neighbours a jump waits for (a jump of 4 once deadlocked here)
     edges = [(i, (i + 1) % 6) for i in range(6)] + [(i, (i + 4) % 6) for i in range(6)]
     options = {"max_gap": 2, "backup": 1, "skip_trigger": 4, "max_jump": 4,
-               "weights": "uniform"}
+               "weights": "uniform", "transport": "put"}
     rank0 = run("hop_runs", 6, "shm", timeout=300, graph=edges, options=options,
                 iters=120)[0]
     assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= 2
@@ -304,8 +311,50 @@ def test_hop_on_the_network_path(setting):
 
 
 @pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
+def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly(setting):
+    # the mailbox: updates and tokens as two-sided messages the waits complete into the
+    # slots, on the network path where it is the fast transport
+    options = dict(HOP_SETTINGS[setting], transport="messages")
+    results = run("hop_runs", 8, "net", timeout=600, graph="double-ring",
+                  options=options, iters=80)
+    rank0 = results[0]
+    assert {r["transport"] for r in results} == {"messages"}
+    assert rank0["violations"] == [], rank0["violations"][:3]
+    assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"]
+    for res in results:
+        for counts in res["stats"].values():
+            assert counts["torn"] == 0 and counts["ahead"] == 0, counts
+    if "skip" in setting:
+        assert rank0["jumps"] > 0, "the 4x slower rank 0 never skipped"
+
+
+def test_hop_on_messages_skips_on_a_directed_graph_without_deadlock():
+    # the directed 6-rank graph: slots are released by the reader's tokens while its
+    # in-neighbours are not its out-neighbours.  Tokens and rendezvous sends wait for
+    # the slow rank's next MPI call, so its out-neighbours rarely reach the 4 ahead the
+    # put test triggers on: trigger at 3
+    edges = [(i, (i + 1) % 6) for i in range(6)] + [(i, (i + 4) % 6) for i in range(6)]
+    options = {"max_gap": 2, "backup": 1, "skip_trigger": 3, "max_jump": 4,
+               "weights": "uniform", "transport": "messages"}
+    rank0 = run("hop_runs", 6, "shm", timeout=300, graph=edges, options=options,
+                iters=120)[0]
+    assert rank0["transport"] == "messages"
+    assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= 2
+    assert rank0["jumps"] > 0, "the slowed rank 0 never jumped"
+
+
+@pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
 def test_hop_never_hangs_on_a_stopped_rank(setting):
-    results = run("hop_stopped_rank", 6, "shm", timeout=120, options=HOP_SETTINGS[setting])
+    _stopped_rank_is_named(HOP_SETTINGS[setting])
+
+
+@pytest.mark.parametrize("setting", ["standard-gap2", "backup1-skip10", "staleness2-eq2"])
+def test_hop_on_messages_never_hangs_on_a_stopped_rank(setting):
+    _stopped_rank_is_named(dict(HOP_SETTINGS[setting], transport="messages"))
+
+
+def _stopped_rank_is_named(options):
+    results = run("hop_stopped_rank", 6, "shm", timeout=120, options=options)
     assert results[0]["finished"]
     others = results[1:]
     assert all(r["finished"] or r["waited_for"] for r in others), others

@@ -34,10 +34,12 @@ def test_torn_write_is_detected_and_not_reduced():
         assert res["stats"]["torn"] == 2
 
 
-def test_hop_with_a_backup_worker_keeps_its_gap_bound():
-    options = {"max_gap": 3, "backup": 1}
+@pytest.mark.parametrize("transport", ["put", "messages"])
+def test_hop_with_a_backup_worker_keeps_its_gap_bound(transport):
+    options = {"max_gap": 3, "backup": 1, "transport": transport}
     rank0 = run("hop_runs", 4, "ucx", timeout=600, graph="ring-based", options=options,
                 iters=30)[0]
+    assert rank0["transport"] == transport
     assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= 3
 
 

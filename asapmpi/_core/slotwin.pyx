@@ -142,6 +142,23 @@ cdef class SlotWindow:
     cdef bint _msg_checksum
     cdef int64_t _posted            # version the receives are posted for (0: none)
     cdef int64_t _sent              # version of the last send_update (0: none)
+    # mailbox (mailbox.pxi): slots and ack words fed by messages, for policies that wait
+    # on window words
+    cdef readonly bint mailbox
+    cdef readonly int retain        # ack(c) releases slots holding versions <= c - retain
+    cdef MPI_Request *mb_recv       # per in-neighbour and slot: payload, trailer
+    cdef int64_t *mb_trailer        # per in-neighbour and slot: MB_TRAILER words
+    cdef int64_t *mb_held           # per in-neighbour and slot: version held, 0: posted
+    cdef int *mb_index              # MPI_Testsome's indices
+    cdef MPI_Request *mb_send       # per out-neighbour: payload, trailer
+    cdef int64_t mb_send_trailer[4]
+    cdef MPI_Request *tok_recv      # per out-neighbour: its next token
+    cdef int64_t *tok_in
+    cdef MPI_Request *tok_send      # per in-neighbour: the token in flight
+    cdef int64_t *tok_out
+    cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
+    cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
+    cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -211,7 +228,7 @@ cdef class SlotWindow:
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
                  int poll_max_sleep_us=100, double flush_timeout=60.0, outboxes=None,
-                 bint messages=False):
+                 bint messages=False, bint mailbox=False, int retain=0):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -233,8 +250,16 @@ cdef class SlotWindow:
         self.has_publish = layout.n_publish > 0
         self.outbox = layout.outbox
         self.messages = messages
-        if messages and self.outbox:
+        self.mailbox = mailbox
+        self.retain = retain
+        if (messages or mailbox) and self.outbox:
             raise ConfigError("an outbox layout cannot also receive messages")
+        if messages and mailbox:
+            raise ConfigError("a window takes messages as NOTIFY-ACK versions or as a "
+                              "mailbox, not both")
+        if mailbox and not (0 <= retain < self.depth and self.depth < MB_TOKEN_TAG):
+            raise ConfigError(f"a mailbox needs 0 <= retain < depth < {MB_TOKEN_TAG}, got "
+                              f"retain={retain}, depth={self.depth}")
         if self.outbox and (outboxes is None or len(outboxes) != 2
                             or len(outboxes[1]) != self.n_in):
             raise ConfigError("an outbox layout needs this rank's segment and every "
@@ -254,6 +279,8 @@ cdef class SlotWindow:
             raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
         self.size = comm.Get_size()
         self._alloc_arrays()
+        if self.mailbox:
+            _mb_alloc(self)
         if self.outbox:
             self._hold_segments(outboxes[0], outboxes[1], layout.segment_bytes)
         for i in range(self.n_in):
@@ -275,7 +302,7 @@ cdef class SlotWindow:
 
         with nogil:
             CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.comm), "MPI_Comm_dup")
-            if self.messages:
+            if self.messages or self.mailbox:
                 CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.msg_comm), "MPI_Comm_dup")
                 CHKERR(MPI_Comm_set_errhandler(self.msg_comm, MPI_ERRORS_RETURN),
                        "MPI_Comm_set_errhandler")
@@ -315,6 +342,8 @@ cdef class SlotWindow:
             my_size = self.total_bytes
             CHKERR(MPI_Allgather(&my_size, 1, MPI_AINT, self.sizes, 1, MPI_AINT, self.comm),
                    "MPI_Allgather")
+            if self.mailbox:
+                _mb_start(self)
 
     cdef _hold_segments(self, own, ins, Py_ssize_t nbytes):
         # Views held until free(): the segments cannot be unmapped under the kernels.
@@ -416,6 +445,7 @@ cdef class SlotWindow:
         free(self.own_copy); self.own_copy = NULL
         free(self.sizes); self.sizes = NULL
         free(self.lazy_sink); self.lazy_sink = NULL
+        _mb_free_arrays(self)
         self._release_segments()
 
     def __dealloc__(self):
@@ -473,6 +503,12 @@ cdef class SlotWindow:
                                          self.comm), "MPI_Allgather")
                     self._drain_messages(sent)
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
+            if self.mailbox:
+                _mb_drain(self)
+                self._release_send_view()
+                with nogil:
+                    CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
+            with nogil:
                 _forget_pending(&self.win)  # unlock_all completes its words
                 if self._locked:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
@@ -538,6 +574,9 @@ cdef class SlotWindow:
             raise ConfigError(f"versions start at 1, got {version}")
         if not 0.0 <= tear < 1.0:
             raise ConfigError(f"tear must be in [0, 1), got {tear}")
+        if self.mailbox:
+            return self._mailbox_put(buf, version, iteration, seqlock, checksum, notify,
+                                     tear, suppress_if_acked)
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
@@ -550,6 +589,47 @@ cdef class SlotWindow:
                           notify, tear)
         finally:
             PyBuffer_Release(&view)
+
+    cdef _mailbox_put(self, buf, int64_t version, int64_t iteration, bint seqlock,
+                      bint checksum, bint notify, double tear, int64_t suppress_if_acked):
+        # put() on a mailbox: the update as messages (mailbox.pxi); `buf` is held, not
+        # copied, until the sends complete (the next put, reduce or free)
+        if seqlock or tear > 0.0 or not notify:
+            raise ConfigError("a mailbox window (transport='messages') sends whole "
+                              "versions with their notify: no seqlock, tear or "
+                              "notify=False; use transport='put'")
+        if self.nbytes > 0x7fffffff:
+            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
+                              f"{self.nbytes} bytes; use transport='put'")
+        self._finish_sends(version - 1)
+        PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
+        self._send_held = True
+        if self._send_view.len != self.nbytes:
+            length = self._send_view.len
+            self._release_send_view()
+            raise ConfigError(f"buffer has {length} bytes but the window's slots hold "
+                              f"{self.nbytes}; pass a buffer of the size the Exchange "
+                              f"was created with")
+        with nogil:
+            self._mark_suppressed(suppress_if_acked)
+            _mb_send(self, <const char *>self._send_view.buf, version, iteration, checksum)
+
+    cdef int _finish_sends(self, int64_t version) except -1:
+        # mailbox: complete this rank's sends of `version` (its buffer is then free)
+        cdef int r = 0
+        if not self.mailbox or not self._send_held:
+            return 0
+        with nogil:
+            r = _mb_wait_sends(self, self.flush_timeout)
+        if r:
+            late = sorted(self._pending(self.mb_send, self._out, self.n_out))
+            raise NeighbourTimeoutError(
+                self.rank, f"the receive of its update of version {version} (posted once "
+                f"the neighbour released the slot's older version)", late,
+                [version] * len(late), [version - self.depth] * len(late),
+                self.flush_timeout)
+        self._release_send_view()
+        return 0
 
     cdef int _mark_suppressed(self, int64_t threshold) except -1 nogil:
         cdef int j
@@ -774,9 +854,7 @@ cdef class SlotWindow:
                 self.wait_seconds += asap_now() - t
         if not (got_in and got_out):
             self._message_timeout(version, timeout)
-        if self._send_held:
-            PyBuffer_Release(&self._send_view)
-            self._send_held = False
+        self._release_send_view()
         with nogil:
             asap_fence()
             for i in range(self.n_in):
@@ -790,6 +868,12 @@ cdef class SlotWindow:
                 asap_store_i64(hdr, version)
             asap_fence()
         self._posted = 0
+
+    cdef void _release_send_view(self) noexcept:
+        # the buffer whose sends completed may be written again
+        if self._send_held:
+            PyBuffer_Release(&self._send_view)
+            self._send_held = False
 
     cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
         # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)
@@ -959,6 +1043,9 @@ cdef class SlotWindow:
         """Publish `version` in every out-neighbour's notify word for slot version % depth."""
         self._check_alive()
         self._check_version(version)
+        if self.mailbox:
+            raise ConfigError("a mailbox window (transport='messages') notifies with "
+                              "each put; use transport='put' for a separate notify")
         with nogil:
             self._mark_suppressed(0)
             self._notify(version, version % self.depth)
@@ -968,6 +1055,10 @@ cdef class SlotWindow:
         cdef int i
         self._check_alive()
         cdef int64_t *word
+        if self.mailbox:
+            with nogil:
+                _mb_ack(self, version)
+            return
         with nogil:
             word = self._lazy_word(version)
             for i in range(self.n_in):
@@ -1087,6 +1178,8 @@ cdef class SlotWindow:
         return self.word_in
 
     cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
+        if self.mailbox and target == self.rank:
+            _mb_pump(self)      # the words messages feed: as fresh as they can be
         CHKERR(MPI_Fetch_and_op(NULL, &self.word_in, MPI_INT64_T, target, disp, MPI_NO_OP,
                                 self.win), "MPI_Fetch_and_op")
         if target == self.rank:
@@ -1113,6 +1206,8 @@ cdef class SlotWindow:
         # On network paths a put into this window may only complete when this rank calls
         # into MPI; MPI_Win_sync is just a memory barrier on MPICH, so poke the engine.
         cdef int flag = 0
+        if self.mailbox:
+            _mb_pump(self)
         CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
         CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag, MPI_STATUS_IGNORE),
                "MPI_Iprobe")
@@ -1369,6 +1464,7 @@ cdef class SlotWindow:
         self._check_version(expected)
         if weights.shape[0] != self.n_in:
             raise ConfigError(f"{weights.shape[0]} weights for {self.n_in} in-neighbours")
+        self._finish_sends(self._sent)      # a mailbox's sends may still read buf
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:
@@ -1424,6 +1520,7 @@ cdef class SlotWindow:
         if weights.shape[0] != self.n_in or versions.shape[0] != self.n_in:
             raise ConfigError(f"need {self.n_in} weights and versions, got "
                               f"{weights.shape[0]} and {versions.shape[0]}")
+        self._finish_sends(self._sent)
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:
@@ -1707,3 +1804,6 @@ cdef void _describe(char *out, ranks) noexcept:
     data = text.encode()
     strncpy(out, data, 255)
     out[255] = 0
+
+
+include "mailbox.pxi"

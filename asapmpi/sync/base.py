@@ -60,6 +60,13 @@ class Policy:
     #: whether it can run on the message transport: each version one two-sided message
     #: per out-neighbour into the reader's slot, a posted receive acting as the ack
     messages = False
+    #: whether it runs on a mailbox window (transport="messages" for policies that wait
+    #: on window words): puts, notifies and acks travel as two-sided messages that the
+    #: reader's waits complete into its slots and words (asapmpi/_core/mailbox.pxi)
+    mailbox = False
+    #: mailbox: after ack(c) the slots holding versions <= c - retain are refilled (the
+    #: oldest version a later iteration may still reduce is c + 1 - retain)
+    retain = 0
     #: whether every rank completes the same steps at about the same time (each waits
     #: for its neighbours' current version): ranks then reach free() within one step of
     #: each other.  Policies that let ranks drift apart (backup workers, staleness,

@@ -50,6 +50,9 @@ class Hop(Policy):
     """
 
     name = "hop"
+    #: the update slots and token counters run on messages too (off-host networks
+    #: without passive-target progress)
+    mailbox = True
 
     def __init__(self, max_gap: int = 2, backup: int = 0, staleness=None,
                  staleness_weights: str = "hop", skip_trigger=None, max_jump: int = 1,
@@ -78,6 +81,8 @@ class Hop(Policy):
         self.suppress_late = bool(suppress_late)
         # a reader may pick any version in [k - s, k] while senders run up to max_gap ahead
         self.depth = self.max_gap + 1 + (self.staleness or 0)
+        # the oldest version iteration k + 1 reduces is k + 1 - staleness
+        self.retain = self.staleness or 0
         self.jumps = 0
 
     def options(self) -> Dict[str, object]:

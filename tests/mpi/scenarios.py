@@ -555,6 +555,7 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
         graph = asapmpi.graph_from([tuple(e) for e in graph], n=size)
     with asapmpi.Exchange(buf, graph=graph, sync="hop", comm=comm, timeout=60,
                           **options) as ex:
+        transport = ex.transport
         policy = ex._policy
         g = ex.graph
         while ex.version < iters:
@@ -581,7 +582,8 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
         jumps = policy.jumps
         settled_barrier(comm)
     traces = comm.gather(tr, root=0)
-    result = {"stats": {str(r): c for r, c in stats.items()}, "jumps": jumps}
+    result = {"stats": {str(r): c for r, c in stats.items()}, "jumps": jumps,
+              "transport": transport}
     if rank == 0:
         bounds = trace.gap_bounds(g, policy.setting, max_gap=policy.max_gap,
                                   staleness=policy.staleness or 0)
@@ -915,7 +917,7 @@ def transport_choice(comm):
     buf = np.zeros(1000)
     out = {}
     for label, kwargs in (("auto", {}), ("put", {"transport": "put"}),
-                          ("hop", {"sync": "hop"})):
+                          ("hop", {"sync": "hop"}), ("bsp", {"sync": "bsp"})):
         with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=60, **kwargs) as ex:
             for _ in range(3):
                 ex.step()

@@ -1,0 +1,307 @@
+# The mailbox: a SlotWindow whose slots and ack words are fed by two-sided messages
+# (included by slotwin.pyx; docs/PROTOCOL.md section 2d).
+#
+# Policies that wait on window words (Hop's rotating update slots and token counters)
+# run unchanged over it: put() sends each update as two messages per out-neighbour, the
+# payload and a 32-byte trailer (version, iteration, checksum), tagged with the slot
+# index version % depth; ack(c) sends the token c to every in-neighbour.  The reader
+# keeps one receive posted per (in-neighbour, slot) and one per out-neighbour's tokens.
+# Every wait of the window pumps them (_mb_pump, from _progress): a completed update is
+# stamped into its slot's header, footer and notify word exactly as a put would have
+# written them, a token raises the local ack word, so the verified reduce and every wait
+# read the same words on every transport.
+#
+# Why it is safe: MPI matches messages of one sender, tag and communicator in the order
+# they were sent, and the payload and trailer receives of a slot are posted in that
+# order.  A slot's receive is posted only while no reader may read the slot (its header
+# is negative, its notify word 0) and reposted once this rank released the version it
+# holds: ack(c) releases every slot holding a version <= c - retain (Hop: retain = the
+# staleness bound, the oldest version iteration c + 1 may still reduce).  A writer sends
+# version k into slot k % depth only after the token bound let it enter iteration k, by
+# which time the reader has released the slot's previous version; a message that
+# arrives earlier waits at the MPI layer, never in the slot.
+
+cdef enum:
+    # trailer of an update message: version, iteration, checksum, spare
+    MB_TRAILER = 4
+    # the tag of token messages (slot tags are 0 .. depth - 1)
+    MB_TOKEN_TAG = 32767
+
+
+cdef int _mb_alloc(SlotWindow w) except -1:
+    cdef int n = max(w.n_in, 1)
+    cdef int m = max(w.n_out, 1)
+    cdef int k
+    w.mb_recv = <MPI_Request *>calloc(2 * n * w.depth, sizeof(MPI_Request))
+    w.mb_trailer = <int64_t *>calloc(MB_TRAILER * n * w.depth, sizeof(int64_t))
+    w.mb_held = <int64_t *>calloc(n * w.depth, sizeof(int64_t))
+    w.mb_index = <int *>calloc(2 * max(n * w.depth, m), sizeof(int))
+    w.mb_send = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
+    w.tok_recv = <MPI_Request *>calloc(m, sizeof(MPI_Request))
+    w.tok_in = <int64_t *>calloc(m, sizeof(int64_t))
+    w.tok_send = <MPI_Request *>calloc(n, sizeof(MPI_Request))
+    w.tok_out = <int64_t *>calloc(n, sizeof(int64_t))
+    w.tok_next = <int64_t *>calloc(n, sizeof(int64_t))
+    w.mb_sent = <int64_t *>calloc(w.size * (w.depth + 1), sizeof(int64_t))
+    w.mb_got = <int64_t *>calloc(w.size * (w.depth + 1), sizeof(int64_t))
+    if (w.mb_recv == NULL or w.mb_trailer == NULL or w.mb_held == NULL
+            or w.mb_index == NULL or w.mb_send == NULL or w.tok_recv == NULL
+            or w.tok_in == NULL or w.tok_send == NULL or w.tok_out == NULL
+            or w.tok_next == NULL or w.mb_sent == NULL or w.mb_got == NULL):
+        raise MemoryError()
+    for k in range(2 * n * w.depth):
+        w.mb_recv[k] = MPI_REQUEST_NULL
+    for k in range(2 * m):
+        w.mb_send[k] = MPI_REQUEST_NULL
+    for k in range(m):
+        w.tok_recv[k] = MPI_REQUEST_NULL
+    for k in range(n):
+        w.tok_send[k] = MPI_REQUEST_NULL
+    return 0
+
+
+cdef void _mb_free_arrays(SlotWindow w) noexcept:
+    free(w.mb_recv); w.mb_recv = NULL
+    free(w.mb_trailer); w.mb_trailer = NULL
+    free(w.mb_held); w.mb_held = NULL
+    free(w.mb_index); w.mb_index = NULL
+    free(w.mb_send); w.mb_send = NULL
+    free(w.tok_recv); w.tok_recv = NULL
+    free(w.tok_in); w.tok_in = NULL
+    free(w.tok_send); w.tok_send = NULL
+    free(w.tok_out); w.tok_out = NULL
+    free(w.tok_next); w.tok_next = NULL
+    free(w.mb_sent); w.mb_sent = NULL
+    free(w.mb_got); w.mb_got = NULL
+
+
+cdef int _mb_start(SlotWindow w) except -1 nogil:
+    # every slot free, every out-neighbour's tokens awaited
+    cdef int i, s, j
+    for i in range(w.n_in):
+        for s in range(w.depth):
+            _mb_post_slot(w, i, s)
+    for j in range(w.n_out):
+        _mb_post_token(w, j)
+    return 0
+
+
+cdef int _mb_post_slot(SlotWindow w, int i, int s) except -1 nogil:
+    # The slot is about to be written by MPI: no reader may take it (header negative,
+    # notify word 0) until _mb_stamp.
+    cdef int idx = i * w.depth + s
+    cdef char *hdr = w._slot(i, s)
+    asap_store_i64(w.base + w.off_notify + 8 * idx, 0)
+    asap_store_i64(hdr, -1 - w.mb_held[idx])
+    asap_fence()
+    CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>w.nbytes, MPI_BYTE, w._in[i], s, w.msg_comm,
+                     &w.mb_recv[2 * idx]), "MPI_Irecv")
+    CHKERR(MPI_Irecv(&w.mb_trailer[MB_TRAILER * idx], MB_TRAILER, MPI_INT64_T, w._in[i], s,
+                     w.msg_comm, &w.mb_recv[2 * idx + 1]), "MPI_Irecv")
+    w.mb_held[idx] = 0
+    return 0
+
+
+cdef int _mb_post_token(SlotWindow w, int j) except -1 nogil:
+    return CHKERR(MPI_Irecv(&w.tok_in[j], 1, MPI_INT64_T, w._out[j], MB_TOKEN_TAG,
+                            w.msg_comm, &w.tok_recv[j]), "MPI_Irecv")
+
+
+cdef int _mb_stamp(SlotWindow w, int idx) except -1 nogil:
+    # Both messages of an update arrived: write the slot's words as a put would have
+    # (footer before header, header before the notify word), so every reader's checks
+    # see a whole version or none.
+    cdef int i = idx // w.depth
+    cdef char *hdr = w._slot(i, idx % w.depth)
+    cdef char *ftr = hdr + HEADER_BYTES + w.payload_stride
+    cdef int64_t *t = &w.mb_trailer[MB_TRAILER * idx]
+    asap_fence()
+    asap_store_i64(ftr + 8, t[2])
+    asap_store_i64(ftr, t[0])
+    asap_store_i64(hdr + 8, t[1])
+    asap_store_i64(hdr + 16, w._in[i])
+    asap_store_i64(hdr + 24, w.nbytes)
+    asap_store_i64(hdr, t[0])
+    asap_fence()
+    asap_store_i64(w.base + w.off_notify + 8 * idx, t[0])
+    w.mb_held[idx] = t[0] if t[0] > 0 else 1
+    w.mb_got[w._in[i] * (w.depth + 1) + idx % w.depth] += 1
+    w.bytes_got += w.nbytes
+    return 0
+
+
+cdef int _mb_pump(SlotWindow w) except -1 nogil:
+    # Complete what arrived: updates into their slots, tokens into the ack words; send
+    # the tokens that waited for an earlier one to leave.
+    cdef int count = 0
+    cdef int k, idx, j
+    cdef int64_t *ack
+    if w.n_in:
+        CHKERR(MPI_Testsome(2 * w.n_in * w.depth, w.mb_recv, &count, w.mb_index,
+                            MPI_STATUSES_IGNORE), "MPI_Testsome")
+        if count != MPI_UNDEFINED:
+            for k in range(count):
+                idx = w.mb_index[k] // 2
+                if (w.mb_held[idx] == 0 and w.mb_recv[2 * idx] == MPI_REQUEST_NULL
+                        and w.mb_recv[2 * idx + 1] == MPI_REQUEST_NULL):
+                    _mb_stamp(w, idx)
+    if w.n_out:
+        count = 0
+        CHKERR(MPI_Testsome(w.n_out, w.tok_recv, &count, w.mb_index, MPI_STATUSES_IGNORE),
+               "MPI_Testsome")
+        if count != MPI_UNDEFINED:
+            for k in range(count):
+                j = w.mb_index[k]
+                w.mb_got[w._out[j] * (w.depth + 1) + w.depth] += 1
+                ack = <int64_t *>(w.base + w.off_ack + 8 * j)
+                # tokens of one sender arrive in order; max() keeps a word that only grows
+                if w.tok_in[j] > asap_load_i64(ack):
+                    asap_store_i64(ack, w.tok_in[j])
+                _mb_post_token(w, j)
+    _mb_send_tokens(w)
+    return 0
+
+
+cdef int _mb_send_tokens(SlotWindow w) except -1 nogil:
+    # One token in flight per in-neighbour; a newer one waits in tok_next (tokens are
+    # counters: the newest says everything the older ones did).
+    cdef int i
+    cdef int flag = 0
+    for i in range(w.n_in):
+        if w.tok_next[i] <= 0:
+            continue
+        if w.tok_send[i] != MPI_REQUEST_NULL:
+            CHKERR(MPI_Test(&w.tok_send[i], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+            if not flag:
+                continue
+        w.tok_out[i] = w.tok_next[i]
+        w.tok_next[i] = 0
+        CHKERR(MPI_Isend(&w.tok_out[i], 1, MPI_INT64_T, w._in[i], MB_TOKEN_TAG, w.msg_comm,
+                         &w.tok_send[i]), "MPI_Isend")
+        w.mb_sent[w._in[i] * (w.depth + 1) + w.depth] += 1
+    return 0
+
+
+cdef int _mb_ack(SlotWindow w, int64_t completed) except -1 nogil:
+    # Hop's token: `completed` iterations done; then release the slots no later
+    # iteration reads (a version <= completed - retain), so their writers may refill them.
+    cdef int i, idx
+    for i in range(w.n_in):
+        if completed > w.tok_next[i]:
+            w.tok_next[i] = completed
+    _mb_send_tokens(w)
+    for idx in range(w.n_in * w.depth):
+        if 0 < w.mb_held[idx] <= completed - w.retain:
+            _mb_post_slot(w, idx // w.depth, idx % w.depth)
+    return 0
+
+
+cdef int _mb_send(SlotWindow w, const char *src, int64_t version, int64_t iteration,
+                  bint checksum) except -1 nogil:
+    # The update: payload and trailer to every out-neighbour not skipped (suppressed).
+    # Nonblocking: src is held until _mb_complete_sends.
+    cdef int j
+    cdef int tag = <int>(version % w.depth)
+    w.mb_send_trailer[0] = version
+    w.mb_send_trailer[1] = iteration
+    w.mb_send_trailer[2] = <int64_t>asap_checksum(src, w.nbytes) if checksum else 0
+    w.mb_send_trailer[3] = 0
+    for j in range(w.n_out):
+        if w.skip[j]:
+            continue
+        CHKERR(MPI_Isend(src, <int>w.nbytes, MPI_BYTE, w._out[j], tag, w.msg_comm,
+                         &w.mb_send[2 * j]), "MPI_Isend")
+        CHKERR(MPI_Isend(w.mb_send_trailer, MB_TRAILER, MPI_INT64_T, w._out[j], tag,
+                         w.msg_comm, &w.mb_send[2 * j + 1]), "MPI_Isend")
+        w.mb_sent[w._out[j] * (w.depth + 1) + tag] += 1
+        w.bytes_put += w.nbytes
+    w._sent = version
+    return 0
+
+
+cdef int _mb_wait_sends(SlotWindow w, double timeout) except -1 nogil:
+    # 1 on timeout; the sends complete once each receiver has posted the slot's receive
+    cdef long polls = 0
+    cdef double t0 = asap_now()
+    while not w._test_each(w.mb_send, 2 * w.n_out):
+        if w._idle(&polls, t0, timeout):
+            return 1
+    return 0
+
+
+cdef int _mb_drain(SlotWindow w) except -1:
+    # At free (collective): every message sent to this rank is received (into the slot
+    # it was meant for, or a scratch buffer once the slot holds an unreleased version)
+    # and every receive no message will match is cancelled, so that no message outlives
+    # the communicator.  The counts of messages sent, per sender and tag, come by
+    # MPI_Alltoall.
+    cdef int width = w.depth + 1
+    cdef int64_t *sent_to_me = <int64_t *>calloc(w.size * width, sizeof(int64_t))
+    cdef int i, s, j, idx, r
+    cdef int64_t missing
+    if sent_to_me == NULL:
+        raise MemoryError()
+    extra = []
+    try:
+        with nogil:
+            _mb_send_tokens(w)      # tokens still waiting go too: they are counted
+            CHKERR(MPI_Alltoall(w.mb_sent, width, MPI_INT64_T, sent_to_me, width,
+                                MPI_INT64_T, w.comm), "MPI_Alltoall")
+        for i in range(w.n_in):
+            for s in range(w.depth):
+                idx = i * w.depth + s
+                missing = sent_to_me[w._in[i] * width + s] - w.mb_got[w._in[i] * width + s]
+                if w.mb_held[idx] == 0:
+                    if missing > 0:
+                        missing -= 1        # the posted receive takes the first
+                    else:
+                        with nogil:
+                            CHKERR(MPI_Cancel(&w.mb_recv[2 * idx]), "MPI_Cancel")
+                            CHKERR(MPI_Cancel(&w.mb_recv[2 * idx + 1]), "MPI_Cancel")
+                for _ in range(missing):
+                    extra.append((w._in[i], s, np.empty(max(w.nbytes, 1), np.uint8),
+                                  np.empty(MB_TRAILER, np.int64)))
+        for j in range(w.n_out):
+            missing = (sent_to_me[w._out[j] * width + w.depth]
+                       - w.mb_got[w._out[j] * width + w.depth])
+            if missing > 0:
+                missing -= 1
+            else:
+                with nogil:
+                    CHKERR(MPI_Cancel(&w.tok_recv[j]), "MPI_Cancel")
+            for _ in range(missing):
+                extra.append((w._out[j], MB_TOKEN_TAG, np.empty(1, np.int64), None))
+        requests = []
+        for peer, tag, payload, trailer in extra:
+            requests.append(_mb_irecv_scratch(w, payload, peer, tag))
+            if trailer is not None:
+                requests.append(_mb_irecv_scratch(w, trailer, peer, tag))
+        with nogil:
+            for r in range(2 * w.n_in * w.depth):
+                CHKERR(MPI_Wait(&w.mb_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
+            for r in range(w.n_out):
+                CHKERR(MPI_Wait(&w.tok_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
+            for r in range(2 * w.n_out):
+                CHKERR(MPI_Wait(&w.mb_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
+            for r in range(w.n_in):
+                CHKERR(MPI_Wait(&w.tok_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
+        for req in requests:
+            req.Wait()
+    finally:
+        free(sent_to_me)
+    return 0
+
+
+cdef object _mb_irecv_scratch(SlotWindow w, buf, int peer, int tag):
+    # a receive into a scratch NumPy buffer (uint8: a payload, int64: a trailer or a
+    # token, the type it was sent as), as an mpi4py request the drain waits on
+    cdef MPI.Request req = MPI.Request()
+    cdef Py_buffer view
+    cdef MPI_Datatype kind = MPI_BYTE if buf.dtype == np.uint8 else MPI_INT64_T
+    PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        CHKERR(MPI_Irecv(view.buf, <int>(view.len if kind == MPI_BYTE else view.len // 8),
+                         kind, peer, tag, w.msg_comm, &req.ob_mpi), "MPI_Irecv")
+    finally:
+        PyBuffer_Release(&view)
+    return req
