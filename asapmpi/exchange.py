@@ -401,10 +401,10 @@ class Exchange:
         the next version is the ack (any path: on TCP networks MPICH runs one-sided
         operations as active messages that cost each target CPU time per piece, and
         Open MPI's need the target's progress, while two-sided messages are their
-        fastest path).  For hop the window becomes a mailbox: its updates and tokens
-        travel as messages that the reader's waits complete into the same slots and
-        words (docs/PROTOCOL.md 2d).  notify_ack and hop only.  "auto" (default): for
-        notify_ack and hop, by measurement at creation: the window words of "shared"
+        fastest path).  For hop and bsp the window becomes a mailbox: their updates
+        and tokens travel as messages that the reader's waits complete into the same
+        slots and words (docs/PROTOCOL.md 2d).  notify_ack, hop and bsp only.  "auto"
+        (default): for those, by measurement at creation: the window words of "shared"
         (notify_ack, every rank on one host, the network path not forced) or else
         "put", against messages, each timed over the graph's edges per neighbour class
         (same host, other host); messages win when faster (by 2x against "shared",

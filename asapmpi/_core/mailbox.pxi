@@ -87,12 +87,14 @@ cdef int _mb_start(SlotWindow w) except -1 nogil:
 
 
 cdef int _mb_post_slot(SlotWindow w, int i, int s) except -1 nogil:
-    # The slot is about to be written by MPI: no reader may take it (header negative,
-    # notify word 0) until _mb_stamp.
+    # The slot is about to be written by MPI: no reader may take it until _mb_stamp.
+    # Notify word, header and footer say version 0, "never written": a wait does not
+    # take it, a reduce counts it stale and skips it.
     cdef int idx = i * w.depth + s
     cdef char *hdr = w._slot(i, s)
     asap_store_i64(w.base + w.off_notify + 8 * idx, 0)
-    asap_store_i64(hdr, -1 - w.mb_held[idx])
+    asap_store_i64(hdr, 0)
+    asap_store_i64(hdr + HEADER_BYTES + w.payload_stride, 0)
     asap_fence()
     CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>w.nbytes, MPI_BYTE, w._in[i], s, w.msg_comm,
                      &w.mb_recv[2 * idx]), "MPI_Irecv")
@@ -185,13 +187,20 @@ cdef int _mb_send_tokens(SlotWindow w) except -1 nogil:
 cdef int _mb_ack(SlotWindow w, int64_t completed) except -1 nogil:
     # Hop's token: `completed` iterations done; then release the slots no later
     # iteration reads (a version <= completed - retain), so their writers may refill them.
-    cdef int i, idx
+    cdef int i
     for i in range(w.n_in):
         if completed > w.tok_next[i]:
             w.tok_next[i] = completed
     _mb_send_tokens(w)
+    _mb_release(w, completed - w.retain)
+    return 0
+
+
+cdef int _mb_release(SlotWindow w, int64_t upto) except -1 nogil:
+    # repost the receive of every slot holding a version <= upto
+    cdef int idx
     for idx in range(w.n_in * w.depth):
-        if 0 < w.mb_held[idx] <= completed - w.retain:
+        if 0 < w.mb_held[idx] <= upto:
             _mb_post_slot(w, idx // w.depth, idx % w.depth)
     return 0
 

@@ -593,11 +593,12 @@ cdef class SlotWindow:
     cdef _mailbox_put(self, buf, int64_t version, int64_t iteration, bint seqlock,
                       bint checksum, bint notify, double tear, int64_t suppress_if_acked):
         # put() on a mailbox: the update as messages (mailbox.pxi); `buf` is held, not
-        # copied, until the sends complete (the next put, reduce or free)
-        if seqlock or tear > 0.0 or not notify:
+        # copied, until the sends complete (the next put, reduce or free).  A reader
+        # only ever sees whole versions, which is what seqlock's order is for, and
+        # every arrival is stamped with its notify: both flags change nothing here.
+        if tear > 0.0:
             raise ConfigError("a mailbox window (transport='messages') sends whole "
-                              "versions with their notify: no seqlock, tear or "
-                              "notify=False; use transport='put'")
+                              "versions: no torn writes; use transport='put'")
         if self.nbytes > 0x7fffffff:
             raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
                               f"{self.nbytes} bytes; use transport='put'")
@@ -615,9 +616,14 @@ cdef class SlotWindow:
             _mb_send(self, <const char *>self._send_view.buf, version, iteration, checksum)
 
     cdef int _finish_sends(self, int64_t version) except -1:
-        # mailbox: complete this rank's sends of `version` (its buffer is then free)
+        # mailbox: take in what arrived (a reduce that never waits, async's, reads it
+        # now) and complete this rank's sends of `version` (its buffer is then free)
         cdef int r = 0
-        if not self.mailbox or not self._send_held:
+        if not self.mailbox:
+            return 0
+        with nogil:
+            _mb_pump(self)
+        if not self._send_held:
             return 0
         with nogil:
             r = _mb_wait_sends(self, self.flush_timeout)
@@ -1065,6 +1071,25 @@ cdef class SlotWindow:
                 CHKERR(MPI_Fetch_and_op(word, self.lazy_results + i, MPI_INT64_T,
                                         self._in[i], self.in_ack_disp[i], MPI_REPLACE,
                                         self.win), "MPI_Fetch_and_op")
+
+    def release(self, int64_t version):
+        """This rank is done reading every slot that holds a version <= `version` (1 <<
+        62: all of them).  A mailbox reposts their receives so that their writers' next
+        updates can land; on one-sided windows writers do not wait for it (nothing to
+        do)."""
+        self._check_alive()
+        if self.mailbox:
+            with nogil:
+                _mb_release(self, version)
+
+    def wait_delivered(self, int64_t version, double timeout):
+        """After a collective that every in-neighbour entered once it had sent
+        `version`: return when those updates are in this rank's slots.  A put is
+        complete at its target before its writer enters the collective (flushed): no
+        wait.  A mailbox's messages may still be on their way: wait for every
+        in-neighbour's notify of `version` (NeighbourTimeoutError naming the late)."""
+        if self.mailbox:
+            self.wait_notifies(version, timeout)
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace, add to or raise to at least `value` ("replace", "sum",

@@ -14,10 +14,14 @@ NEWEST = 1 << 62
 
 
 class BSP(Policy):
-    """Put, global barrier, reduce what is in the slots: only version k is reduced."""
+    """Put, global barrier, reduce what is in the slots: only version k is reduced.  On
+    messages (a mailbox window) the reduce first waits for the version-k updates the
+    barrier proved sent, and a writer's next version waits until its reader released
+    this one (docs/PROTOCOL.md 2d)."""
 
     name = "bsp"
     lockstep = True
+    mailbox = True
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Write version k with the seqlock sequence."""
@@ -26,8 +30,10 @@ class BSP(Policy):
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Barrier, then reduce the version-k inputs found whole."""
         win.barrier(ctx.timeout, version)
+        win.wait_delivered(version, ctx.timeout)
         win.reduce(buf, ctx.w_self, ctx.weights, version, version, version, seqlock=True,
                    checksum=ctx.checksum, renormalize=True)
+        win.release(version)
 
 
 class Async(Policy):
