@@ -17,8 +17,9 @@ messages   one two-sided message per               the reader's next receive, po
 =========  ======================================  ==================================
 
 Policies that wait on window words rather than steps (Hop's rotating slots and token
-counters, BSP's slots after its barrier) run on messages through a mailbox window instead (SlotWindow(mailbox=True),
-asapmpi/_core/mailbox.pxi): the window's own put, waits and ack move the messages.
+counters, BSP's slots after its barrier) run on messages through a mailbox window
+instead (SlotWindow(mailbox=True), asapmpi/_core/mailbox.pxi): the window's own put,
+waits and ack move the messages.
 
 `asapmpi.transport_probe` times the window words against messages and
 `Exchange(transport="auto")` takes the faster.  A new transport (GPU memory, say) is one
