@@ -46,7 +46,7 @@ from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
 from .sync import POLICIES, StepContext
 from .sync import policy as make_policy
 from .sync.records import Records
-from .transports import make_transport
+from .transports import TRANSPORTS, make_transport
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
                   Any]
@@ -174,9 +174,6 @@ def _positive_seconds(value) -> float:
 
 
 # ---------------------------------------------------------------------- global checks
-
-TRANSPORTS = ("auto", "put", "shared", "messages")
-
 
 def _on_one_host(comm: MPI.Comm) -> bool:
     """True when every rank of comm can map the others' memory (collective)."""

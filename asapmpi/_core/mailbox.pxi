@@ -1,20 +1,20 @@
 # The mailbox: a SlotWindow whose slots and ack words are fed by two-sided messages
 # (included by slotwin.pyx; docs/PROTOCOL.md section 2d).
 #
-# Policies that wait on window words (Hop's rotating update slots and token counters)
-# run unchanged over it: put() sends each update as two messages per out-neighbour, the
-# payload and a 32-byte trailer (version, iteration, checksum), tagged with the slot
-# index version % depth; ack(c) sends the token c to every in-neighbour.  The reader
+# Policies that wait on window words (Hop's rotating update slots and token counters,
+# BSP's slots) run unchanged over it: put() copies the update into one of MB_STAGES
+# staging buffers, followed by a 32-byte trailer laid out as a footer (version,
+# checksum, iteration), and sends that as one message per out-neighbour, tagged with
+# the slot index version % depth; ack(c) sends the token c to every in-neighbour.  The reader
 # keeps one receive posted per (in-neighbour, slot) and one per out-neighbour's tokens.
 # Every wait of the window pumps them (_mb_pump, from _progress): a completed update is
 # stamped into its slot's header, footer and notify word exactly as a put would have
 # written them, a token raises the local ack word, so the verified reduce and every wait
 # read the same words on every transport.
 #
-# Why it is safe: MPI matches messages of one sender, tag and communicator in the order
-# they were sent, and the payload and trailer receives of a slot are posted in that
-# order.  A slot's receive is posted only while no reader may read the slot (its header
-# is negative, its notify word 0) and reposted once this rank released the version it
+# Why it is safe: a slot's receive (payload and trailer, into the slot's payload and
+# the footer after it) is posted only while no reader may take the slot (its words say
+# "never written"), and reposted once this rank released the version it
 # holds: ack(c) releases every slot holding a version <= c - retain (Hop: retain = the
 # staleness bound, the oldest version iteration c + 1 may still reduce).  A writer sends
 # version k into slot k % depth only after the token bound let it enter iteration k, by
@@ -22,21 +22,28 @@
 # arrives earlier waits at the MPI layer, never in the slot.
 
 cdef enum:
-    # trailer of an update message: version, iteration, checksum, spare
+    # trailer of an update message, after its payload: version, checksum (the footer's
+    # first two words), iteration, spare
     MB_TRAILER = 4
+    MB_TRAILER_BYTES = 32
     # the tag of token messages (slot tags are 0 .. depth - 1)
     MB_TOKEN_TAG = 32767
+    # staging buffers of a writer: a put waits only for the sends of the update two
+    # puts before it
+    MB_STAGES = 2
 
 
 cdef int _mb_alloc(SlotWindow w) except -1:
     cdef int n = max(w.n_in, 1)
     cdef int m = max(w.n_out, 1)
     cdef int k
-    w.mb_recv = <MPI_Request *>calloc(2 * n * w.depth, sizeof(MPI_Request))
-    w.mb_trailer = <int64_t *>calloc(MB_TRAILER * n * w.depth, sizeof(int64_t))
+    w.mb_recv = <MPI_Request *>calloc(n * w.depth, sizeof(MPI_Request))
     w.mb_held = <int64_t *>calloc(n * w.depth, sizeof(int64_t))
-    w.mb_index = <int *>calloc(2 * max(n * w.depth, m), sizeof(int))
-    w.mb_send = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
+    w.mb_index = <int *>calloc(max(n * w.depth, m), sizeof(int))
+    w.mb_send = <MPI_Request *>calloc(MB_STAGES * m, sizeof(MPI_Request))
+    w.mb_stage_stride = (w.nbytes + MB_TRAILER_BYTES + 63) // 64 * 64
+    w.mb_stage = <char *>calloc(MB_STAGES, w.mb_stage_stride)
+    w.mb_stage_version = <int64_t *>calloc(MB_STAGES, sizeof(int64_t))
     w.tok_recv = <MPI_Request *>calloc(m, sizeof(MPI_Request))
     w.tok_in = <int64_t *>calloc(m, sizeof(int64_t))
     w.tok_send = <MPI_Request *>calloc(n, sizeof(MPI_Request))
@@ -44,14 +51,15 @@ cdef int _mb_alloc(SlotWindow w) except -1:
     w.tok_next = <int64_t *>calloc(n, sizeof(int64_t))
     w.mb_sent = <int64_t *>calloc(w.size * (w.depth + 1), sizeof(int64_t))
     w.mb_got = <int64_t *>calloc(w.size * (w.depth + 1), sizeof(int64_t))
-    if (w.mb_recv == NULL or w.mb_trailer == NULL or w.mb_held == NULL
+    if (w.mb_recv == NULL or w.mb_stage == NULL or w.mb_held == NULL
+            or w.mb_stage_version == NULL
             or w.mb_index == NULL or w.mb_send == NULL or w.tok_recv == NULL
             or w.tok_in == NULL or w.tok_send == NULL or w.tok_out == NULL
             or w.tok_next == NULL or w.mb_sent == NULL or w.mb_got == NULL):
         raise MemoryError()
-    for k in range(2 * n * w.depth):
+    for k in range(n * w.depth):
         w.mb_recv[k] = MPI_REQUEST_NULL
-    for k in range(2 * m):
+    for k in range(MB_STAGES * m):
         w.mb_send[k] = MPI_REQUEST_NULL
     for k in range(m):
         w.tok_recv[k] = MPI_REQUEST_NULL
@@ -62,7 +70,8 @@ cdef int _mb_alloc(SlotWindow w) except -1:
 
 cdef void _mb_free_arrays(SlotWindow w) noexcept:
     free(w.mb_recv); w.mb_recv = NULL
-    free(w.mb_trailer); w.mb_trailer = NULL
+    free(w.mb_stage); w.mb_stage = NULL
+    free(w.mb_stage_version); w.mb_stage_version = NULL
     free(w.mb_held); w.mb_held = NULL
     free(w.mb_index); w.mb_index = NULL
     free(w.mb_send); w.mb_send = NULL
@@ -96,10 +105,10 @@ cdef int _mb_post_slot(SlotWindow w, int i, int s) except -1 nogil:
     asap_store_i64(hdr, 0)
     asap_store_i64(hdr + HEADER_BYTES + w.payload_stride, 0)
     asap_fence()
-    CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>w.nbytes, MPI_BYTE, w._in[i], s, w.msg_comm,
-                     &w.mb_recv[2 * idx]), "MPI_Irecv")
-    CHKERR(MPI_Irecv(&w.mb_trailer[MB_TRAILER * idx], MB_TRAILER, MPI_INT64_T, w._in[i], s,
-                     w.msg_comm, &w.mb_recv[2 * idx + 1]), "MPI_Irecv")
+    # payload and trailer in one message: the trailer lands in the payload's padding or
+    # the footer (at least MB_TRAILER_BYTES follow the payload in every slot)
+    CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE,
+                     w._in[i], s, w.msg_comm, &w.mb_recv[idx]), "MPI_Irecv")
     w.mb_held[idx] = 0
     return 0
 
@@ -116,11 +125,12 @@ cdef int _mb_stamp(SlotWindow w, int idx) except -1 nogil:
     cdef int i = idx // w.depth
     cdef char *hdr = w._slot(i, idx % w.depth)
     cdef char *ftr = hdr + HEADER_BYTES + w.payload_stride
-    cdef int64_t *t = &w.mb_trailer[MB_TRAILER * idx]
+    cdef int64_t t[MB_TRAILER]
     asap_fence()
-    asap_store_i64(ftr + 8, t[2])
+    memcpy(t, hdr + HEADER_BYTES + w.nbytes, MB_TRAILER_BYTES)   # 4-byte aligned only
+    asap_store_i64(ftr + 8, t[1])
     asap_store_i64(ftr, t[0])
-    asap_store_i64(hdr + 8, t[1])
+    asap_store_i64(hdr + 8, t[2])
     asap_store_i64(hdr + 16, w._in[i])
     asap_store_i64(hdr + 24, w.nbytes)
     asap_store_i64(hdr, t[0])
@@ -139,14 +149,11 @@ cdef int _mb_pump(SlotWindow w) except -1 nogil:
     cdef int k, idx, j
     cdef int64_t *ack
     if w.n_in:
-        CHKERR(MPI_Testsome(2 * w.n_in * w.depth, w.mb_recv, &count, w.mb_index,
+        CHKERR(MPI_Testsome(w.n_in * w.depth, w.mb_recv, &count, w.mb_index,
                             MPI_STATUSES_IGNORE), "MPI_Testsome")
         if count != MPI_UNDEFINED:
             for k in range(count):
-                idx = w.mb_index[k] // 2
-                if (w.mb_held[idx] == 0 and w.mb_recv[2 * idx] == MPI_REQUEST_NULL
-                        and w.mb_recv[2 * idx + 1] == MPI_REQUEST_NULL):
-                    _mb_stamp(w, idx)
+                _mb_stamp(w, w.mb_index[k])
     if w.n_out:
         count = 0
         CHKERR(MPI_Testsome(w.n_out, w.tok_recv, &count, w.mb_index, MPI_STATUSES_IGNORE),
@@ -205,37 +212,53 @@ cdef int _mb_release(SlotWindow w, int64_t upto) except -1 nogil:
     return 0
 
 
-cdef int _mb_send(SlotWindow w, const char *src, int64_t version, int64_t iteration,
-                  bint checksum) except -1 nogil:
-    # The update: payload and trailer to every out-neighbour not skipped (suppressed).
-    # Nonblocking: src is held until _mb_complete_sends.
+cdef int _mb_send(SlotWindow w, int stage, const char *src, int64_t version,
+                  int64_t iteration, bint checksum) except -1 nogil:
+    # The update: one copy into `stage` (whose earlier sends completed), then one
+    # message per out-neighbour not skipped (suppressed).
     cdef int j
     cdef int tag = <int>(version % w.depth)
-    w.mb_send_trailer[0] = version
-    w.mb_send_trailer[1] = iteration
-    w.mb_send_trailer[2] = <int64_t>asap_checksum(src, w.nbytes) if checksum else 0
-    w.mb_send_trailer[3] = 0
+    cdef char *buf = w.mb_stage + stage * w.mb_stage_stride
+    cdef int64_t t[MB_TRAILER]
+    t[0] = version
+    t[1] = <int64_t>asap_checksum(src, w.nbytes) if checksum else 0
+    t[2] = iteration
+    t[3] = 0
+    memcpy(buf, src, w.nbytes)
+    memcpy(buf + w.nbytes, t, MB_TRAILER_BYTES)
+    w.mb_stage_version[stage] = version
+    w.mb_stage_next = (stage + 1) % MB_STAGES
     for j in range(w.n_out):
         if w.skip[j]:
             continue
-        CHKERR(MPI_Isend(src, <int>w.nbytes, MPI_BYTE, w._out[j], tag, w.msg_comm,
-                         &w.mb_send[2 * j]), "MPI_Isend")
-        CHKERR(MPI_Isend(w.mb_send_trailer, MB_TRAILER, MPI_INT64_T, w._out[j], tag,
-                         w.msg_comm, &w.mb_send[2 * j + 1]), "MPI_Isend")
+        CHKERR(MPI_Isend(buf, <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE, w._out[j], tag,
+                         w.msg_comm, &w.mb_send[stage * w.n_out + j]), "MPI_Isend")
         w.mb_sent[w._out[j] * (w.depth + 1) + tag] += 1
         w.bytes_put += w.nbytes
     w._sent = version
     return 0
 
 
-cdef int _mb_wait_sends(SlotWindow w, double timeout) except -1 nogil:
-    # 1 on timeout; the sends complete once each receiver has posted the slot's receive
+cdef int _mb_wait_stage(SlotWindow w, int stage, double timeout) except -1 nogil:
+    # 1 on timeout; the sends from `stage` complete once each receiver has posted the
+    # slot's receive (and, above the eager limit, taken the message)
     cdef long polls = 0
     cdef double t0 = asap_now()
-    while not w._test_each(w.mb_send, 2 * w.n_out):
+    cdef int j
+    cdef int flag = 0
+    cdef bint done
+    while True:
+        done = True
+        for j in range(w.n_out):
+            if w.mb_send[stage * w.n_out + j] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Test(&w.mb_send[stage * w.n_out + j], &flag, MPI_STATUS_IGNORE),
+                       "MPI_Test")
+                if not flag:
+                    done = False
+        if done:
+            return 0
         if w._idle(&polls, t0, timeout):
             return 1
-    return 0
 
 
 cdef int _mb_drain(SlotWindow w) except -1:
@@ -265,11 +288,10 @@ cdef int _mb_drain(SlotWindow w) except -1:
                         missing -= 1        # the posted receive takes the first
                     else:
                         with nogil:
-                            CHKERR(MPI_Cancel(&w.mb_recv[2 * idx]), "MPI_Cancel")
-                            CHKERR(MPI_Cancel(&w.mb_recv[2 * idx + 1]), "MPI_Cancel")
+                            CHKERR(MPI_Cancel(&w.mb_recv[idx]), "MPI_Cancel")
                 for _ in range(missing):
-                    extra.append((w._in[i], s, np.empty(max(w.nbytes, 1), np.uint8),
-                                  np.empty(MB_TRAILER, np.int64)))
+                    extra.append((w._in[i], s,
+                                  np.empty(w.nbytes + MB_TRAILER_BYTES, np.uint8)))
         for j in range(w.n_out):
             missing = (sent_to_me[w._out[j] * width + w.depth]
                        - w.mb_got[w._out[j] * width + w.depth])
@@ -279,18 +301,14 @@ cdef int _mb_drain(SlotWindow w) except -1:
                 with nogil:
                     CHKERR(MPI_Cancel(&w.tok_recv[j]), "MPI_Cancel")
             for _ in range(missing):
-                extra.append((w._out[j], MB_TOKEN_TAG, np.empty(1, np.int64), None))
-        requests = []
-        for peer, tag, payload, trailer in extra:
-            requests.append(_mb_irecv_scratch(w, payload, peer, tag))
-            if trailer is not None:
-                requests.append(_mb_irecv_scratch(w, trailer, peer, tag))
+                extra.append((w._out[j], MB_TOKEN_TAG, np.empty(1, np.int64)))
+        requests = [_mb_irecv_scratch(w, buf, peer, tag) for peer, tag, buf in extra]
         with nogil:
-            for r in range(2 * w.n_in * w.depth):
+            for r in range(w.n_in * w.depth):
                 CHKERR(MPI_Wait(&w.mb_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for r in range(w.n_out):
                 CHKERR(MPI_Wait(&w.tok_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
-            for r in range(2 * w.n_out):
+            for r in range(MB_STAGES * w.n_out):
                 CHKERR(MPI_Wait(&w.mb_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for r in range(w.n_in):
                 CHKERR(MPI_Wait(&w.tok_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
@@ -302,8 +320,8 @@ cdef int _mb_drain(SlotWindow w) except -1:
 
 
 cdef object _mb_irecv_scratch(SlotWindow w, buf, int peer, int tag):
-    # a receive into a scratch NumPy buffer (uint8: a payload, int64: a trailer or a
-    # token, the type it was sent as), as an mpi4py request the drain waits on
+    # a receive into a scratch NumPy buffer (uint8: an update, int64: a token, the type
+    # it was sent as), as an mpi4py request the drain waits on
     cdef MPI.Request req = MPI.Request()
     cdef Py_buffer view
     cdef MPI_Datatype kind = MPI_BYTE if buf.dtype == np.uint8 else MPI_INT64_T

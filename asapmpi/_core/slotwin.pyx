@@ -146,12 +146,14 @@ cdef class SlotWindow:
     # on window words
     cdef readonly bint mailbox
     cdef readonly int retain        # ack(c) releases slots holding versions <= c - retain
-    cdef MPI_Request *mb_recv       # per in-neighbour and slot: payload, trailer
-    cdef int64_t *mb_trailer        # per in-neighbour and slot: MB_TRAILER words
+    cdef MPI_Request *mb_recv       # per in-neighbour and slot: its update
     cdef int64_t *mb_held           # per in-neighbour and slot: version held, 0: posted
     cdef int *mb_index              # MPI_Testsome's indices
-    cdef MPI_Request *mb_send       # per out-neighbour: payload, trailer
-    cdef int64_t mb_send_trailer[4]
+    cdef char *mb_stage             # MB_STAGES copies of an update: payload, trailer
+    cdef Py_ssize_t mb_stage_stride
+    cdef int64_t *mb_stage_version  # per stage: the version it holds (0: none)
+    cdef int mb_stage_next          # the stage the next put fills
+    cdef MPI_Request *mb_send       # per stage and out-neighbour
     cdef MPI_Request *tok_recv      # per out-neighbour: its next token
     cdef int64_t *tok_in
     cdef MPI_Request *tok_send      # per in-neighbour: the token in flight
@@ -505,7 +507,6 @@ cdef class SlotWindow:
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
             if self.mailbox:
                 _mb_drain(self)
-                self._release_send_view()
                 with nogil:
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
             with nogil:
@@ -592,49 +593,48 @@ cdef class SlotWindow:
 
     cdef _mailbox_put(self, buf, int64_t version, int64_t iteration, bint seqlock,
                       bint checksum, bint notify, double tear, int64_t suppress_if_acked):
-        # put() on a mailbox: the update as messages (mailbox.pxi); `buf` is held, not
-        # copied, until the sends complete (the next put, reduce or free).  A reader
-        # only ever sees whole versions, which is what seqlock's order is for, and
-        # every arrival is stamped with its notify: both flags change nothing here.
+        # put() on a mailbox: the update copied into the next stage and sent from there
+        # as one message per out-neighbour (mailbox.pxi), so `buf` is free at once and
+        # a slow reader holds up its writer only when the stage comes round again.  A
+        # reader only ever sees whole versions, which is what seqlock's order is for,
+        # and every arrival is stamped with its notify: both flags change nothing here.
+        cdef Py_buffer view
+        cdef int r = 0
+        cdef int stage = self.mb_stage_next
         if tear > 0.0:
             raise ConfigError("a mailbox window (transport='messages') sends whole "
                               "versions: no torn writes; use transport='put'")
-        if self.nbytes > 0x7fffffff:
-            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
-                              f"{self.nbytes} bytes; use transport='put'")
-        self._finish_sends(version - 1)
-        PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
-        self._send_held = True
-        if self._send_view.len != self.nbytes:
-            length = self._send_view.len
-            self._release_send_view()
-            raise ConfigError(f"buffer has {length} bytes but the window's slots hold "
-                              f"{self.nbytes}; pass a buffer of the size the Exchange "
-                              f"was created with")
-        with nogil:
-            self._mark_suppressed(suppress_if_acked)
-            _mb_send(self, <const char *>self._send_view.buf, version, iteration, checksum)
+        if self.nbytes + HEADER_BYTES > 0x7fffffff:
+            raise ConfigError(f"the message transport sends less than 2 GiB per update, "
+                              f"not {self.nbytes} bytes; use transport='put'")
+        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but the window's slots "
+                                  f"hold {self.nbytes}; pass a buffer of the size the "
+                                  f"Exchange was created with")
+            with nogil:
+                r = _mb_wait_stage(self, stage, self.flush_timeout)
+            if r:
+                late = sorted(self._out[j] for j in range(self.n_out)
+                              if self.mb_send[stage * self.n_out + j] != MPI_REQUEST_NULL)
+                old = self.mb_stage_version[stage]
+                raise NeighbourTimeoutError(
+                    self.rank, f"the receive of its update of version {old} (posted once "
+                    f"the neighbour released the slot's older version)", late,
+                    [old] * len(late), [old - self.depth] * len(late), self.flush_timeout)
+            with nogil:
+                self._mark_suppressed(suppress_if_acked)
+                _mb_send(self, stage, <const char *>view.buf, version, iteration, checksum)
+        finally:
+            PyBuffer_Release(&view)
 
-    cdef int _finish_sends(self, int64_t version) except -1:
-        # mailbox: take in what arrived (a reduce that never waits, async's, reads it
-        # now) and complete this rank's sends of `version` (its buffer is then free)
-        cdef int r = 0
-        if not self.mailbox:
-            return 0
-        with nogil:
-            _mb_pump(self)
-        if not self._send_held:
-            return 0
-        with nogil:
-            r = _mb_wait_sends(self, self.flush_timeout)
-        if r:
-            late = sorted(self._pending(self.mb_send, self._out, self.n_out))
-            raise NeighbourTimeoutError(
-                self.rank, f"the receive of its update of version {version} (posted once "
-                f"the neighbour released the slot's older version)", late,
-                [version] * len(late), [version - self.depth] * len(late),
-                self.flush_timeout)
-        self._release_send_view()
+    cdef int _take_in(self) except -1:
+        # mailbox: complete what arrived before a reduce reads the slots (a reduce
+        # that never waits, async's, would otherwise not see it)
+        if self.mailbox:
+            with nogil:
+                _mb_pump(self)
         return 0
 
     cdef int _mark_suppressed(self, int64_t threshold) except -1 nogil:
@@ -1489,7 +1489,7 @@ cdef class SlotWindow:
         self._check_version(expected)
         if weights.shape[0] != self.n_in:
             raise ConfigError(f"{weights.shape[0]} weights for {self.n_in} in-neighbours")
-        self._finish_sends(self._sent)      # a mailbox's sends may still read buf
+        self._take_in()
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:
@@ -1545,7 +1545,7 @@ cdef class SlotWindow:
         if weights.shape[0] != self.n_in or versions.shape[0] != self.n_in:
             raise ConfigError(f"need {self.n_in} weights and versions, got "
                               f"{weights.shape[0]} and {versions.shape[0]}")
-        self._finish_sends(self._sent)
+        self._take_in()
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:

@@ -110,10 +110,11 @@ def _names(allowed: Sequence[str], what: str):
 
 
 def policy_specs(text: str) -> List[str]:
-    """"notify_ack,hop:backup=1" -> the runs, each checked: a known policy and options
-    it takes (asapmpi.sync.make_policy)."""
+    """"notify_ack,hop:backup=1,bsp:transport=messages" -> the runs, each checked: a
+    known policy, options it takes (asapmpi.sync.make_policy) and a known transport."""
     from ..sync import policy as make_policy
     from ..train.config import parse_options
+    from ..transports import TRANSPORTS
 
     runs = [t.strip() for t in text.split(",") if t.strip()]
     if not runs:
@@ -128,8 +129,14 @@ def policy_specs(text: str) -> List[str]:
             raise argparse.ArgumentTypeError(
                 f"unknown policy {name!r}; choose from "
                 f"{','.join(STEP_POLICIES + FIXED_GRAPH_POLICIES)}")
+        options = parse_options(opts, f"in {run!r}")
+        # transport= goes to the Exchange, every other option to the policy
+        transport = options.pop("transport", "auto")
+        if transport not in TRANSPORTS:
+            raise argparse.ArgumentTypeError(f"{run}: transport must be one of "
+                                             f"{', '.join(TRANSPORTS)}")
         try:
-            make_policy(name, **parse_options(opts, f"in {run!r}"))
+            make_policy(name, **options)
         except (ConfigError, TypeError) as exc:
             raise argparse.ArgumentTypeError(f"{run}: {exc}") from None
     return list(dict.fromkeys(runs))

@@ -34,6 +34,8 @@ from .shared import SharedTransport
 
 TRANSPORT_CLASSES = {cls.name: cls for cls in (PutTransport, SharedTransport,
                                                MessageTransport)}
+#: what Exchange(transport=...) takes
+TRANSPORTS = ("auto", *TRANSPORT_CLASSES)
 
 
 def make_transport(name: str, window, double_buffered: bool = False) -> Transport:
@@ -43,5 +45,5 @@ def make_transport(name: str, window, double_buffered: bool = False) -> Transpor
     return TRANSPORT_CLASSES[name](window)
 
 
-__all__ = ["TRANSPORT_CLASSES", "MessageTransport", "PutTransport", "SharedTransport",
-           "Transport", "make_transport"]
+__all__ = ["TRANSPORTS", "TRANSPORT_CLASSES", "MessageTransport", "PutTransport",
+           "SharedTransport", "Transport", "make_transport"]
