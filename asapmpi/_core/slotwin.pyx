@@ -642,8 +642,7 @@ cdef class SlotWindow:
         for j in range(self.n_out):
             self.skip[j] = 0
             if threshold > 0:
-                self._fetch(self.rank, self.off_ack + 8 * j)
-                if self.word_in >= threshold:
+                if self._own_word(self.off_ack + 8 * j) >= threshold:
                     self.skip[j] = 1
                     self.suppressed += 1
         return 0
@@ -1202,6 +1201,16 @@ cdef class SlotWindow:
             self._fetch(target, disp)
         return self.word_in
 
+    cdef int64_t _own_word(self, MPI_Aint disp) except? -1 nogil:
+        # A word of this rank's window, read atomically.  Neighbours write it with
+        # one-sided atomics, so an MPI atomic read (same_op_no_op); on a mailbox only
+        # this thread writes it (the pump): a plain atomic load, after the waits'
+        # pump.
+        if self.mailbox:
+            return asap_load_i64(self.base + disp)
+        self._fetch(self.rank, disp)
+        return self.word_in
+
     cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
         if self.mailbox and target == self.rank:
             _mb_pump(self)      # the words messages feed: as fresh as they can be
@@ -1232,7 +1241,8 @@ cdef class SlotWindow:
         # into MPI; MPI_Win_sync is just a memory barrier on MPICH, so poke the engine.
         cdef int flag = 0
         if self.mailbox:
-            _mb_pump(self)
+            # nothing reaches this window one-sidedly: the messages are the progress
+            return _mb_pump(self)
         CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
         CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag, MPI_STATUS_IGNORE),
                "MPI_Iprobe")
@@ -1271,12 +1281,13 @@ cdef class SlotWindow:
         cdef int i
         cdef bint done
         while True:
+            if self.mailbox:
+                _mb_pump(self)      # a message stamped now is seen before any back-off
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             done = True
             for i in range(n):
                 if at_least:
-                    self._fetch(self.rank, self.wait_offs[i])
-                    if self.word_in < self.wait_expected[i]:
+                    if self._own_word(self.wait_offs[i]) < self.wait_expected[i]:
                         done = False
                         break
                 elif asap_load_i64(self.base + self.wait_offs[i]) != self.wait_expected[i]:
@@ -1369,6 +1380,8 @@ cdef class SlotWindow:
             self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
             self.wait_expected[i] = version
         while True:
+            if self.mailbox:
+                _mb_pump(self)
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             got[0] = 0
             for i in range(self.n_in):
@@ -1603,13 +1616,16 @@ cdef class SlotWindow:
         self._check_alive()
         out = np.zeros(self.n_in, dtype=np.int64)
         cdef int64_t[::1] o = out
+        cdef int64_t word
         with nogil:
+            if self.mailbox:
+                _mb_pump(self)
             for i in range(self.n_in):
                 best = 0
                 for s in range(self.depth):
-                    self._fetch(self.rank, self.off_notify + 8 * (i * self.depth + s))
-                    if best < self.word_in <= at_most:
-                        best = self.word_in
+                    word = self._own_word(self.off_notify + 8 * (i * self.depth + s))
+                    if best < word <= at_most:
+                        best = word
                 o[i] = best
         return out
 
