@@ -98,13 +98,19 @@ def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, po
     with Exchange(buf, graph=None if sync in FIXED_GRAPH_POLICIES else graph, sync=sync,
                   comm=comm, timeout=timeout, double_buffer=True, **options) as ex:
         transport = ex.transport + (" double-buffered" if ex.double_buffered else "")
-        if references:
-            names = ["step", *references]
-            series = timer.interleaved([ex.step, *references.values()])
-            result = {"seconds": statistics.median(series[0]), "transport": transport,
-                      "paired": dict(zip(names, series))}
-        else:
-            result = {"seconds": timer.seconds_per_call(ex.step), "transport": transport}
+        timer.settle = ex.settle
+        try:
+            if references:
+                names = ["step", *references]
+                series = timer.interleaved([ex.step, *references.values()])
+                result = {"seconds": statistics.median(series[0]), "transport": transport,
+                          "paired": dict(zip(names, series))}
+            else:
+                result = {"seconds": timer.seconds_per_call(ex.step),
+                          "transport": transport}
+        finally:
+            timer.settle = None
+        ex.settle()
         comm.Barrier()          # nobody frees its window while a neighbour still puts
         return result
 
