@@ -100,6 +100,7 @@ def test_inside_an_mpi_job_it_measures_that_job(tmp_path):
     (["--policies", "notify_ack,nope"], "unknown policy 'nope'"),
     (["--policies", "hop:max_gap=0"], "hop:max_gap=0: "),
     (["--policies", "hop:backup"], "is not OPTION=VALUE"),
+    (["--policies", "hop:transport=pigeon"], "transport must be one of auto, put"),
     (["--policies", "elastic"], "elastic cannot be timed per step"),
     (["--paths", "ib"], "unknown path ib"),
     (["--sizes", "3"], "multiple of 4"),

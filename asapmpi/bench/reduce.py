@@ -129,13 +129,11 @@ def policy_specs(text: str) -> List[str]:
             raise argparse.ArgumentTypeError(
                 f"unknown policy {name!r}; choose from "
                 f"{','.join(STEP_POLICIES + FIXED_GRAPH_POLICIES)}")
-        options = parse_options(opts, f"in {run!r}")
-        # transport= goes to the Exchange, every other option to the policy
-        transport = options.pop("transport", "auto")
-        if transport not in TRANSPORTS:
-            raise argparse.ArgumentTypeError(f"{run}: transport must be one of "
-                                             f"{', '.join(TRANSPORTS)}")
         try:
+            options = parse_options(opts, f"in {run!r}")
+            # transport= goes to the Exchange, every other option to the policy
+            if options.pop("transport", "auto") not in TRANSPORTS:
+                raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}")
             make_policy(name, **options)
         except (ConfigError, TypeError) as exc:
             raise argparse.ArgumentTypeError(f"{run}: {exc}") from None
