@@ -5,8 +5,9 @@
 # BSP's slots) run unchanged over it: put() copies the update into one of MB_STAGES
 # staging buffers, followed by a 32-byte trailer laid out as a footer (version,
 # checksum, iteration), and sends that as one message per out-neighbour, tagged with
-# the slot index version % depth; ack(c) sends the token c to every in-neighbour.  The reader
-# keeps one receive posted per (in-neighbour, slot) and one per out-neighbour's tokens.
+# the slot index version % depth; ack(c) sends the token c to every in-neighbour.  The
+# reader keeps one receive posted per (in-neighbour, slot) and one per out-neighbour's
+# tokens.
 # Every wait of the window pumps them (_mb_pump, from _progress): a completed update is
 # stamped into its slot's header, footer and notify word exactly as a put would have
 # written them, a token raises the local ack word, so the verified reduce and every wait
@@ -14,9 +15,10 @@
 #
 # Why it is safe: a slot's receive (payload and trailer, into the slot's payload and
 # the footer after it) is posted only while no reader may take the slot (its words say
-# "never written"), and reposted once this rank released the version it
-# holds: ack(c) releases every slot holding a version <= c - retain (Hop: retain = the
-# staleness bound, the oldest version iteration c + 1 may still reduce).  A writer sends
+# "never written"), and reposted once this rank released the version it holds:
+# ack(c) reposts every slot holding a version <= c - retain (Hop: retain is the
+# staleness bound, c + 1 - retain the oldest version iteration c + 1 may still reduce),
+# release(c) every slot holding a version <= c (BSP, after its reduce).  A writer sends
 # version k into slot k % depth only after the token bound let it enter iteration k, by
 # which time the reader has released the slot's previous version; a message that
 # arrives earlier waits at the MPI layer, never in the slot.
