@@ -27,9 +27,13 @@ def test_a_stall_times_out_notify_ack_naming_the_rank_and_the_iteration():
                                    r"\(expected 11", error), error
 
 
-def test_the_same_stall_does_not_stop_hop_with_a_backup_worker():
-    results = run("slow_rank_stall", 4, "shm", timeout=120, sync="hop",
-                  options={"backup": 1, "max_gap": 40})
+@pytest.mark.parametrize("transport", ["put", "messages"])
+def test_the_same_stall_does_not_stop_hop_with_a_backup_worker(transport):
+    # 512 KB updates: above every eager limit, so on messages each send to the stalled
+    # rank waits for it; the writers' staging buffers must outlast the stall as long as
+    # the token bound (max_gap) does
+    results = run("slow_rank_stall", 4, "shm", timeout=120, sync="hop", n=65536,
+                  options={"backup": 1, "max_gap": 40, "transport": transport})
     assert all(r["error"] is None and r["version"] >= 40 for r in results), results
 
 

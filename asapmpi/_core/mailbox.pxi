@@ -2,8 +2,8 @@
 # (included by slotwin.pyx; docs/PROTOCOL.md section 2d).
 #
 # Policies that wait on window words (Hop's rotating update slots and token counters,
-# BSP's slots) run unchanged over it: put() copies the update into one of MB_STAGES
-# staging buffers, followed by a 32-byte trailer laid out as a footer (version,
+# BSP's slots) run unchanged over it: put() copies the update into one of its staging
+# buffers, followed by a 32-byte trailer laid out as a footer (version,
 # checksum, iteration), and sends that as one message per out-neighbour, tagged with
 # the slot index version % depth; ack(c) sends the token c to every in-neighbour.  The
 # reader keeps one receive posted per (in-neighbour, slot) and one per out-neighbour's
@@ -30,9 +30,6 @@ cdef enum:
     MB_TRAILER_BYTES = 32
     # the tag of token messages (slot tags are 0 .. depth - 1)
     MB_TOKEN_TAG = 32767
-    # staging buffers of a writer: a put waits only for the sends of the update two
-    # puts before it
-    MB_STAGES = 2
 
 
 cdef int _mb_alloc(SlotWindow w) except -1:
@@ -42,10 +39,15 @@ cdef int _mb_alloc(SlotWindow w) except -1:
     w.mb_recv = <MPI_Request *>calloc(n * w.depth, sizeof(MPI_Request))
     w.mb_held = <int64_t *>calloc(n * w.depth, sizeof(int64_t))
     w.mb_index = <int *>calloc(max(n * w.depth, m), sizeof(int))
-    w.mb_send = <MPI_Request *>calloc(MB_STAGES * m, sizeof(MPI_Request))
+    # One staging buffer per version the token bound lets a writer have in flight to
+    # one reader (depth, at least 2): a reader that stops calling MPI (a straggler that
+    # backup workers tolerate) holds up its writer's stages no sooner than Hop's tokens
+    # hold up the writer itself.
+    w.mb_stages = max(2, w.depth)
+    w.mb_send = <MPI_Request *>calloc(w.mb_stages * m, sizeof(MPI_Request))
     w.mb_stage_stride = (w.nbytes + MB_TRAILER_BYTES + 63) // 64 * 64
-    w.mb_stage = <char *>calloc(MB_STAGES, w.mb_stage_stride)
-    w.mb_stage_version = <int64_t *>calloc(MB_STAGES, sizeof(int64_t))
+    w.mb_stage = <char *>calloc(w.mb_stages, w.mb_stage_stride)
+    w.mb_stage_version = <int64_t *>calloc(w.mb_stages, sizeof(int64_t))
     w.tok_recv = <MPI_Request *>calloc(m, sizeof(MPI_Request))
     w.tok_in = <int64_t *>calloc(m, sizeof(int64_t))
     w.tok_send = <MPI_Request *>calloc(n, sizeof(MPI_Request))
@@ -61,7 +63,7 @@ cdef int _mb_alloc(SlotWindow w) except -1:
         raise MemoryError()
     for k in range(n * w.depth):
         w.mb_recv[k] = MPI_REQUEST_NULL
-    for k in range(MB_STAGES * m):
+    for k in range(w.mb_stages * m):
         w.mb_send[k] = MPI_REQUEST_NULL
     for k in range(m):
         w.tok_recv[k] = MPI_REQUEST_NULL
@@ -229,7 +231,7 @@ cdef int _mb_send(SlotWindow w, int stage, const char *src, int64_t version,
     memcpy(buf, src, w.nbytes)
     memcpy(buf + w.nbytes, t, MB_TRAILER_BYTES)
     w.mb_stage_version[stage] = version
-    w.mb_stage_next = (stage + 1) % MB_STAGES
+    w.mb_stage_next = (stage + 1) % w.mb_stages
     for j in range(w.n_out):
         if w.skip[j]:
             continue
@@ -310,7 +312,7 @@ cdef int _mb_drain(SlotWindow w) except -1:
                 CHKERR(MPI_Wait(&w.mb_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for r in range(w.n_out):
                 CHKERR(MPI_Wait(&w.tok_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
-            for r in range(MB_STAGES * w.n_out):
+            for r in range(w.mb_stages * w.n_out):
                 CHKERR(MPI_Wait(&w.mb_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for r in range(w.n_in):
                 CHKERR(MPI_Wait(&w.tok_send[r], MPI_STATUS_IGNORE), "MPI_Wait")

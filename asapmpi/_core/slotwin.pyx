@@ -149,7 +149,8 @@ cdef class SlotWindow:
     cdef MPI_Request *mb_recv       # per in-neighbour and slot: its update
     cdef int64_t *mb_held           # per in-neighbour and slot: version held, 0: posted
     cdef int *mb_index              # MPI_Testsome's indices
-    cdef char *mb_stage             # MB_STAGES copies of an update: payload, trailer
+    cdef int mb_stages
+    cdef char *mb_stage             # mb_stages copies of an update: payload, trailer
     cdef Py_ssize_t mb_stage_stride
     cdef int64_t *mb_stage_version  # per stage: the version it holds (0: none)
     cdef int mb_stage_next          # the stage the next put fills
