@@ -576,15 +576,22 @@ cdef class SlotWindow:
             raise ConfigError(f"versions start at 1, got {version}")
         if not 0.0 <= tear < 1.0:
             raise ConfigError(f"tear must be in [0, 1), got {tear}")
-        if self.mailbox:
-            return self._mailbox_put(buf, version, iteration, seqlock, checksum, notify,
-                                     tear, suppress_if_acked)
+        if self.mailbox and tear > 0.0:
+            raise ConfigError("a mailbox window (transport='messages') sends whole "
+                              "versions: no torn writes; use transport='put'")
+        if self.mailbox and self.nbytes + MB_TRAILER_BYTES > 0x7fffffff:
+            raise ConfigError(f"the message transport sends less than 2 GiB per update, "
+                              f"not {self.nbytes} bytes; use transport='put'")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
                                   f"{self.nbytes}; pass a buffer of the size the Exchange "
                                   f"was created with")
+            if self.mailbox:
+                self._mailbox_put(<const char *>view.buf, version, iteration, checksum,
+                                  suppress_if_acked)
+                return
             with nogil:
                 self._mark_suppressed(suppress_if_acked)
                 self._put(<const char *>view.buf, version, iteration, seqlock, checksum,
@@ -592,43 +599,29 @@ cdef class SlotWindow:
         finally:
             PyBuffer_Release(&view)
 
-    cdef _mailbox_put(self, buf, int64_t version, int64_t iteration, bint seqlock,
-                      bint checksum, bint notify, double tear, int64_t suppress_if_acked):
+    cdef _mailbox_put(self, const char *src, int64_t version, int64_t iteration,
+                      bint checksum, int64_t suppress_if_acked):
         # put() on a mailbox: the update copied into the next stage and sent from there
-        # as one message per out-neighbour (mailbox.pxi), so `buf` is free at once and
+        # as one message per out-neighbour (mailbox.pxi), so `src` is free at once and
         # a slow reader holds up its writer only when the stage comes round again.  A
         # reader only ever sees whole versions, which is what seqlock's order is for,
-        # and every arrival is stamped with its notify: both flags change nothing here.
-        cdef Py_buffer view
+        # and every arrival is stamped with its notify: put()'s seqlock and notify
+        # change nothing here.
         cdef int r = 0
         cdef int stage = self.mb_stage_next
-        if tear > 0.0:
-            raise ConfigError("a mailbox window (transport='messages') sends whole "
-                              "versions: no torn writes; use transport='put'")
-        if self.nbytes + HEADER_BYTES > 0x7fffffff:
-            raise ConfigError(f"the message transport sends less than 2 GiB per update, "
-                              f"not {self.nbytes} bytes; use transport='put'")
-        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
-        try:
-            if view.len != self.nbytes:
-                raise ConfigError(f"buffer has {view.len} bytes but the window's slots "
-                                  f"hold {self.nbytes}; pass a buffer of the size the "
-                                  f"Exchange was created with")
-            with nogil:
-                r = _mb_wait_stage(self, stage, self.flush_timeout)
-            if r:
-                late = sorted(self._out[j] for j in range(self.n_out)
-                              if self.mb_send[stage * self.n_out + j] != MPI_REQUEST_NULL)
-                old = self.mb_stage_version[stage]
-                raise NeighbourTimeoutError(
-                    self.rank, f"the receive of its update of version {old} (posted once "
-                    f"the neighbour released the slot's older version)", late,
-                    [old] * len(late), [old - self.depth] * len(late), self.flush_timeout)
-            with nogil:
-                self._mark_suppressed(suppress_if_acked)
-                _mb_send(self, stage, <const char *>view.buf, version, iteration, checksum)
-        finally:
-            PyBuffer_Release(&view)
+        with nogil:
+            r = _mb_wait_stage(self, stage, self.flush_timeout)
+        if r:
+            late = sorted(self._out[j] for j in range(self.n_out)
+                          if self.mb_send[stage * self.n_out + j] != MPI_REQUEST_NULL)
+            old = self.mb_stage_version[stage]
+            raise NeighbourTimeoutError(
+                self.rank, f"the receive of its update of version {old} (posted once "
+                f"the neighbour released the slot's older version)", late,
+                [old] * len(late), [old - self.depth] * len(late), self.flush_timeout)
+        with nogil:
+            self._mark_suppressed(suppress_if_acked)
+            _mb_send(self, stage, src, version, iteration, checksum)
 
     cdef int _take_in(self) except -1:
         # mailbox: complete what arrived before a reduce reads the slots (a reduce
