@@ -600,7 +600,8 @@ class Exchange:
                 flush_timeout=self.timeout, outboxes=outboxes,
                 messages=self.transport == "messages" and self._policy.messages,
                 mailbox=self.transport == "messages" and self._policy.mailbox,
-                retain=self._policy.retain)
+                retain=self._policy.retain,
+                newest=self.transport == "messages" and self._policy.newest)
         except MPIError as exc:
             if self._segments is not None:
                 self._segments.close()

@@ -42,3 +42,17 @@ def test_server_applies_only_current_contributions(backup, path):
     else:
         assert server["slow_chosen"] == 60       # b = 0: everybody, every iteration
         assert all(r["jumps"] == 0 for r in results[1:])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+def test_on_messages_the_slow_worker_never_paces_the_server(path):
+    # the mailbox of newest versions: the server's theta to the slow worker waits for
+    # that worker's channel, never the server itself, on either path
+    results = run("backup_ps_never_applies_late", 5, path, timeout=300, backup=1,
+                  transport="messages")
+    server = results[0]
+    assert {r["transport"] for r in results} == {"messages"}
+    assert server["iterations"] == 60 and server["mismatch"] < 1e-12
+    assert server["slow_chosen"] < 30
+    assert results[-1]["jumps"] > 0

@@ -18,8 +18,12 @@ def test_options_are_checked():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("path", PATHS)
-def test_fast_workers_run_more_local_iterations_and_every_superstep_replays(path):
-    results = run("elastic_assigns_by_speed", 4, path, timeout=300)
+@pytest.mark.parametrize("transport", ["auto", "messages"])
+def test_fast_workers_run_more_local_iterations_and_every_superstep_replays(path,
+                                                                            transport):
+    results = run("elastic_assigns_by_speed", 4, path, timeout=300, transport=transport)
+    if transport != "auto":
+        assert {r["transport"] for r in results} == {transport}
     server = results[0]
     assert server["mismatch"] < 1e-12
     # all ranks leave after the same superstep, at the same global iteration

@@ -60,15 +60,16 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
                                     < rounds["words"] else window), report
     assert results[0]["put"]["report"]["reason"] == "asked for"
     assert results[0]["put"]["transport"] == "put"
-    assert results[0]["async"]["report"]["reason"] == \
-        "the only transport sync='async' has"
-    assert results[0]["async"]["transport"] == "put"
-    # Hop runs on window words or on a mailbox of messages: measured like NOTIFY-ACK,
-    # without the shared transport's margin (its slots are always put)
-    hop = results[0]["hop"]
-    rounds = hop["report"]["rounds"]["same host"]
-    assert hop["transport"] == ("messages" if rounds["messages"] < rounds["words"]
-                                else "put"), hop["report"]
+    assert results[0]["gossip"]["report"]["reason"] == \
+        "the only transport sync='gossip' has"
+    assert results[0]["gossip"]["transport"] == "put"
+    # Hop and async run on window words or on a mailbox of messages: measured like
+    # NOTIFY-ACK, without the shared transport's margin (their slots are always put)
+    for sync in ("hop", "async"):
+        chosen = results[0][sync]
+        rounds = chosen["report"]["rounds"]["same host"]
+        assert chosen["transport"] == ("messages" if rounds["messages"] < rounds["words"]
+                                       else "put"), chosen["report"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -201,6 +202,8 @@ BAD_INPUT = {
     "timeout": "timeout must be a number of seconds, got 'soon'",
     "transport": "transport must be one of auto, put, shared, messages, got 'pigeon'",
     "transport_policy": "transport='shared' works with sync='notify_ack' only, not 'hop'",
+    "transport_messages": "transport='messages' works with sync=async/backup_ps/bsp/"
+                          "elastic/hop/notify_ack, not 'gossip'; use transport='put'",
     "transport_differs": "same transport",
 }
 
@@ -266,6 +269,21 @@ def test_bsp_on_messages_reduces_exactly_every_current_version(path):
         for key, tally in res.items():
             assert tally["transport"] == "messages"
             assert tally["consistent"] == 100 * (1 if key.endswith("ring") else 3), tally
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_async_on_messages_reduces_only_whole_versions(path):
+    # the mailbox of newest versions: every reduce replays exactly from the versions it
+    # reports, and a slot that trades places with its receive buffer is never torn
+    results = run("policies_reduce_exactly_what_they_report", 4, path, timeout=600,
+                  policies=["async"], transport="messages", iters=150)
+    reduced = 0
+    for res in results:
+        for key, tally in res.items():
+            assert tally["transport"] == "messages"
+            assert tally["torn"] == 0, (key, tally)
+            reduced += tally["consistent"] + tally["stale"] + tally["ahead"]
+    assert reduced > 0
 
 
 def test_broken_protocol_is_caught_on_the_network_path():

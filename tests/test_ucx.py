@@ -43,7 +43,21 @@ def test_hop_with_a_backup_worker_keeps_its_gap_bound(transport):
     assert rank0["violations"] == [] and rank0["max_gap_to_out_neighbours"] <= 3
 
 
-def test_backup_ps_replays_every_reduce():
+@pytest.mark.parametrize("transport", ["put", "messages"])
+def test_backup_ps_replays_every_reduce(transport):
     server = run("backup_ps_never_applies_late", 4, "ucx", timeout=600, backup=1,
-                 iters=20)[0]
+                 iters=20, transport=transport)[0]
+    assert server["transport"] == transport
     assert server["iterations"] == 20 and server["mismatch"] < 1e-12
+
+
+def test_async_and_elastic_on_messages():
+    # the mailbox of newest versions: async replays every reduce, elastic every superstep
+    for res in run("policies_reduce_exactly_what_they_report", 4, "ucx", timeout=600,
+                   policies=["async"], graphs=["ring"], transport="messages", iters=60):
+        assert res["async/ring"]["transport"] == "messages"
+        assert res["async/ring"]["torn"] == 0
+    results = run("elastic_assigns_by_speed", 4, "ucx", timeout=600, iters=20,
+                  transport="messages")
+    assert results[0]["mismatch"] < 1e-12
+    assert {r["transport"] for r in results} == {"messages"}

@@ -44,15 +44,31 @@ cdef int _mb_alloc(SlotWindow w) except -1:
     # backup workers tolerate) holds up its writer's stages no sooner than Hop's tokens
     # hold up the writer itself.
     w.mb_stages = max(2, w.depth)
-    w.mb_send = <MPI_Request *>calloc(w.mb_stages * m, sizeof(MPI_Request))
-    w.mb_stage_stride = (w.nbytes + MB_TRAILER_BYTES + 63) // 64 * 64
-    w.mb_stage = <char *>calloc(w.mb_stages, w.mb_stage_stride)
-    w.mb_stage_version = <int64_t *>calloc(w.mb_stages, sizeof(int64_t))
     w.tok_recv = <MPI_Request *>calloc(m, sizeof(MPI_Request))
     w.tok_in = <int64_t *>calloc(m, sizeof(int64_t))
     w.tok_send = <MPI_Request *>calloc(n, sizeof(MPI_Request))
     w.tok_out = <int64_t *>calloc(n, sizeof(int64_t))
     w.tok_next = <int64_t *>calloc(n, sizeof(int64_t))
+    if w.newest:
+        # at most two sends in flight per out-neighbour (_mbn_send), each from any
+        # stage, and the newest: one more stage is always free
+        w.mb_stages = 2 * m + 2
+        w.mb_cur = <char **>calloc(n, sizeof(char *))
+        w.mb_posted = <char **>calloc(n, sizeof(char *))
+        w.mb_spare = <char *>calloc(n, w.slot_stride)
+        w.mb_busy = <int *>calloc(2 * m, sizeof(int))
+        w.mb_refs = <int *>calloc(w.mb_stages, sizeof(int))
+        w.mb_waiting = <char *>calloc(m, 1)
+        if (w.mb_cur == NULL or w.mb_posted == NULL or w.mb_spare == NULL
+                or w.mb_busy == NULL or w.mb_refs == NULL or w.mb_waiting == NULL):
+            raise MemoryError()
+        for k in range(2 * m):
+            w.mb_busy[k] = -1
+        w.mb_newest_stage = -1
+    w.mb_send = <MPI_Request *>calloc(w.mb_stages * m, sizeof(MPI_Request))
+    w.mb_stage_stride = (w.nbytes + MB_TRAILER_BYTES + 63) // 64 * 64
+    w.mb_stage = <char *>calloc(w.mb_stages, w.mb_stage_stride)
+    w.mb_stage_version = <int64_t *>calloc(w.mb_stages, sizeof(int64_t))
     w.mb_sent = <int64_t *>calloc(w.size * (w.depth + 1), sizeof(int64_t))
     w.mb_got = <int64_t *>calloc(w.size * (w.depth + 1), sizeof(int64_t))
     if (w.mb_recv == NULL or w.mb_stage == NULL or w.mb_held == NULL
@@ -86,14 +102,29 @@ cdef void _mb_free_arrays(SlotWindow w) noexcept:
     free(w.tok_next); w.tok_next = NULL
     free(w.mb_sent); w.mb_sent = NULL
     free(w.mb_got); w.mb_got = NULL
+    free(w.mb_cur); w.mb_cur = NULL
+    free(w.mb_posted); w.mb_posted = NULL
+    free(w.mb_spare); w.mb_spare = NULL
+    free(w.mb_busy); w.mb_busy = NULL
+    free(w.mb_refs); w.mb_refs = NULL
+    free(w.mb_waiting); w.mb_waiting = NULL
 
 
 cdef int _mb_start(SlotWindow w) except -1 nogil:
     # every slot free, every out-neighbour's tokens awaited
     cdef int i, s, j
     for i in range(w.n_in):
+        if w.newest:
+            # the window's slot says "never written" until the first version arrives
+            # in the spare buffer and the two trade places
+            w.mb_cur[i] = w.base + w.off_slots + i * w.slot_stride
+            w.mb_posted[i] = w.mb_spare + i * w.slot_stride
+            _mbn_post(w, i)
+            continue
         for s in range(w.depth):
             _mb_post_slot(w, i, s)
+    if w.newest:
+        _note_newest(w)
     for j in range(w.n_out):
         _mb_post_token(w, j)
     return 0
@@ -122,12 +153,10 @@ cdef int _mb_post_token(SlotWindow w, int j) except -1 nogil:
                             w.msg_comm, &w.tok_recv[j]), "MPI_Irecv")
 
 
-cdef int _mb_stamp(SlotWindow w, int idx) except -1 nogil:
-    # Both messages of an update arrived: write the slot's words as a put would have
-    # (footer before header, header before the notify word), so every reader's checks
-    # see a whole version or none.
-    cdef int i = idx // w.depth
-    cdef char *hdr = w._slot(i, idx % w.depth)
+cdef int64_t _mb_fill(SlotWindow w, int i, char *hdr) noexcept nogil:
+    # An update arrived in the buffer at `hdr`: write its header and footer from the
+    # trailer as a put would have (footer before header), so every reader's checks see
+    # a whole version or none; returns the version.
     cdef char *ftr = hdr + HEADER_BYTES + w.payload_stride
     cdef int64_t t[MB_TRAILER]
     asap_fence()
@@ -139,8 +168,16 @@ cdef int _mb_stamp(SlotWindow w, int idx) except -1 nogil:
     asap_store_i64(hdr + 24, w.nbytes)
     asap_store_i64(hdr, t[0])
     asap_fence()
-    asap_store_i64(w.base + w.off_notify + 8 * idx, t[0])
-    w.mb_held[idx] = t[0] if t[0] > 0 else 1
+    return t[0]
+
+
+cdef int _mb_stamp(SlotWindow w, int idx) except -1 nogil:
+    # An update arrived in its slot: its words, then the notify word (after the
+    # header, so a wait that sees the notify reads a whole version).
+    cdef int i = idx // w.depth
+    cdef int64_t version = _mb_fill(w, i, w._slot(i, idx % w.depth))
+    asap_store_i64(w.base + w.off_notify + 8 * idx, version)
+    w.mb_held[idx] = version if version > 0 else 1
     w.mb_got[w._in[i] * (w.depth + 1) + idx % w.depth] += 1
     w.bytes_got += w.nbytes
     return 0
@@ -157,7 +194,12 @@ cdef int _mb_pump(SlotWindow w) except -1 nogil:
                             MPI_STATUSES_IGNORE), "MPI_Testsome")
         if count != MPI_UNDEFINED:
             for k in range(count):
-                _mb_stamp(w, w.mb_index[k])
+                if w.newest:
+                    _mbn_stamp(w, w.mb_index[k])
+                else:
+                    _mb_stamp(w, w.mb_index[k])
+    if w.newest:
+        _mbn_complete_sends(w, True)
     if w.n_out:
         count = 0
         CHKERR(MPI_Testsome(w.n_out, w.tok_recv, &count, w.mb_index, MPI_STATUSES_IGNORE),
@@ -216,12 +258,9 @@ cdef int _mb_release(SlotWindow w, int64_t upto) except -1 nogil:
     return 0
 
 
-cdef int _mb_send(SlotWindow w, int stage, const char *src, int64_t version,
-                  int64_t iteration, bint checksum) except -1 nogil:
-    # The update: one copy into `stage` (whose earlier sends completed), then one
-    # message per out-neighbour not skipped (suppressed).
-    cdef int j
-    cdef int tag = <int>(version % w.depth)
+cdef int _mb_fill_stage(SlotWindow w, int stage, const char *src, int64_t version,
+                        int64_t iteration, bint checksum) except -1 nogil:
+    # the update's payload and its trailer (version, checksum, iteration) into `stage`
     cdef char *buf = w.mb_stage + stage * w.mb_stage_stride
     cdef int64_t t[MB_TRAILER]
     t[0] = version
@@ -231,6 +270,17 @@ cdef int _mb_send(SlotWindow w, int stage, const char *src, int64_t version,
     memcpy(buf, src, w.nbytes)
     memcpy(buf + w.nbytes, t, MB_TRAILER_BYTES)
     w.mb_stage_version[stage] = version
+    return 0
+
+
+cdef int _mb_send(SlotWindow w, int stage, const char *src, int64_t version,
+                  int64_t iteration, bint checksum) except -1 nogil:
+    # The update: one copy into `stage` (whose earlier sends completed), then one
+    # message per out-neighbour not skipped (suppressed).
+    cdef int j
+    cdef int tag = <int>(version % w.depth)
+    cdef char *buf = w.mb_stage + stage * w.mb_stage_stride
+    _mb_fill_stage(w, stage, src, version, iteration, checksum)
     w.mb_stage_next = (stage + 1) % w.mb_stages
     for j in range(w.n_out):
         if w.skip[j]:
@@ -341,3 +391,145 @@ cdef object _mb_irecv_scratch(SlotWindow w, buf, int peer, int tag):
     finally:
         PyBuffer_Release(&view)
     return req
+
+
+# ---------------------------------------------------------------- newest versions
+#
+# A mailbox of newest versions (SlotWindow(newest=True): async, backup_ps) keeps one
+# slot per sender that always holds the newest whole version that arrived, and lets no
+# writer wait for a reader.  The reader's receive goes into a second buffer per sender;
+# when it completes, the two trade places (the slot is a pointer, mb_cur) and the
+# receive is posted again into the other, so a reduce never reads memory MPI may
+# write.
+#
+# A writer sends with MPI_Issend, which completes only once the reader's receive took
+# the message, and a put sends to a reader only when the channel to it is free (no
+# message in flight): an update the reader has not taken never piles up behind
+# another at a reader that stopped calling MPI.  A put while the channel is busy does
+# not wait: the channel is marked waiting, and the writer's next pump sends the newest
+# version once the channel is free (the versions in between are never sent).
+#
+# Before this rank waits outside its windows (asapmpi's collectives, free():
+# _settle_all with deliver), a waiting channel gets the newest version at once, as a
+# second message in flight beside the busy one: a reader still stepping (a slow worker
+# a backup_ps server left behind) must not wait for a writer that no longer pumps.
+# Settling never waits for a reader, which may itself be in a blocking collective with
+# its receive already taken.  So a channel has at most two messages in flight: the
+# first (index j of mb_busy, mb_send) and the settled one (index n_out + j).
+
+cdef int _mbn_post(SlotWindow w, int i) except -1 nogil:
+    # the receive into the buffer that is not the slot: nobody reads it meanwhile
+    return CHKERR(MPI_Irecv(w.mb_posted[i] + HEADER_BYTES,
+                            <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE, w._in[i], 0,
+                            w.msg_comm, &w.mb_recv[i]), "MPI_Irecv")
+
+
+cdef int _mbn_stamp(SlotWindow w, int i) except -1 nogil:
+    # the update arrived in the posted buffer: it becomes the slot, the old slot
+    # receives the next one
+    cdef char *arrived = w.mb_posted[i]
+    cdef int64_t version = _mb_fill(w, i, arrived)
+    w.mb_posted[i] = w.mb_cur[i]
+    w.mb_cur[i] = arrived
+    asap_store_i64(w.base + w.off_notify + 8 * i, version)
+    w.mb_got[w._in[i] * (w.depth + 1)] += 1
+    w.bytes_got += w.nbytes
+    return _mbn_post(w, i)
+
+
+cdef int _mbn_send(SlotWindow w, int j, int second) except -1 nogil:
+    # the newest stage to out-neighbour j, as its first or second message in flight
+    cdef int s = w.mb_newest_stage
+    cdef int k = second * w.n_out + j
+    CHKERR(MPI_Issend(w.mb_stage + s * w.mb_stage_stride,
+                      <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE, w._out[j], 0,
+                      w.msg_comm, &w.mb_send[k]), "MPI_Issend")
+    w.mb_busy[k] = s
+    w.mb_refs[s] += 1
+    w.mb_waiting[j] = 0
+    w.mb_sent[w._out[j] * (w.depth + 1)] += 1
+    w.bytes_put += w.nbytes
+    return 0
+
+
+cdef int _mbn_complete_sends(SlotWindow w, bint send_waiting) except -1 nogil:
+    # free the messages a reader took; send the newest version into the channels that
+    # waited for it and are free now
+    cdef int j, k
+    cdef int flag = 0
+    for k in range(2 * w.n_out):
+        if w.mb_busy[k] >= 0:
+            CHKERR(MPI_Test(&w.mb_send[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+            if flag:
+                w.mb_refs[w.mb_busy[k]] -= 1
+                w.mb_busy[k] = -1
+    if send_waiting:
+        for j in range(w.n_out):
+            if w.mb_waiting[j] and w.mb_busy[j] < 0 and w.mb_busy[w.n_out + j] < 0:
+                _mbn_send(w, j, 0)
+    return 0
+
+
+cdef int _mbn_put(SlotWindow w, const char *src, int64_t version, int64_t iteration,
+                  bint checksum) except -1 nogil:
+    # The update into a stage no send reads, then to every reader whose channel is free;
+    # the others get it (or a newer one) from _mb_pump once theirs is.
+    cdef int s = 0
+    cdef int j
+    _mbn_complete_sends(w, False)
+    # found: at most 2 n_out stages have a send in flight and one more is the newest
+    while w.mb_refs[s] != 0 or s == w.mb_newest_stage:
+        s += 1
+    _mb_fill_stage(w, s, src, version, iteration, checksum)
+    w.mb_newest_stage = s
+    for j in range(w.n_out):
+        w.mb_waiting[j] = 0
+        if w.skip[j]:
+            continue
+        if w.mb_busy[j] >= 0 or w.mb_busy[w.n_out + j] >= 0:
+            w.mb_waiting[j] = 1
+        else:
+            _mbn_send(w, j, 0)
+    w._sent = version
+    return 0
+
+
+cdef int _mbn_settle(SlotWindow w) except -1 nogil:
+    # before waiting outside the windows: every waiting channel gets the newest now
+    cdef int j
+    _mb_pump(w)
+    for j in range(w.n_out):
+        if w.mb_waiting[j]:
+            if w.mb_busy[j] < 0:
+                _mbn_send(w, j, 0)
+            elif w.mb_busy[w.n_out + j] < 0:
+                _mbn_send(w, j, 1)
+    return 0
+
+
+cdef void _note_newest(SlotWindow w) noexcept nogil:
+    global _n_newest
+    if _n_newest < MAX_PENDING:     # else the window's own waits still deliver them
+        _newest_win[_n_newest] = <PyObject *>w
+        _n_newest += 1
+
+
+cdef void _forget_newest(SlotWindow w) noexcept nogil:
+    global _n_newest
+    cdef int i
+    for i in range(_n_newest):
+        if _newest_win[i] == <PyObject *>w:
+            _n_newest -= 1
+            _newest_win[i] = _newest_win[_n_newest]
+            return
+
+
+cdef int _settle_newest(bint deliver) except -1 nogil:
+    cdef int i
+    for i in range(_n_newest):
+        with gil:
+            if deliver:
+                _mbn_settle(<SlotWindow>_newest_win[i])
+            else:
+                _mb_pump(<SlotWindow>_newest_win[i])
+    return 0

@@ -5,6 +5,7 @@ See asapmpi/_core/layout.py for the byte layout and docs/PROTOCOL.md for the cal
 sequence and why it is correct.  This module knows MPI and memory only: which ranks are
 neighbours and at which displacements their slots live is computed by the caller.
 """
+from cpython.ref cimport PyObject
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
 from libc.stdint cimport int64_t, uint64_t
@@ -57,6 +58,11 @@ cdef enum:
 cdef MPI_Win *_pending_win[MAX_PENDING]
 cdef int *_pending_n[MAX_PENDING]
 cdef int _n_pending = 0
+# The mailboxes of newest versions of this process (mailbox.pxi), whose waiting updates
+# _settle_all delivers like the lazy words of the one-sided windows (borrowed
+# references: a window leaves the list at free() and in its destructor).
+cdef PyObject *_newest_win[MAX_PENDING]
+cdef int _n_newest = 0
 
 
 cdef void _note_pending(MPI_Win *win, int *n) noexcept nogil:
@@ -82,10 +88,14 @@ cdef void _forget_pending(MPI_Win *win) noexcept nogil:
             return
 
 
-cdef int _settle_all(double timeout) except -1 nogil:
-    """Complete the lazy words of every window of this process (MPI_Win_flush_all)."""
+cdef int _settle_all(double timeout, bint deliver=True) except -1 nogil:
+    """Complete the lazy words of every window of this process (MPI_Win_flush_all),
+    and send the waiting updates of its mailboxes of newest versions: with `deliver`,
+    all of them (before waiting outside the windows); else those whose channel is free
+    (in a window's own wait, which must not wait for a slow reader)."""
     global _n_pending
     cdef int ierr
+    _settle_newest(deliver)
     while _n_pending:
         _n_pending -= 1
         if _pending_n[_n_pending][0]:
@@ -162,6 +172,16 @@ cdef class SlotWindow:
     cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
     cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
     cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
+    # a mailbox of newest versions (mailbox.pxi): one slot per sender, which is always
+    # the newest whole version that arrived; the receive goes into a second buffer
+    cdef readonly bint newest
+    cdef char **mb_cur              # per in-neighbour: the buffer that is its slot now
+    cdef char **mb_posted           # per in-neighbour: the buffer receiving the next
+    cdef char *mb_spare             # the second buffers (n_in slots, not in the window)
+    cdef int *mb_busy               # per out-neighbour: the stage of its send (-1: none)
+    cdef int *mb_refs               # per stage: the sends in flight from it
+    cdef char *mb_waiting           # per out-neighbour: the newest stage waits for it
+    cdef int mb_newest_stage        # the stage holding the newest version put (-1: none)
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -231,7 +251,8 @@ cdef class SlotWindow:
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
                  int poll_max_sleep_us=100, double flush_timeout=60.0, outboxes=None,
-                 bint messages=False, bint mailbox=False, int retain=0):
+                 bint messages=False, bint mailbox=False, int retain=0,
+                 bint newest=False):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -255,6 +276,11 @@ cdef class SlotWindow:
         self.messages = messages
         self.mailbox = mailbox
         self.retain = retain
+        self.newest = newest
+        if newest and not (mailbox and self.depth == 1 and retain == 0):
+            raise ConfigError(f"a mailbox of newest versions has one slot per sender and "
+                              f"retains nothing: needs mailbox=True, depth 1, retain 0, got "
+                              f"mailbox={mailbox}, depth={self.depth}, retain={retain}")
         if (messages or mailbox) and self.outbox:
             raise ConfigError("an outbox layout cannot also receive messages")
         if messages and mailbox:
@@ -454,6 +480,7 @@ cdef class SlotWindow:
     def __dealloc__(self):
         cdef int finalized = 1
         _forget_pending(&self.win)
+        _forget_newest(self)
         if not self._freed:
             MPI_Finalized(&finalized)
             if not finalized:
@@ -486,6 +513,7 @@ cdef class SlotWindow:
             _settle_all(self.flush_timeout)
         # a collective that once timed out completes once its late ranks reach free()
         self._finish_late(self.flush_timeout)
+
         # agree first, so that all ranks raise together instead of some entering
         # MPI_Win_free while one refuses
         with nogil:
@@ -507,6 +535,7 @@ cdef class SlotWindow:
                     self._drain_messages(sent)
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
             if self.mailbox:
+                _forget_newest(self)    # what still waits was delivered by _settle_all
                 _mb_drain(self)
                 with nogil:
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
@@ -609,6 +638,12 @@ cdef class SlotWindow:
         # change nothing here.
         cdef int r = 0
         cdef int stage = self.mb_stage_next
+        if self.newest:
+            # newest versions: never waits for a reader (mailbox.pxi)
+            with nogil:
+                self._mark_suppressed(suppress_if_acked)
+                _mbn_put(self, src, version, iteration, checksum)
+            return
         with nogil:
             r = _mb_wait_stage(self, stage, self.flush_timeout)
         if r:
@@ -1250,8 +1285,8 @@ cdef class SlotWindow:
             return 0
         if self.n_lazy:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
-        if _n_pending:
-            _settle_all(self.flush_timeout)
+        if _n_pending or _n_newest:
+            _settle_all(self.flush_timeout, False)
         return 0
 
     cdef int _idle(self, long *polls, double t0, double timeout) except -1 nogil:
@@ -1451,6 +1486,10 @@ cdef class SlotWindow:
             raise ConfigError("with the shared-memory transport a neighbour's slot is in "
                               "its own shared-memory segment, not in this window; create "
                               "the Exchange with transport='put'")
+        if self.newest:
+            raise ConfigError("a mailbox of newest versions moves a neighbour's slot "
+                              "between two buffers as versions arrive; read it with "
+                              "reduce(), or create the Exchange with transport='put'")
         if not 0 <= in_index < self.n_in:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
         self._check_version(version)
@@ -1624,6 +1663,8 @@ cdef class SlotWindow:
         return out
 
     cdef inline char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
+        if self.newest:
+            return self.mb_cur[i]
         if self.outbox:
             return self.in_slots[i] + slot * self.slot_stride
         return self.base + self.off_slots + (i * self.depth + slot) * self.slot_stride

@@ -67,6 +67,11 @@ class Policy:
     #: mailbox: after ack(c) the slots holding versions <= c - retain are refilled (the
     #: oldest version a later iteration may still reduce is c + 1 - retain)
     retain = 0
+    #: mailbox of newest versions: one slot per sender that always holds the newest
+    #: whole version that arrived, and a writer that never waits for a reader (a busy
+    #: reader gets only the newest version once it takes messages again).  For policies
+    #: that read "any version >= k" rather than exactly k from each sender (depth 1)
+    newest = False
     #: whether every rank completes the same steps at about the same time (each waits
     #: for its neighbours' current version): ranks then reach free() within one step of
     #: each other.  Policies that let ranks drift apart (backup workers, staleness,

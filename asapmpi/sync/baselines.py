@@ -37,9 +37,14 @@ class BSP(Policy):
 
 
 class Async(Policy):
-    """Put and reduce without waiting for anybody: any whole version is reduced."""
+    """Put and reduce without waiting for anybody: any whole version is reduced.  On
+    messages (a mailbox of newest versions) a put never waits for a reader either: a
+    reader still taking the previous update gets the newest one after it, and each slot
+    holds the newest whole version that arrived (docs/PROTOCOL.md 2e)."""
 
     name = "async"
+    mailbox = True
+    newest = True
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Write version k with the seqlock sequence."""

@@ -44,6 +44,11 @@ class ElasticBSP(Policy):
     ("zipline", "gridscan" or "full_gridscan"), window (intervals averaged, >= 1)."""
 
     name = "elastic"
+    #: on messages, a mailbox of newest versions (docs/PROTOCOL.md 2e): every slot holds
+    #: exactly superstep s when it is read (nobody sends s + 1 before theta(s) is read);
+    #: the control words stay one-sided atomics, three per worker per superstep
+    mailbox = True
+    newest = True
     #: the exchange's version is the global iteration count G, also between supersteps
     global_iterations = True
 

@@ -91,6 +91,7 @@ class NotifyAckIgnoringAcks(NotifyAck):
     name = "notify_ack_ignore_acks"
     setting = None      # no bound holds for a broken protocol
     outbox = False
+    messages = False    # it shows what puts that ignore acks overwrite
 
     @property
     def trace(self):

@@ -19,7 +19,9 @@ messages   one two-sided message per               the reader's next receive, po
 Policies that wait on window words rather than steps (Hop's rotating slots and token
 counters, BSP's slots after its barrier) run on messages through a mailbox window
 instead (SlotWindow(mailbox=True), asapmpi/_core/mailbox.pxi): the window's own put,
-waits and ack move the messages.
+waits and ack move the messages.  Policies that read each sender's newest version
+(async, backup_ps, elastic) run on a mailbox of newest versions (newest=True), whose
+writers never wait for a reader.
 
 `asapmpi.transport_probe` times the window words against messages and
 `Exchange(transport="auto")` takes the faster.  A new transport (GPU memory, say) is one

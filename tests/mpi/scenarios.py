@@ -291,6 +291,8 @@ def bad_input(comm, case):
         kwargs["transport"] = "pigeon"
     elif case == "transport_policy":
         kwargs.update(sync="hop", transport="shared")
+    elif case == "transport_messages":
+        kwargs.update(sync="gossip", transport="messages", graph=None)
     elif case == "transport_differs":
         kwargs["transport"] = "put" if rank == 1 else "auto"
     else:
@@ -641,7 +643,7 @@ def _ps_delta(rank, k, n):
 
 
 def backup_ps_never_applies_late(comm, iters=60, backup=1, slow_rank=None, n=1000,
-                                 base_s=0.0005, slow_s=0.02):
+                                 base_s=0.0005, slow_s=0.02, transport="auto"):
     """Server 0 and workers 1..; every worker adds a known update per iteration, one is
     slow.  The server's every reduce is replayed from its trace: theta(k) must be
     theta(k-1) plus the mean of the updates of iteration k of the workers it chose, and
@@ -649,7 +651,8 @@ def backup_ps_never_applies_late(comm, iters=60, backup=1, slow_rank=None, n=100
     rank, size = comm.Get_rank(), comm.Get_size()
     slow_rank = size - 1 if slow_rank is None else slow_rank
     buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, sync="backup_ps", comm=comm, backup=backup, timeout=30)
+    ex = asapmpi.Exchange(buf, sync="backup_ps", comm=comm, backup=backup, timeout=30,
+                          transport=transport)
     mismatch = 0.0
     while ex.version < iters:
         k = ex.version + 1
@@ -668,22 +671,25 @@ def backup_ps_never_applies_late(comm, iters=60, backup=1, slow_rank=None, n=100
             ex.step()
             assert ex.version >= k
     trace = ex.trace["reduced"]
+    used = ex.transport
     ex.free()
     if rank == 0:
         slow_index = [r for r in range(size) if r != 0].index(slow_rank)
-        return {"mismatch": mismatch, "iterations": len(trace),
+        return {"mismatch": mismatch, "iterations": len(trace), "transport": used,
                 "slow_chosen": int(np.count_nonzero(trace[:, 1 + slow_index]))}
     return {"jumps": int(np.count_nonzero(trace[:, 1] > trace[:, 0])),
-            "iterations": len(trace)}
+            "iterations": len(trace), "transport": used}
 
 
-def elastic_assigns_by_speed(comm, iters=40, n=64, base_s=0.002, slow=4.0):
+def elastic_assigns_by_speed(comm, iters=40, n=64, base_s=0.002, slow=4.0,
+                             transport="auto"):
     """ElasticBSP: workers step at different speeds (rank 1 `slow` times slower); the
     server's every superstep is replayed (theta(s) = theta(s-1) + mean of count_w *
     delta_w over the workers) and the counts it assigns follow the speeds."""
     rank, size = comm.Get_rank(), comm.Get_size()
     buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, sync="elastic", comm=comm, R=8, timeout=30)
+    ex = asapmpi.Exchange(buf, sync="elastic", comm=comm, R=8, timeout=30,
+                          transport=transport)
     delta = (rank + 1) / 32.0
     counts = np.ones(size - 1, dtype=int)
     mismatch = 0.0
@@ -704,7 +710,7 @@ def elastic_assigns_by_speed(comm, iters=40, n=64, base_s=0.002, slow=4.0):
         versions.append(ex.version)
     rows = ex.trace["supersteps"]
     ex.free()
-    out = {"version": ex.version, "supersteps": len(rows),
+    out = {"version": ex.version, "supersteps": len(rows), "transport": ex.transport,
            "monotonic": bool(np.all(np.diff(versions) >= 0))}
     if rank == 0:
         out.update(mismatch=mismatch, last_counts=rows[-1][4:].astype(int).tolist(),
@@ -922,9 +928,11 @@ def transport_choice(comm):
     one transport are reported as such."""
     buf = np.zeros(1000)
     out = {}
-    for label, kwargs in (("auto", {}), ("put", {"transport": "put"}),
-                          ("hop", {"sync": "hop"}), ("async", {"sync": "async"})):
-        with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=60, **kwargs) as ex:
+    for label, options in (("auto", {}), ("put", {"transport": "put"}),
+                           ("hop", {"sync": "hop"}), ("async", {"sync": "async"}),
+                           ("gossip", {"sync": "gossip", "graph": None})):
+        kwargs = {"graph": "ring", **options}
+        with asapmpi.Exchange(buf, comm=comm, timeout=60, **kwargs) as ex:
             for _ in range(3):
                 ex.step()
             out[label] = {"transport": ex.transport, "report": ex.transport_report}
