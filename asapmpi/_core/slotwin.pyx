@@ -1230,6 +1230,27 @@ cdef class SlotWindow:
             self._fetch(target, disp)
         return self.word_in
 
+    def fetch_words(self, int target, Py_ssize_t disp, Py_ssize_t count):
+        """Read `count` int64 words from `disp` in `target`'s window, each atomically
+        (one MPI_Get_accumulate with MPI_NO_OP, one flush: a single round trip where
+        `count` fetch_word calls would take `count`)."""
+        self._check_alive()
+        if count < 1:
+            raise ConfigError(f"count must be at least 1, got {count}")
+        self._check_target(target, disp)
+        self._check_target(target, disp + 8 * (count - 1))
+        out = np.empty(count, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        with nogil:
+            CHKERR(MPI_Get_accumulate(NULL, 0, MPI_INT64_T, &o[0], <int>count, MPI_INT64_T,
+                                      target, disp, <int>count, MPI_INT64_T, MPI_NO_OP,
+                                      self.win), "MPI_Get_accumulate")
+            if target == self.rank:
+                CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
+            else:
+                self._flush(target, b"MPI_Win_flush after an atomic read")
+        return out
+
     cdef int64_t _own_word(self, MPI_Aint disp) except? -1 nogil:
         # A word of this rank's window, read atomically.  Neighbours write it with
         # one-sided atomics, so an MPI atomic read (same_op_no_op); on a mailbox only

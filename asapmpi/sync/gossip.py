@@ -8,9 +8,11 @@ publish is retried) and averages: w = (w + w_peer) / 2.
 
 Peer choice: uniformly at random; or, during the first `warmup` iterations, with
 probability inversely proportional to the communication time this rank believes each
-peer has (its time table c_i).  After every pull c_i[j] = UPDATE_TIME(c_i[j], measured)
-and the peer's own table, read from its window, is merged entry by entry with
-UPDATE_TIME (UPDATE_TIMES); each rank publishes its table in its window.
+peer has (its time table c_i).  After every pull c_i[j] = UPDATE_TIME(c_i[j], measured);
+during the warm-up the peer's own table, read from its window (one atomic read of all
+its words), is merged entry by entry with UPDATE_TIME (UPDATE_TIMES) and each rank
+publishes its table in its window.  After the warm-up nothing reads the tables (the
+choice is uniform), so no pull pays their round trips.
 
 UPDATE_TIME(c, new) (the paper's text is garbled; our reading, tested): a much smaller
 time (new < (1 - threshold) c) replaces c; a much larger one (new > (1 + threshold) c)
@@ -150,13 +152,16 @@ class Gossip(Policy):
         took = time.monotonic() - start
         self._comm_seconds += took
         self._table[peer] = update_time(self._table[peer], took * 1e9, self.threshold)
-        theirs = self._peer_table(win, peer)
-        for k in range(n):
-            # 0: the peer has not published that entry (windows start zeroed)
-            if k != win.rank and 0 < theirs[k] < INF_NS:
-                self._table[k] = update_time(self._table[k], float(theirs[k]),
-                                             self.threshold)
-        self._publish_table(win)
+        if version <= self.warmup:
+            # UPDATE_TIMES: only the warm-up's choice reads the tables (after it the
+            # choice is uniform), so only the warm-up pays their round trips
+            theirs = self._peer_table(win, peer)
+            for k in range(n):
+                # 0: the peer has not published that entry (windows start zeroed)
+                if k != win.rank and 0 < theirs[k] < INF_NS:
+                    self._table[k] = update_time(self._table[k], float(theirs[k]),
+                                                 self.threshold)
+            self._publish_table(win)
         array = np.frombuffer(buf, dtype=self._dtype(win))
         peer_model = np.frombuffer(self._tmp, dtype=array.dtype)
         np.add(array, peer_model, out=array)
@@ -212,9 +217,9 @@ class Gossip(Policy):
             time.sleep(delay)
 
     def _peer_table(self, win, peer: int) -> np.ndarray:
-        own = self.layouts[peer]
-        return np.array([win.fetch_word(peer, own.user_disp(_TABLE + k))
-                         for k in range(win.size)], dtype=float)
+        # the whole table in one atomic read (one round trip)
+        return win.fetch_words(peer, self.layouts[peer].user_disp(_TABLE),
+                               win.size).astype(float)
 
     def _publish_table(self, win) -> None:
         own = self.layouts[win.rank]
