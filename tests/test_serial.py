@@ -134,6 +134,12 @@ def test_window_word_access_checks_offsets_and_ranks():
         assert win.accumulate_word(0, word, 3, op="max") == 7        # below: unchanged
         assert win.accumulate_word(0, word, 9, op="max") == 7 and win.local_word(word) == 9
         win.accumulate_word(0, word, 7, op="replace")
+        win.accumulate_word(0, word + 8, -2, op="replace")
+        assert win.fetch_words(0, word, 2).tolist() == [7, -2]    # one atomic read
+        with pytest.raises(ConfigError, match="count must be at least 1"):
+            win.fetch_words(0, word, 0)
+        with pytest.raises(ConfigError, match="not an int64 word of rank 0"):
+            win.fetch_words(0, win.total_bytes - 8, 2)
         win.wait_word(word, 7, 1.0)
         with pytest.raises(NeighbourTimeoutError, match="to reach 8"):
             win.wait_word(word, 8, 0.05, from_rank=0)
