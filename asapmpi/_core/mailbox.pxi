@@ -330,6 +330,10 @@ cdef int _mb_drain(SlotWindow w) except -1:
     extra = []
     try:
         with nogil:
+            # every rank came to free(): what follows completes unless a rank dies now,
+            # and the watchdog ends the job then instead of a hang
+            asap_watchdog_arm(w.flush_timeout, b"the mailbox's drain at free()", -1,
+                              w.nbr_desc)
             _mb_send_tokens(w)      # tokens still waiting go too: they are counted
             CHKERR(MPI_Alltoall(w.mb_sent, width, MPI_INT64_T, sent_to_me, width,
                                 MPI_INT64_T, w.comm), "MPI_Alltoall")
@@ -358,10 +362,6 @@ cdef int _mb_drain(SlotWindow w) except -1:
                 extra.append((w._out[j], MB_TOKEN_TAG, np.empty(1, np.int64)))
         requests = [_mb_irecv_scratch(w, buf, peer, tag) for peer, tag, buf in extra]
         with nogil:
-            # every rank entered the MPI_Alltoall, so what is left completes unless a
-            # rank dies now: the watchdog ends the job then instead of a hang
-            asap_watchdog_arm(w.flush_timeout, b"the mailbox's drain at free()", -1,
-                              w.nbr_desc)
             for r in range(w.n_in * w.depth):
                 CHKERR(MPI_Wait(&w.mb_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for r in range(w.n_out):

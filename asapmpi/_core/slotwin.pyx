@@ -528,11 +528,18 @@ cdef class SlotWindow:
                 sent = <int64_t *>calloc(self.size, sizeof(int64_t))
                 if sent == NULL:
                     raise MemoryError()
-            with nogil:
-                if self.messages:
-                    CHKERR(MPI_Allgather(&self._sent, 1, MPI_INT64_T, sent, 1, MPI_INT64_T,
-                                         self.comm), "MPI_Allgather")
-                    self._drain_messages(sent)
+            if self.messages:
+                with nogil:
+                    # every rank came to free(); one that dies now ends the job (the
+                    # watchdog) instead of hanging the others here
+                    asap_watchdog_arm(self.flush_timeout, b"the message drain at free()",
+                                      -1, self.nbr_desc)
+                    try:
+                        CHKERR(MPI_Allgather(&self._sent, 1, MPI_INT64_T, sent, 1,
+                                             MPI_INT64_T, self.comm), "MPI_Allgather")
+                        self._drain_messages(sent)
+                    finally:
+                        asap_watchdog_disarm()
                     CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
             if self.mailbox:
                 _forget_newest(self)    # what still waits was delivered by _settle_all
