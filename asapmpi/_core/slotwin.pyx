@@ -1911,3 +1911,4 @@ cdef void _describe(char *out, ranks) noexcept:
 
 
 include "mailbox.pxi"
+include "newest.pxi"
