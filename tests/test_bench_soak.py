@@ -30,6 +30,19 @@ def test_growth_is_the_slope_after_the_warm_up():
     warm = _rows(0.0)
     warm[:3, 2] -= 2**20
     assert soak.growth(warm, 20_000)["slope_mb_per_100k"] == pytest.approx(0.0, abs=1e-9)
+    # a pool that grows once after the warm-up (2 MB) is not growth, but is reported ...
+    once = _rows(0.0)
+    once[10:, 2] += 2 * 2**20
+    grew_once = soak.growth(once, 20_000)
+    assert grew_once["slope_mb_per_100k"] == pytest.approx(0.0, abs=1e-9)
+    assert grew_once["raw_slope_mb_per_100k"] > 1.0 and grew_once["delta_mb"] == 2.0
+    # ... memory that grows in chunks again and again is
+    chunks = _rows(0.0)
+    for start in (6, 10, 14, 18):
+        chunks[start:, 2] += 2 * 2**20
+    assert soak.growth(chunks, 20_000)["slope_mb_per_100k"] > 4.0
+    # and a leak that grows in every interval keeps its whole slope
+    assert leaking["raw_slope_mb_per_100k"] == leaking["slope_mb_per_100k"]
 
 
 def _result(slope):

@@ -36,9 +36,11 @@ cdef int _mb_alloc(SlotWindow w) except -1:
     cdef int n = max(w.n_in, 1)
     cdef int m = max(w.n_out, 1)
     cdef int k
-    w.mb_recv = <MPI_Request *>calloc(n * w.depth, sizeof(MPI_Request))
-    w.mb_held = <int64_t *>calloc(n * w.depth, sizeof(int64_t))
-    w.mb_index = <int *>calloc(max(n * w.depth, m), sizeof(int))
+    # newest versions: two receives per in-neighbour (newest.pxi)
+    w.mb_nrecv = 2 * w.n_in if w.newest else w.n_in * w.depth
+    w.mb_recv = <MPI_Request *>calloc(max(w.mb_nrecv, 1), sizeof(MPI_Request))
+    w.mb_held = <int64_t *>calloc(max(w.mb_nrecv, 1), sizeof(int64_t))
+    w.mb_index = <int *>calloc(max(w.mb_nrecv, m), sizeof(int))
     # One staging buffer per version the token bound lets a writer have in flight to
     # one reader (depth, at least 2): a reader that stops calling MPI (a straggler that
     # backup workers tolerate) holds up its writer's stages no sooner than Hop's tokens
@@ -54,8 +56,8 @@ cdef int _mb_alloc(SlotWindow w) except -1:
         # stage, and the newest: one more stage is always free
         w.mb_stages = 2 * m + 2
         w.mb_cur = <char **>calloc(n, sizeof(char *))
-        w.mb_posted = <char **>calloc(n, sizeof(char *))
-        w.mb_spare = <char *>calloc(n, w.slot_stride)
+        w.mb_posted = <char **>calloc(2 * n, sizeof(char *))
+        w.mb_spare = <char *>calloc(2 * n, w.slot_stride)
         w.mb_busy = <int *>calloc(2 * m, sizeof(int))
         w.mb_refs = <int *>calloc(w.mb_stages, sizeof(int))
         w.mb_waiting = <char *>calloc(m, 1)
@@ -77,7 +79,7 @@ cdef int _mb_alloc(SlotWindow w) except -1:
             or w.tok_in == NULL or w.tok_send == NULL or w.tok_out == NULL
             or w.tok_next == NULL or w.mb_sent == NULL or w.mb_got == NULL):
         raise MemoryError()
-    for k in range(n * w.depth):
+    for k in range(max(w.mb_nrecv, 1)):
         w.mb_recv[k] = MPI_REQUEST_NULL
     for k in range(w.mb_stages * m):
         w.mb_send[k] = MPI_REQUEST_NULL
@@ -116,10 +118,11 @@ cdef int _mb_start(SlotWindow w) except -1 nogil:
     for i in range(w.n_in):
         if w.newest:
             # the window's slot says "never written" until the first version arrives
-            # in the spare buffer and the two trade places
+            # in a spare buffer and the two trade places
             w.mb_cur[i] = w.base + w.off_slots + i * w.slot_stride
-            w.mb_posted[i] = w.mb_spare + i * w.slot_stride
-            _mbn_post(w, i)
+            for s in range(2):
+                w.mb_posted[2 * i + s] = w.mb_spare + (2 * i + s) * w.slot_stride
+                _mbn_post(w, 2 * i + s)
             continue
         for s in range(w.depth):
             _mb_post_slot(w, i, s)
@@ -190,7 +193,7 @@ cdef int _mb_pump(SlotWindow w) except -1 nogil:
     cdef int k, idx, j
     cdef int64_t *ack
     if w.n_in:
-        CHKERR(MPI_Testsome(w.n_in * w.depth, w.mb_recv, &count, w.mb_index,
+        CHKERR(MPI_Testsome(w.mb_nrecv, w.mb_recv, &count, w.mb_index,
                             MPI_STATUSES_IGNORE), "MPI_Testsome")
         if count != MPI_UNDEFINED:
             for k in range(count):
@@ -250,8 +253,11 @@ cdef int _mb_ack(SlotWindow w, int64_t completed) except -1 nogil:
 
 
 cdef int _mb_release(SlotWindow w, int64_t upto) except -1 nogil:
-    # repost the receive of every slot holding a version <= upto
+    # repost the receive of every slot holding a version <= upto (a mailbox of newest
+    # versions reposts as updates arrive: nothing to release)
     cdef int idx
+    if w.newest:
+        return 0
     for idx in range(w.n_in * w.depth):
         if 0 < w.mb_held[idx] <= upto:
             _mb_post_slot(w, idx // w.depth, idx % w.depth)
@@ -338,6 +344,10 @@ cdef int _mb_drain(SlotWindow w) except -1:
             CHKERR(MPI_Alltoall(w.mb_sent, width, MPI_INT64_T, sent_to_me, width,
                                 MPI_INT64_T, w.comm), "MPI_Alltoall")
         for i in range(w.n_in):
+            if w.newest:
+                _mbn_drain_sender(w, i, sent_to_me[w._in[i] * width]
+                                  - w.mb_got[w._in[i] * width], extra)
+                continue
             for s in range(w.depth):
                 idx = i * w.depth + s
                 missing = sent_to_me[w._in[i] * width + s] - w.mb_got[w._in[i] * width + s]
@@ -362,7 +372,7 @@ cdef int _mb_drain(SlotWindow w) except -1:
                 extra.append((w._out[j], MB_TOKEN_TAG, np.empty(1, np.int64)))
         requests = [_mb_irecv_scratch(w, buf, peer, tag) for peer, tag, buf in extra]
         with nogil:
-            for r in range(w.n_in * w.depth):
+            for r in range(w.mb_nrecv):
                 CHKERR(MPI_Wait(&w.mb_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for r in range(w.n_out):
                 CHKERR(MPI_Wait(&w.tok_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")

@@ -3,10 +3,15 @@
 #
 # A mailbox of newest versions (SlotWindow(newest=True): async, backup_ps, elastic)
 # keeps one slot per sender that always holds the newest whole version that arrived,
-# and lets no writer wait for a reader.  The reader's receive goes into a second buffer per sender;
-# when it completes, the two trade places (the slot is a pointer, mb_cur) and the
-# receive is posted again into the other, so a reduce never reads memory MPI may
-# write.
+# and lets no writer wait for a reader.  The reader keeps two receives per sender
+# posted, into two buffers outside the window; when one completes with a version newer
+# than the slot's, it and the slot trade places (the slot is a pointer, mb_cur), and
+# the receive is posted again into the old slot, so a reduce never reads memory MPI may
+# write.  Two receives, not one: the writer sends its next version as soon as the
+# previous one was matched, before this rank's next pump reposts, and an update that
+# finds no receive posted is copied into a temporary buffer inside MPI (a copy per
+# update, and MPICH's heap growing by megabytes once).
+
 #
 # A writer sends with MPI_Issend, which completes only once the reader's receive took
 # the message, and a put sends to a reader only when the channel to it is free (no
@@ -23,24 +28,47 @@
 # its receive already taken.  So a channel has at most two messages in flight: the
 # first (index j of mb_busy, mb_send) and the settled one (index n_out + j).
 
-cdef int _mbn_post(SlotWindow w, int i) except -1 nogil:
-    # the receive into the buffer that is not the slot: nobody reads it meanwhile
-    return CHKERR(MPI_Irecv(w.mb_posted[i] + HEADER_BYTES,
+cdef int _mbn_post(SlotWindow w, int r) except -1 nogil:
+    # receive r (of in-neighbour r // 2) into its buffer, which is not the slot: nobody
+    # reads it meanwhile.  mb_held orders the two receives of a sender as MPI matches
+    # them (the earlier posted first), for the drain.
+    cdef int i = r // 2
+    w.mb_held[r] = max(w.mb_held[2 * i], w.mb_held[2 * i + 1]) + 1
+    return CHKERR(MPI_Irecv(w.mb_posted[r] + HEADER_BYTES,
                             <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE, w._in[i], 0,
-                            w.msg_comm, &w.mb_recv[i]), "MPI_Irecv")
+                            w.msg_comm, &w.mb_recv[r]), "MPI_Irecv")
 
 
-cdef int _mbn_stamp(SlotWindow w, int i) except -1 nogil:
-    # the update arrived in the posted buffer: it becomes the slot, the old slot
-    # receives the next one
-    cdef char *arrived = w.mb_posted[i]
+cdef int _mbn_stamp(SlotWindow w, int r) except -1 nogil:
+    # an update arrived in receive r's buffer: if newer than the slot's version (two
+    # completions may be taken in either order), the buffer becomes the slot and the
+    # old slot receives the next one; else the buffer receives again
+    cdef int i = r // 2
+    cdef char *arrived = w.mb_posted[r]
     cdef int64_t version = _mb_fill(w, i, arrived)
-    w.mb_posted[i] = w.mb_cur[i]
-    w.mb_cur[i] = arrived
-    asap_store_i64(w.base + w.off_notify + 8 * i, version)
+    if version > asap_load_i64(w.base + w.off_notify + 8 * i):
+        w.mb_posted[r] = w.mb_cur[i]
+        w.mb_cur[i] = arrived
+        asap_store_i64(w.base + w.off_notify + 8 * i, version)
     w.mb_got[w._in[i] * (w.depth + 1)] += 1
     w.bytes_got += w.nbytes
-    return _mbn_post(w, i)
+    return _mbn_post(w, r)
+
+
+cdef int _mbn_drain_sender(SlotWindow w, int i, int64_t missing, list extra) except -1:
+    # At free: `missing` updates from in-neighbour i are still to come.  Its two posted
+    # receives take the first two (the earlier posted first, as MPI matches them), a
+    # scratch buffer each of the rest; a receive no update will match is cancelled.
+    cdef int first = 2 * i if w.mb_held[2 * i] < w.mb_held[2 * i + 1] else 2 * i + 1
+    cdef int second = 4 * i + 1 - first
+    if missing < 2:
+        with nogil:
+            CHKERR(MPI_Cancel(&w.mb_recv[second]), "MPI_Cancel")
+            if missing < 1:
+                CHKERR(MPI_Cancel(&w.mb_recv[first]), "MPI_Cancel")
+    for _ in range(missing - 2):
+        extra.append((w._in[i], 0, np.empty(w.nbytes + MB_TRAILER_BYTES, np.uint8)))
+    return 0
 
 
 cdef int _mbn_send(SlotWindow w, int j, int second) except -1 nogil:

@@ -157,7 +157,9 @@ cdef class SlotWindow:
     cdef readonly bint mailbox
     cdef readonly int retain        # ack(c) releases slots holding versions <= c - retain
     cdef MPI_Request *mb_recv       # per in-neighbour and slot: its update
+    cdef int mb_nrecv               # their number (newest: two per in-neighbour)
     cdef int64_t *mb_held           # per in-neighbour and slot: version held, 0: posted
+                                    # (newest: per receive, when it was posted)
     cdef int *mb_index              # MPI_Testsome's indices
     cdef int mb_stages
     cdef char *mb_stage             # mb_stages copies of an update: payload, trailer
@@ -176,8 +178,8 @@ cdef class SlotWindow:
     # the newest whole version that arrived; the receive goes into a second buffer
     cdef readonly bint newest
     cdef char **mb_cur              # per in-neighbour: the buffer that is its slot now
-    cdef char **mb_posted           # per in-neighbour: the buffer receiving the next
-    cdef char *mb_spare             # the second buffers (n_in slots, not in the window)
+    cdef char **mb_posted           # per receive (two per in-neighbour): its buffer
+    cdef char *mb_spare             # those buffers (2 n_in slots, not in the window)
     cdef int *mb_busy               # per out-neighbour: the stage of its send (-1: none)
     cdef int *mb_refs               # per stage: the sends in flight from it
     cdef char *mb_waiting           # per out-neighbour: the newest stage waits for it
