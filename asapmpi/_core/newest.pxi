@@ -25,7 +25,7 @@
 # second message in flight beside the busy one: a reader still stepping (a slow worker
 # a backup_ps server left behind) must not wait for a writer that no longer pumps.
 # Settling never waits for a reader, which may itself be in a blocking collective with
-# its receive already taken.  So a channel has at most two messages in flight: the
+# its receives already taken.  So a channel has at most two messages in flight: the
 # first (index j of mb_busy, mb_send) and the settled one (index n_out + j).
 
 cdef int _mbn_post(SlotWindow w, int r) except -1 nogil:

@@ -58,7 +58,7 @@ cdef enum:
 cdef MPI_Win *_pending_win[MAX_PENDING]
 cdef int *_pending_n[MAX_PENDING]
 cdef int _n_pending = 0
-# The mailboxes of newest versions of this process (mailbox.pxi), whose waiting updates
+# The mailboxes of newest versions of this process (newest.pxi), whose waiting updates
 # _settle_all delivers like the lazy words of the one-sided windows (borrowed
 # references: a window leaves the list at free() and in its destructor).
 cdef PyObject *_newest_win[MAX_PENDING]
@@ -174,13 +174,15 @@ cdef class SlotWindow:
     cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
     cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
     cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
-    # a mailbox of newest versions (mailbox.pxi): one slot per sender, which is always
-    # the newest whole version that arrived; the receive goes into a second buffer
+    # a mailbox of newest versions (newest.pxi): one slot per sender, which is always
+    # the newest whole version that arrived; two receives per sender go into buffers
+    # outside the window
     cdef readonly bint newest
     cdef char **mb_cur              # per in-neighbour: the buffer that is its slot now
     cdef char **mb_posted           # per receive (two per in-neighbour): its buffer
     cdef char *mb_spare             # those buffers (2 n_in slots, not in the window)
-    cdef int *mb_busy               # per out-neighbour: the stage of its send (-1: none)
+    cdef int *mb_busy               # per out-neighbour, twice (first and settled
+                                    # message): the stage of its send (-1: none)
     cdef int *mb_refs               # per stage: the sends in flight from it
     cdef char *mb_waiting           # per out-neighbour: the newest stage waits for it
     cdef int mb_newest_stage        # the stage holding the newest version put (-1: none)
@@ -515,7 +517,6 @@ cdef class SlotWindow:
             _settle_all(self.flush_timeout)
         # a collective that once timed out completes once its late ranks reach free()
         self._finish_late(self.flush_timeout)
-
         # agree first, so that all ranks raise together instead of some entering
         # MPI_Win_free while one refuses
         with nogil:
