@@ -185,8 +185,9 @@ def extensions():
             define_macros=FLAGS["macros"],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=FLAGS["other_link"],
-            depends=[os.path.join(core, name) for name in ("kernels.h", "chkerr.pxi",
-                                                             "mailbox.pxi", "newest.pxi")],
+            depends=[os.path.join(core, name) for name in (
+                "kernels.h", "chkerr.pxi", "put.pxi", "shared.pxi", "messages.pxi",
+                "mailbox.pxi", "newest.pxi")],
         )
         for module, source in read_extension_list()
     ]

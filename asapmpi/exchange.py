@@ -46,7 +46,7 @@ from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
 from .sync import POLICIES, StepContext
 from .sync import policy as make_policy
 from .sync.records import Records
-from .transports import TRANSPORTS, make_transport
+from .transports import TRANSPORTS, make_transport, window_class
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
                   Any]
@@ -587,21 +587,20 @@ class Exchange:
         # a policy that writes control words into other ranks' windows needs their offsets
         self._policy.layouts = layouts
         out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
-        outboxes = None
+        window = window_class(self.transport, self._policy)
+        options: Dict[str, Any] = {}
         if outbox:
             self._segments = SharedSegments(comm, layouts[rank].segment_bytes,
                                             self.in_neighbours)
-            outboxes = (self._segments.own, self._segments.peers)
+            options["outboxes"] = (self._segments.own, self._segments.peers)
+        if issubclass(window, _core.MailboxWindow):
+            options["retain"] = self._policy.retain
         try:
-            win = _core.SlotWindow(
+            win = window(
                 comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
                 out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
                 poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
-                flush_timeout=self.timeout, outboxes=outboxes,
-                messages=self.transport == "messages" and self._policy.messages,
-                mailbox=self.transport == "messages" and self._policy.mailbox,
-                retain=self._policy.retain,
-                newest=self.transport == "messages" and self._policy.newest)
+                flush_timeout=self.timeout, **options)
         except MPIError as exc:
             if self._segments is not None:
                 self._segments.close()

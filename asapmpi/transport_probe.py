@@ -38,11 +38,10 @@ def _window(comm: MPI.Comm, g, messages: bool, timeout: float):
     layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), 1, 8, 0, 0, False)
                for r in range(g.n)]
     out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
-    win = _core.SlotWindow(comm, layouts[rank], g.in_neighbours(rank),
-                           g.out_neighbours(rank), out_slot, out_notify, in_ack, 8,
-                           poll_yields=rc.poll_yields,
-                           poll_max_sleep_us=rc.poll_max_sleep_us, flush_timeout=timeout,
-                           messages=messages)
+    window = _core.MessageWindow if messages else _core.PutWindow
+    win = window(comm, layouts[rank], g.in_neighbours(rank), g.out_neighbours(rank),
+                 out_slot, out_notify, in_ack, 8, poll_yields=rc.poll_yields,
+                 poll_max_sleep_us=rc.poll_max_sleep_us, flush_timeout=timeout)
     transport = (MessageTransport if messages else PutTransport)(win)
     transport.start(False)
     return transport

@@ -87,7 +87,7 @@ def test_a_pull_that_overlapped_a_publish_is_refused():
     buf = np.arange(10, dtype=np.float64)
     out = np.zeros(10)
     layout = _core.Layout(0, 0, 0, buf.nbytes, 0, 1)
-    with _core.SlotWindow(MPI.COMM_SELF, layout, [], [], [], [], [], 8) as win:
+    with _core.PutWindow(MPI.COMM_SELF, layout, [], [], [], [], [], 8) as win:
         head = layout.off_publish
         foot = head + HEADER_BYTES + layout.payload_stride
         assert win.pull(0, head, out) == 0                      # nothing published yet

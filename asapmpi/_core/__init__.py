@@ -10,9 +10,22 @@ check_mpi_abi()
 
 from . import kernels  # noqa: E402
 from .layout import Layout  # noqa: E402
-from .slotwin import AHEAD, CONSISTENT, STALE, STATUS_NAMES, TORN, SlotWindow  # noqa: E402
+from .slotwin import (  # noqa: E402
+    AHEAD,
+    CONSISTENT,
+    STALE,
+    STATUS_NAMES,
+    TORN,
+    MailboxWindow,
+    MessageWindow,
+    NewestWindow,
+    PutWindow,
+    SharedWindow,
+    SlotWindow,
+)
 
 __all__ = [
-    "AHEAD", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout", "SlotWindow",
+    "AHEAD", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout", "MailboxWindow",
+    "MessageWindow", "NewestWindow", "PutWindow", "SharedWindow", "SlotWindow",
     "check_mpi_abi", "kernels",
 ]

@@ -1,17 +1,15 @@
 # The mailbox of newest versions (included by slotwin.pyx after mailbox.pxi, whose
-# allocation, pump and drain it shares; docs/PROTOCOL.md section 2e).
+# class it extends; docs/PROTOCOL.md section 2e).
 #
-# A mailbox of newest versions (SlotWindow(newest=True): async, backup_ps, elastic)
-# keeps one slot per sender that always holds the newest whole version that arrived,
-# and lets no writer wait for a reader.  The reader keeps two receives per sender
-# posted, into two buffers outside the window; when one completes with a version newer
+# A mailbox of newest versions (NewestWindow: async, backup_ps, elastic) keeps one
+# slot per sender that always holds the newest whole version that arrived, and lets no
+# writer wait for a reader.  The reader keeps two receives per sender posted, into two buffers outside the window; when one completes with a version newer
 # than the slot's, it and the slot trade places (the slot is a pointer, mb_cur), and
 # the receive is posted again into the old slot, so a reduce never reads memory MPI may
 # write.  Two receives, not one: the writer sends its next version as soon as the
 # previous one was matched, before this rank's next pump reposts, and an update that
 # finds no receive posted is copied into a temporary buffer inside MPI (a copy per
 # update, and MPICH's heap growing by megabytes once).
-
 #
 # A writer sends with MPI_Issend, which completes only once the reader's receive took
 # the message, and a put sends to a reader only when the channel to it is free (no
@@ -28,127 +26,225 @@
 # its receives already taken.  So a channel has at most two messages in flight: the
 # first (index j of mb_busy, mb_send) and the settled one (index n_out + j).
 
-cdef int _mbn_post(SlotWindow w, int r) except -1 nogil:
-    # receive r (of in-neighbour r // 2) into its buffer, which is not the slot: nobody
-    # reads it meanwhile.  mb_held orders the two receives of a sender as MPI matches
-    # them (the earlier posted first), for the drain.
-    cdef int i = r // 2
-    w.mb_held[r] = max(w.mb_held[2 * i], w.mb_held[2 * i + 1]) + 1
-    return CHKERR(MPI_Irecv(w.mb_posted[r] + HEADER_BYTES,
-                            <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE, w._in[i], 0,
-                            w.msg_comm, &w.mb_recv[r]), "MPI_Irecv")
 
 
-cdef int _mbn_stamp(SlotWindow w, int r) except -1 nogil:
-    # an update arrived in receive r's buffer: if newer than the slot's version (two
-    # completions may be taken in either order), the buffer becomes the slot and the
-    # old slot receives the next one; else the buffer receives again
-    cdef int i = r // 2
-    cdef char *arrived = w.mb_posted[r]
-    cdef int64_t version = _mb_fill(w, i, arrived)
-    if version > asap_load_i64(w.base + w.off_notify + 8 * i):
-        w.mb_posted[r] = w.mb_cur[i]
-        w.mb_cur[i] = arrived
-        asap_store_i64(w.base + w.off_notify + 8 * i, version)
-    w.mb_got[w._in[i] * (w.depth + 1)] += 1
-    w.bytes_got += w.nbytes
-    return _mbn_post(w, r)
+cdef class NewestWindow(MailboxWindow):
+    """The message transport of the policies that read each sender's newest version
+    (async, backup_ps, elastic): one slot per sender, always its newest whole version;
+    writers never wait for a reader.  Depth 1, retain 0."""
 
+    cdef char **mb_cur              # per in-neighbour: the buffer that is its slot now
+    cdef char **mb_posted           # per receive (two per in-neighbour): its buffer
+    cdef char *mb_spare             # those buffers (2 n_in slots, not in the window)
+    cdef int *mb_busy               # per out-neighbour, twice (first and settled
+                                    # message): the stage of its send (-1: none)
+    cdef int *mb_refs               # per stage: the sends in flight from it
+    cdef char *mb_waiting           # per out-neighbour: the newest stage waits for it
+    cdef int mb_newest_stage        # the stage holding the newest version put (-1: none)
 
-cdef int _mbn_drain_sender(SlotWindow w, int i, int64_t missing, list extra) except -1:
-    # At free: `missing` updates from in-neighbour i are still to come.  Its two posted
-    # receives take the first two (the earlier posted first, as MPI matches them), a
-    # scratch buffer each of the rest; a receive no update will match is cancelled.
-    cdef int first = 2 * i if w.mb_held[2 * i] < w.mb_held[2 * i + 1] else 2 * i + 1
-    cdef int second = 4 * i + 1 - first
-    if missing < 2:
+    def __cinit__(self):
+        self.transport = "newest"
+        self.mb_newest_stage = -1
+
+    def __dealloc__(self):
+        _forget_newest(self)
+        free(self.mb_cur); self.mb_cur = NULL
+        free(self.mb_posted); self.mb_posted = NULL
+        free(self.mb_spare); self.mb_spare = NULL
+        free(self.mb_busy); self.mb_busy = NULL
+        free(self.mb_refs); self.mb_refs = NULL
+        free(self.mb_waiting); self.mb_waiting = NULL
+
+    cdef int _prepare(self, layout) except -1:
+        cdef int n = max(self.n_in, 1)
+        cdef int m = max(self.n_out, 1)
+        cdef int k
+        SlotWindow._prepare(self, layout)
+        if not (self.depth == 1 and self.retain == 0):
+            raise ConfigError(f"a mailbox of newest versions has one slot per sender and "
+                              f"retains nothing: needs depth 1, retain 0, got "
+                              f"depth={self.depth}, retain={self.retain}")
+        # two receives per in-neighbour; at most two sends in flight per out-neighbour
+        # (_send_newest), each from any stage, and the newest: one more stage is always
+        # free
+        self._alloc(2 * self.n_in, 2 * m + 2)
+        self.mb_cur = <char **>calloc(n, sizeof(char *))
+        self.mb_posted = <char **>calloc(2 * n, sizeof(char *))
+        self.mb_spare = <char *>calloc(2 * n, self.slot_stride)
+        self.mb_busy = <int *>calloc(2 * m, sizeof(int))
+        self.mb_refs = <int *>calloc(self.mb_stages, sizeof(int))
+        self.mb_waiting = <char *>calloc(m, 1)
+        if (self.mb_cur == NULL or self.mb_posted == NULL or self.mb_spare == NULL
+                or self.mb_busy == NULL or self.mb_refs == NULL or self.mb_waiting == NULL):
+            raise MemoryError()
+        for k in range(2 * m):
+            self.mb_busy[k] = -1
+        return 0
+
+    cdef int _post_all(self) except -1 nogil:
+        cdef int i, s
+        for i in range(self.n_in):
+            # the window's slot says "never written" until the first version arrives in
+            # a spare buffer and the two trade places
+            self.mb_cur[i] = self.base + self.off_slots + i * self.slot_stride
+            for s in range(2):
+                self.mb_posted[2 * i + s] = self.mb_spare + (2 * i + s) * self.slot_stride
+                self._post_newest(2 * i + s)
+        _note_newest(self)
+        return 0
+
+    cdef int _drain(self) except -1:
+        _forget_newest(self)    # what still waits was delivered by _settle_all
+        return MailboxWindow._drain(self)
+
+    cdef char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
+        return self.mb_cur[i]
+
+    def slot_offset(self, int in_index, int64_t version):
+        """Refused: a neighbour's slot moves between two buffers as versions arrive."""
+        raise ConfigError("a mailbox of newest versions moves a neighbour's slot "
+                          "between two buffers as versions arrive; read it with "
+                          "reduce(), or create the Exchange with transport='put'")
+
+    cdef int _repost(self, int64_t upto) except -1 nogil:
+        # the receives are posted again as updates arrive: nothing to release
+        return 0
+
+    # ------------------------------------------------------------------ receiving
+
+    cdef int _post_newest(self, int r) except -1 nogil:
+        # receive r (of in-neighbour r // 2) into its buffer, which is not the slot:
+        # nobody reads it meanwhile.  mb_held orders the two receives of a sender as
+        # MPI matches them (the earlier posted first), for the drain.
+        cdef int i = r // 2
+        self.mb_held[r] = max(self.mb_held[2 * i], self.mb_held[2 * i + 1]) + 1
+        return CHKERR(MPI_Irecv(self.mb_posted[r] + HEADER_BYTES,
+                                <int>(self.nbytes + MB_TRAILER_BYTES), MPI_BYTE,
+                                self._in[i], 0, self.msg_comm, &self.mb_recv[r]),
+                      "MPI_Irecv")
+
+    cdef int _arrived(self, int r) except -1 nogil:
+        # an update arrived in receive r's buffer: if newer than the slot's version (two
+        # completions may be taken in either order), the buffer becomes the slot and
+        # the old slot receives the next one; else the buffer receives again
+        cdef int i = r // 2
+        cdef char *arrived = self.mb_posted[r]
+        cdef int64_t version = self._fill(i, arrived)
+        if version > asap_load_i64(self.base + self.off_notify + 8 * i):
+            self.mb_posted[r] = self.mb_cur[i]
+            self.mb_cur[i] = arrived
+            asap_store_i64(self.base + self.off_notify + 8 * i, version)
+        self.mb_got[self._in[i] * (self.depth + 1)] += 1
+        self.bytes_got += self.nbytes
+        return self._post_newest(r)
+
+    cdef int _pump(self) except -1 nogil:
+        self._take_updates()
+        self._complete_sends(True)
+        return self._take_tokens()
+
+    cdef int _drain_sender(self, int i, const int64_t *sent, list extra) except -1:
+        # At free: the updates from in-neighbour i still to come.  Its two posted
+        # receives take the first two (the earlier posted first, as MPI matches them),
+        # a scratch buffer each of the rest; a receive no update will match is
+        # cancelled.
+        cdef int64_t missing = sent[0] - self.mb_got[self._in[i] * (self.depth + 1)]
+        cdef int first = 2 * i if self.mb_held[2 * i] < self.mb_held[2 * i + 1] else 2 * i + 1
+        cdef int second = 4 * i + 1 - first
+        if missing < 2:
+            with nogil:
+                CHKERR(MPI_Cancel(&self.mb_recv[second]), "MPI_Cancel")
+                if missing < 1:
+                    CHKERR(MPI_Cancel(&self.mb_recv[first]), "MPI_Cancel")
+        for _ in range(missing - 2):
+            extra.append((self._in[i], 0, np.empty(self.nbytes + MB_TRAILER_BYTES, np.uint8)))
+        return 0
+
+    # ------------------------------------------------------------------ sending
+
+    cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
+                   bint checksum, bint notify, double tear,
+                   int64_t suppress_if_acked) except -1:
+        # The update into a stage no send reads, then to every reader whose channel is
+        # free; the others get it (or a newer one) from _pump once theirs is.  Never
+        # waits for a reader.
+        cdef int s = 0
+        cdef int j
+        if tear > 0.0:
+            raise ConfigError("a mailbox window (transport='messages') sends whole "
+                              "versions: no torn writes; use transport='put'")
         with nogil:
-            CHKERR(MPI_Cancel(&w.mb_recv[second]), "MPI_Cancel")
-            if missing < 1:
-                CHKERR(MPI_Cancel(&w.mb_recv[first]), "MPI_Cancel")
-    for _ in range(missing - 2):
-        extra.append((w._in[i], 0, np.empty(w.nbytes + MB_TRAILER_BYTES, np.uint8)))
-    return 0
+            self._mark_suppressed(suppress_if_acked)
+            self._complete_sends(False)
+            # found: at most 2 n_out stages have a send in flight and one more is the
+            # newest
+            while self.mb_refs[s] != 0 or s == self.mb_newest_stage:
+                s += 1
+            self._fill_stage(s, src, version, iteration, checksum)
+            self.mb_newest_stage = s
+            for j in range(self.n_out):
+                self.mb_waiting[j] = 0
+                if self.skip[j]:
+                    continue
+                if self.mb_busy[j] >= 0 or self.mb_busy[self.n_out + j] >= 0:
+                    self.mb_waiting[j] = 1
+                else:
+                    self._send_newest(j, 0)
+        return 0
+
+    cdef int _send_newest(self, int j, int second) except -1 nogil:
+        # the newest stage to out-neighbour j, as its first or second message in flight
+        cdef int s = self.mb_newest_stage
+        cdef int k = second * self.n_out + j
+        CHKERR(MPI_Issend(self.mb_stage + s * self.mb_stage_stride,
+                          <int>(self.nbytes + MB_TRAILER_BYTES), MPI_BYTE, self._out[j], 0,
+                          self.msg_comm, &self.mb_send[k]), "MPI_Issend")
+        self.mb_busy[k] = s
+        self.mb_refs[s] += 1
+        self.mb_waiting[j] = 0
+        self.mb_sent[self._out[j] * (self.depth + 1)] += 1
+        self.bytes_put += self.nbytes
+        return 0
+
+    cdef int _complete_sends(self, bint send_waiting) except -1 nogil:
+        # free the messages a reader took; send the newest version into the channels
+        # that waited for it and are free now
+        cdef int j, k
+        cdef int flag = 0
+        for k in range(2 * self.n_out):
+            if self.mb_busy[k] >= 0:
+                CHKERR(MPI_Test(&self.mb_send[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+                if flag:
+                    self.mb_refs[self.mb_busy[k]] -= 1
+                    self.mb_busy[k] = -1
+        if send_waiting:
+            for j in range(self.n_out):
+                if (self.mb_waiting[j] and self.mb_busy[j] < 0
+                        and self.mb_busy[self.n_out + j] < 0):
+                    self._send_newest(j, 0)
+        return 0
+
+    cdef int _settle(self) except -1 nogil:
+        # before waiting outside the windows: every waiting channel gets the newest now
+        cdef int j
+        self._pump()
+        for j in range(self.n_out):
+            if self.mb_waiting[j]:
+                if self.mb_busy[j] < 0:
+                    self._send_newest(j, 0)
+                elif self.mb_busy[self.n_out + j] < 0:
+                    self._send_newest(j, 1)
+        return 0
 
 
-cdef int _mbn_send(SlotWindow w, int j, int second) except -1 nogil:
-    # the newest stage to out-neighbour j, as its first or second message in flight
-    cdef int s = w.mb_newest_stage
-    cdef int k = second * w.n_out + j
-    CHKERR(MPI_Issend(w.mb_stage + s * w.mb_stage_stride,
-                      <int>(w.nbytes + MB_TRAILER_BYTES), MPI_BYTE, w._out[j], 0,
-                      w.msg_comm, &w.mb_send[k]), "MPI_Issend")
-    w.mb_busy[k] = s
-    w.mb_refs[s] += 1
-    w.mb_waiting[j] = 0
-    w.mb_sent[w._out[j] * (w.depth + 1)] += 1
-    w.bytes_put += w.nbytes
-    return 0
-
-
-cdef int _mbn_complete_sends(SlotWindow w, bint send_waiting) except -1 nogil:
-    # free the messages a reader took; send the newest version into the channels that
-    # waited for it and are free now
-    cdef int j, k
-    cdef int flag = 0
-    for k in range(2 * w.n_out):
-        if w.mb_busy[k] >= 0:
-            CHKERR(MPI_Test(&w.mb_send[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
-            if flag:
-                w.mb_refs[w.mb_busy[k]] -= 1
-                w.mb_busy[k] = -1
-    if send_waiting:
-        for j in range(w.n_out):
-            if w.mb_waiting[j] and w.mb_busy[j] < 0 and w.mb_busy[w.n_out + j] < 0:
-                _mbn_send(w, j, 0)
-    return 0
-
-
-cdef int _mbn_put(SlotWindow w, const char *src, int64_t version, int64_t iteration,
-                  bint checksum) except -1 nogil:
-    # The update into a stage no send reads, then to every reader whose channel is free;
-    # the others get it (or a newer one) from _mb_pump once theirs is.
-    cdef int s = 0
-    cdef int j
-    _mbn_complete_sends(w, False)
-    # found: at most 2 n_out stages have a send in flight and one more is the newest
-    while w.mb_refs[s] != 0 or s == w.mb_newest_stage:
-        s += 1
-    _mb_fill_stage(w, s, src, version, iteration, checksum)
-    w.mb_newest_stage = s
-    for j in range(w.n_out):
-        w.mb_waiting[j] = 0
-        if w.skip[j]:
-            continue
-        if w.mb_busy[j] >= 0 or w.mb_busy[w.n_out + j] >= 0:
-            w.mb_waiting[j] = 1
-        else:
-            _mbn_send(w, j, 0)
-    w._sent = version
-    return 0
-
-
-cdef int _mbn_settle(SlotWindow w) except -1 nogil:
-    # before waiting outside the windows: every waiting channel gets the newest now
-    cdef int j
-    _mb_pump(w)
-    for j in range(w.n_out):
-        if w.mb_waiting[j]:
-            if w.mb_busy[j] < 0:
-                _mbn_send(w, j, 0)
-            elif w.mb_busy[w.n_out + j] < 0:
-                _mbn_send(w, j, 1)
-    return 0
-
-
-cdef void _note_newest(SlotWindow w) noexcept nogil:
+cdef void _note_newest(NewestWindow w) noexcept nogil:
     global _n_newest
     if _n_newest < MAX_PENDING:     # else the window's own waits still deliver them
         _newest_win[_n_newest] = <PyObject *>w
         _n_newest += 1
 
 
-cdef void _forget_newest(SlotWindow w) noexcept nogil:
+cdef void _forget_newest(NewestWindow w) noexcept nogil:
     global _n_newest
     cdef int i
     for i in range(_n_newest):
@@ -163,7 +259,7 @@ cdef int _settle_newest(bint deliver) except -1 nogil:
     for i in range(_n_newest):
         with gil:
             if deliver:
-                _mbn_settle(<SlotWindow>_newest_win[i])
+                (<NewestWindow>_newest_win[i])._settle()
             else:
-                _mb_pump(<SlotWindow>_newest_win[i])
+                (<NewestWindow>_newest_win[i])._pump()
     return 0

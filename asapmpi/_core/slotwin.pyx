@@ -120,72 +120,29 @@ cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
 assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree on the header size"
 
 
-cdef class SlotWindow:
-    """One rank's slot window and its one-sided access to its neighbours' windows.
 
-    Collective over `comm` on creation and on free().  Methods that send (put, ack,
-    accumulate_word) complete their operations at the target before returning.
+
+cdef class SlotWindow:
+    """One rank's slot window: the slot layout, the notify, ack and user words, the
+    waits on them and the verified reduce, shared by every transport.
+
+    A transport is a subclass (one file each, included below): PutWindow (put.pxi),
+    SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow
+    (mailbox.pxi) and NewestWindow (newest.pxi).  It moves updates into the slots
+    (_send, or its own calls), says where a slot is (_slot), drives its progress
+    (_pump, _progress) and drains what is in flight before the window is freed
+    (_drain); the base calls these hooks and nothing else of it.  Collective over
+    `comm` on creation and on free().  Notifies and acks complete lazily (_lazy_word):
+    by the next flush, wait or collective of this process.
     """
 
     cdef MPI_Win win
     cdef MPI_Comm comm
+    cdef readonly str transport     # the subclass's name: "put", "shared", ...
     cdef readonly int rank, size, n_in, n_out, depth, itemsize
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
     cdef bint has_publish
-    cdef readonly bint outbox
-    # outbox transport: this rank's own slots and, per in-neighbour, where its slots are
-    # mapped in this process (shared-memory segments held through buffer views)
-    cdef char *out_slots
-    cdef char **in_slots
-    cdef Py_buffer _own_segment
-    cdef Py_buffer *_in_segments
-    cdef int _segments_held
-    # message transport: updates travel as two-sided messages into the slots
-    cdef readonly bint messages
-    cdef MPI_Comm msg_comm
-    cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum
-    cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum
-    cdef int64_t *recv_cksum
-    cdef Py_buffer _send_view
-    cdef bint _send_held
-    cdef bint _msg_checksum
-    cdef int64_t _posted            # version the receives are posted for (0: none)
-    cdef int64_t _sent              # version of the last send_update (0: none)
-    # mailbox (mailbox.pxi): slots and ack words fed by messages, for policies that wait
-    # on window words
-    cdef readonly bint mailbox
-    cdef readonly int retain        # ack(c) releases slots holding versions <= c - retain
-    cdef MPI_Request *mb_recv       # per in-neighbour and slot: its update
-    cdef int mb_nrecv               # their number (newest: two per in-neighbour)
-    cdef int64_t *mb_held           # per in-neighbour and slot: version held, 0: posted
-                                    # (newest: per receive, when it was posted)
-    cdef int *mb_index              # MPI_Testsome's indices
-    cdef int mb_stages
-    cdef char *mb_stage             # mb_stages copies of an update: payload, trailer
-    cdef Py_ssize_t mb_stage_stride
-    cdef int64_t *mb_stage_version  # per stage: the version it holds (0: none)
-    cdef int mb_stage_next          # the stage the next put fills
-    cdef MPI_Request *mb_send       # per stage and out-neighbour
-    cdef MPI_Request *tok_recv      # per out-neighbour: its next token
-    cdef int64_t *tok_in
-    cdef MPI_Request *tok_send      # per in-neighbour: the token in flight
-    cdef int64_t *tok_out
-    cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
-    cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
-    cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
-    # a mailbox of newest versions (newest.pxi): one slot per sender, which is always
-    # the newest whole version that arrived; two receives per sender go into buffers
-    # outside the window
-    cdef readonly bint newest
-    cdef char **mb_cur              # per in-neighbour: the buffer that is its slot now
-    cdef char **mb_posted           # per receive (two per in-neighbour): its buffer
-    cdef char *mb_spare             # those buffers (2 n_in slots, not in the window)
-    cdef int *mb_busy               # per out-neighbour, twice (first and settled
-                                    # message): the stage of its send (-1: none)
-    cdef int *mb_refs               # per stage: the sends in flight from it
-    cdef char *mb_waiting           # per out-neighbour: the newest stage waits for it
-    cdef int mb_newest_stage        # the stage holding the newest version put (-1: none)
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -218,6 +175,7 @@ cdef class SlotWindow:
     cdef int64_t word_sink
     cdef int64_t word_in
     cdef long poll_yields, poll_max_sleep_us
+    cdef Py_ssize_t _max_transfer
     # reduce scratch
     cdef char *own_copy
     cdef const void **ins
@@ -234,7 +192,6 @@ cdef class SlotWindow:
     # traffic and idle time, for training reports: payload bytes put (headers, footers
     # and control words excluded) and seconds spent backing off in waits and barriers
     cdef readonly long long bytes_put, bytes_got
-    cdef Py_ssize_t _max_transfer
     cdef readonly double wait_seconds
     # a nonblocking collective that timed out, and the buffers it may still write: MPI
     # allows neither cancelling nor freeing it, so it is completed before the next
@@ -248,20 +205,22 @@ cdef class SlotWindow:
     def __cinit__(self):
         self.win = MPI_WIN_NULL
         self.comm = MPI_COMM_NULL
-        self.msg_comm = MPI_COMM_NULL
         self._freed = True
         self._late = MPI_REQUEST_NULL
+        self.transport = "none"
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
-                 int poll_max_sleep_us=100, double flush_timeout=60.0, outboxes=None,
-                 bint messages=False, bint mailbox=False, int retain=0,
-                 bint newest=False):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
         cdef int i
         cdef MPI_Aint my_size
+        if type(self) is SlotWindow:
+            raise TypeError("SlotWindow is the transports' common base: create a "
+                            "PutWindow, SharedWindow, MessageWindow, MailboxWindow or "
+                            "NewestWindow")
         self.n_in = layout.n_in
         self.n_out = layout.n_out
         self.depth = layout.depth
@@ -276,27 +235,6 @@ cdef class SlotWindow:
         self.off_slots = layout.off_slots
         self.off_publish = layout.off_publish
         self.has_publish = layout.n_publish > 0
-        self.outbox = layout.outbox
-        self.messages = messages
-        self.mailbox = mailbox
-        self.retain = retain
-        self.newest = newest
-        if newest and not (mailbox and self.depth == 1 and retain == 0):
-            raise ConfigError(f"a mailbox of newest versions has one slot per sender and "
-                              f"retains nothing: needs mailbox=True, depth 1, retain 0, got "
-                              f"mailbox={mailbox}, depth={self.depth}, retain={retain}")
-        if (messages or mailbox) and self.outbox:
-            raise ConfigError("an outbox layout cannot also receive messages")
-        if messages and mailbox:
-            raise ConfigError("a window takes messages as NOTIFY-ACK versions or as a "
-                              "mailbox, not both")
-        if mailbox and not (0 <= retain < self.depth and self.depth < MB_TOKEN_TAG):
-            raise ConfigError(f"a mailbox needs 0 <= retain < depth < {MB_TOKEN_TAG}, got "
-                              f"retain={retain}, depth={self.depth}")
-        if self.outbox and (outboxes is None or len(outboxes) != 2
-                            or len(outboxes[1]) != self.n_in):
-            raise ConfigError("an outbox layout needs this rank's segment and every "
-                              "in-neighbour's: outboxes=(own, [in-neighbours'])")
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
         self._max_transfer = MAX_PUT_CHUNK
@@ -312,10 +250,6 @@ cdef class SlotWindow:
             raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
         self.size = comm.Get_size()
         self._alloc_arrays()
-        if self.mailbox:
-            _mb_alloc(self)
-        if self.outbox:
-            self._hold_segments(outboxes[0], outboxes[1], layout.segment_bytes)
         for i in range(self.n_in):
             self._in[i] = in_ranks[i]
             self.in_ack_disp[i] = in_ack_disp[i]
@@ -323,6 +257,8 @@ cdef class SlotWindow:
             self._out[i] = out_ranks[i]
             self.out_slot_disp[i] = out_slot_disp[i]
             self.out_notify_disp[i] = out_notify_disp[i]
+        # the transport's own checks and memory, before any communication
+        self._prepare(layout)
         _describe(self.out_desc, out_ranks)
         _describe(self.in_desc, in_ranks)
         _describe(self.nbr_desc, sorted(set(in_ranks) | set(out_ranks)))
@@ -335,10 +271,6 @@ cdef class SlotWindow:
 
         with nogil:
             CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.comm), "MPI_Comm_dup")
-            if self.messages or self.mailbox:
-                CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.msg_comm), "MPI_Comm_dup")
-                CHKERR(MPI_Comm_set_errhandler(self.msg_comm, MPI_ERRORS_RETURN),
-                       "MPI_Comm_set_errhandler")
             CHKERR(MPI_Comm_set_errhandler(self.comm, MPI_ERRORS_RETURN),
                    "MPI_Comm_set_errhandler")
             CHKERR(MPI_Comm_rank(self.comm, &self.rank), "MPI_Comm_rank")
@@ -375,41 +307,49 @@ cdef class SlotWindow:
             my_size = self.total_bytes
             CHKERR(MPI_Allgather(&my_size, 1, MPI_AINT, self.sizes, 1, MPI_AINT, self.comm),
                    "MPI_Allgather")
-            if self.mailbox:
-                _mb_start(self)
+        # the transport's communicators and first receives (collective)
+        self._open()
 
-    cdef _hold_segments(self, own, ins, Py_ssize_t nbytes):
-        # Views held until free(): the segments cannot be unmapped under the kernels.
-        cdef int i
-        self._in_segments = <Py_buffer *>calloc(max(self.n_in, 1), sizeof(Py_buffer))
-        if self._in_segments == NULL:
-            raise MemoryError()
-        PyObject_GetBuffer(own, &self._own_segment, PyBUF_SIMPLE | PyBUF_WRITABLE)
-        self._segments_held = 1
-        for i in range(self.n_in):
-            PyObject_GetBuffer(ins[i], &self._in_segments[i], PyBUF_SIMPLE)
-            self._segments_held += 1
-        if self._own_segment.len < nbytes or any(
-                self._in_segments[i].len < nbytes for i in range(self.n_in)):
-            self._release_segments()
-            raise ConfigError(f"outbox segments must hold {nbytes} bytes each")
-        self.out_slots = <char *>self._own_segment.buf
-        for i in range(self.n_in):
-            self.in_slots[i] = <char *>self._in_segments[i].buf
+    # ------------------------------------------------------------------ transport hooks
 
-    cdef void _release_segments(self) noexcept:
-        cdef int i
-        if self._segments_held:
-            PyBuffer_Release(&self._own_segment)
-            for i in range(self._segments_held - 1):
-                PyBuffer_Release(&self._in_segments[i])
-            self._segments_held = 0
-        free(self._in_segments)
-        self._in_segments = NULL
-        self.out_slots = NULL
+    cdef int _prepare(self, layout) except -1:
+        """Check the transport's options against the layout and allocate its memory
+        (before any communication)."""
+        if layout.outbox:
+            raise ConfigError("an outbox layout is the shared transport's: create a "
+                              "SharedWindow")
+        return 0
+
+    cdef int _open(self) except -1:
+        """After the window exists (collective): the transport's communicators and
+        first receives."""
+        return 0
+
+    cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
+                   bint checksum, bint notify, double tear,
+                   int64_t suppress_if_acked) except -1:
+        """put()'s transfer of one update of nbytes at `src` (sizes checked)."""
+        raise ConfigError(f"a {self.transport} window does not put(); its updates go "
+                          f"through its own calls (asapmpi.transports)")
+
+    cdef char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
+        """The header of in-neighbour i's slot `slot`, where this rank reads it."""
+        return self.base + self.off_slots + (i * self.depth + slot) * self.slot_stride
+
+    cdef int _pump(self) except -1 nogil:
+        """Complete what arrived for this window (messages into slots and words)."""
+        return 0
+
+    cdef int _drain(self) except -1:
+        """At free() (collective, every rank came): complete or cancel what the
+        transport has in flight, and free its communicators."""
+        return 0
+
+    cdef void _release(self) noexcept:
+        """At the end of free(): memory the transport holds outside the window."""
+        pass
 
     cdef _alloc_arrays(self):
-        cdef int i
         cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
         cdef int w = max(n, m)
@@ -421,16 +361,6 @@ cdef class SlotWindow:
         self.wait_offs = <MPI_Aint *>calloc(w, sizeof(MPI_Aint))
         self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
         self.ins = <const void **>calloc(n, sizeof(void *))
-        self.recv_reqs = <MPI_Request *>calloc(2 * n, sizeof(MPI_Request))
-        self.send_reqs = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
-        self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
-        if self.recv_reqs == NULL or self.send_reqs == NULL or self.recv_cksum == NULL:
-            raise MemoryError()
-        for i in range(2 * n):
-            self.recv_reqs[i] = MPI_REQUEST_NULL
-        for i in range(2 * m):
-            self.send_reqs[i] = MPI_REQUEST_NULL
-        self.in_slots = <char **>calloc(n, sizeof(char *))
         self.ws_f64 = <double *>calloc(n, sizeof(double))
         self.ws_f32 = <float *>calloc(n, sizeof(float))
         self.cks = <asap_cksum_t *>calloc(n, sizeof(asap_cksum_t))
@@ -442,12 +372,13 @@ cdef class SlotWindow:
         self.skip = <int *>calloc(m, sizeof(int))
         self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
         self.lazy_sink = <int64_t *>calloc(LAZY_WORDS * w, sizeof(int64_t))
-        if (self.lazy_sink == NULL or self.sizes == NULL or self.exp_v == NULL or self.skip == NULL or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
-                or self.out_notify_disp == NULL or self.in_ack_disp == NULL
-                or self.wait_offs == NULL or self.wait_expected == NULL or self.ins == NULL
-                or self.ws_f64 == NULL or self.ws_f32 == NULL or self.cks == NULL
-                or self.seen_footer == NULL or self.seen_cksum == NULL or self.used == NULL
-                or self.status == NULL or self.in_slots == NULL):
+        if (self.lazy_sink == NULL or self.sizes == NULL or self.exp_v == NULL
+                or self.skip == NULL or self._in == NULL or self._out == NULL
+                or self.out_slot_disp == NULL or self.out_notify_disp == NULL
+                or self.in_ack_disp == NULL or self.wait_offs == NULL
+                or self.wait_expected == NULL or self.ins == NULL or self.ws_f64 == NULL
+                or self.ws_f32 == NULL or self.cks == NULL or self.seen_footer == NULL
+                or self.seen_cksum == NULL or self.used == NULL or self.status == NULL):
             raise MemoryError()
 
     cdef void _free_arrays(self) noexcept:
@@ -459,13 +390,6 @@ cdef class SlotWindow:
         free(self.wait_offs); self.wait_offs = NULL
         free(self.wait_expected); self.wait_expected = NULL
         free(self.ins); self.ins = NULL
-        free(self.recv_reqs); self.recv_reqs = NULL
-        free(self.send_reqs); self.send_reqs = NULL
-        free(self.recv_cksum); self.recv_cksum = NULL
-        if self._send_held:
-            PyBuffer_Release(&self._send_view)
-            self._send_held = False
-        free(self.in_slots); self.in_slots = NULL
         free(self.ws_f64); self.ws_f64 = NULL
         free(self.ws_f32); self.ws_f32 = NULL
         free(self.cks); self.cks = NULL
@@ -478,13 +402,11 @@ cdef class SlotWindow:
         free(self.own_copy); self.own_copy = NULL
         free(self.sizes); self.sizes = NULL
         free(self.lazy_sink); self.lazy_sink = NULL
-        _mb_free_arrays(self)
-        self._release_segments()
 
     def __dealloc__(self):
+        # a subclass's __dealloc__ ran first and freed the transport's own memory
         cdef int finalized = 1
         _forget_pending(&self.win)
-        _forget_newest(self)
         if not self._freed:
             MPI_Finalized(&finalized)
             if not finalized:
@@ -504,7 +426,6 @@ cdef class SlotWindow:
         cdef int finalized = 0
         cdef long long exports = self._exports
         cdef long long most = 0
-        cdef int64_t *sent = NULL
         if self._freed:
             return
         MPI_Finalized(&finalized)
@@ -527,28 +448,7 @@ cdef class SlotWindow:
                               f"on one rank: {most}); release every payload() view (del or "
                               f".release()) on every rank before free()")
         try:
-            if self.messages:
-                sent = <int64_t *>calloc(self.size, sizeof(int64_t))
-                if sent == NULL:
-                    raise MemoryError()
-            if self.messages:
-                with nogil:
-                    # every rank came to free(); one that dies now ends the job (the
-                    # watchdog) instead of hanging the others here
-                    asap_watchdog_arm(self.flush_timeout, b"the message drain at free()",
-                                      -1, self.nbr_desc)
-                    try:
-                        CHKERR(MPI_Allgather(&self._sent, 1, MPI_INT64_T, sent, 1,
-                                             MPI_INT64_T, self.comm), "MPI_Allgather")
-                        self._drain_messages(sent)
-                    finally:
-                        asap_watchdog_disarm()
-                    CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
-            if self.mailbox:
-                _forget_newest(self)    # what still waits was delivered by _settle_all
-                _mb_drain(self)
-                with nogil:
-                    CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
+            self._drain()
             with nogil:
                 _forget_pending(&self.win)  # unlock_all completes its words
                 if self._locked:
@@ -556,10 +456,9 @@ cdef class SlotWindow:
                 CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
                 CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
         finally:
-            free(sent)
             self._freed = True
             self._locked = False
-            self._release_segments()
+            self._release()
 
     @property
     def max_transfer(self):
@@ -607,7 +506,7 @@ cdef class SlotWindow:
         header and that fraction of the payload, flush, and stop (no footer, no notify).
         suppress_if_acked > 0: skip every out-neighbour whose ack word (read atomically)
         is already >= it (Hop 6.2: it can no longer use this update); counted in
-        `suppressed`.
+        `suppressed`.  How the bytes travel is the transport's (its class's _send).
         """
         cdef Py_buffer view
         self._check_alive()
@@ -615,66 +514,16 @@ cdef class SlotWindow:
             raise ConfigError(f"versions start at 1, got {version}")
         if not 0.0 <= tear < 1.0:
             raise ConfigError(f"tear must be in [0, 1), got {tear}")
-        if self.mailbox and tear > 0.0:
-            raise ConfigError("a mailbox window (transport='messages') sends whole "
-                              "versions: no torn writes; use transport='put'")
-        if self.mailbox and self.nbytes + MB_TRAILER_BYTES > 0x7fffffff:
-            raise ConfigError(f"the message transport sends less than 2 GiB per update, "
-                              f"not {self.nbytes} bytes; use transport='put'")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
                                   f"{self.nbytes}; pass a buffer of the size the Exchange "
                                   f"was created with")
-            if self.mailbox:
-                self._mailbox_put(<const char *>view.buf, version, iteration, checksum,
-                                  suppress_if_acked)
-                return
-            with nogil:
-                self._mark_suppressed(suppress_if_acked)
-                self._put(<const char *>view.buf, version, iteration, seqlock, checksum,
-                          notify, tear)
+            self._send(<const char *>view.buf, version, iteration, seqlock, checksum,
+                       notify, tear, suppress_if_acked)
         finally:
             PyBuffer_Release(&view)
-
-    cdef _mailbox_put(self, const char *src, int64_t version, int64_t iteration,
-                      bint checksum, int64_t suppress_if_acked):
-        # put() on a mailbox: the update copied into the next stage and sent from there
-        # as one message per out-neighbour (mailbox.pxi), so `src` is free at once and
-        # a slow reader holds up its writer only when the stage comes round again.  A
-        # reader only ever sees whole versions, which is what seqlock's order is for,
-        # and every arrival is stamped with its notify: put()'s seqlock and notify
-        # change nothing here.
-        cdef int r = 0
-        cdef int stage = self.mb_stage_next
-        if self.newest:
-            # newest versions: never waits for a reader (mailbox.pxi)
-            with nogil:
-                self._mark_suppressed(suppress_if_acked)
-                _mbn_put(self, src, version, iteration, checksum)
-            return
-        with nogil:
-            r = _mb_wait_stage(self, stage, self.flush_timeout)
-        if r:
-            late = sorted(self._out[j] for j in range(self.n_out)
-                          if self.mb_send[stage * self.n_out + j] != MPI_REQUEST_NULL)
-            old = self.mb_stage_version[stage]
-            raise NeighbourTimeoutError(
-                self.rank, f"the receive of its update of version {old} (posted once "
-                f"the neighbour released the slot's older version)", late,
-                [old] * len(late), [old - self.depth] * len(late), self.flush_timeout)
-        with nogil:
-            self._mark_suppressed(suppress_if_acked)
-            _mb_send(self, stage, src, version, iteration, checksum)
-
-    cdef int _take_in(self) except -1:
-        # mailbox: complete what arrived before a reduce reads the slots (a reduce
-        # that never waits, async's, would otherwise not see it)
-        if self.mailbox:
-            with nogil:
-                _mb_pump(self)
-        return 0
 
     cdef int _mark_suppressed(self, int64_t threshold) except -1 nogil:
         cdef int j
@@ -684,83 +533,6 @@ cdef class SlotWindow:
                 if self._own_word(self.off_ack + 8 * j) >= threshold:
                     self.skip[j] = 1
                     self.suppressed += 1
-        return 0
-
-    cdef int _put(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                  bint checksum, bint notify, double tear) except -1 nogil:
-        cdef int j
-        cdef Py_ssize_t slot = version % self.depth
-        cdef Py_ssize_t payload = self.nbytes
-        cdef MPI_Aint d
-        if tear > 0.0:
-            payload = <Py_ssize_t>(self.nbytes * tear)
-        if self.outbox:
-            return self._put_outbox(src, version, iteration, checksum, notify, payload,
-                                    tear > 0.0)
-        self.hdr[0] = version
-        self.hdr[1] = iteration
-        self.hdr[2] = self.rank
-        self.hdr[3] = self.nbytes
-        self.ftr[0] = version
-        self.ftr[1] = <int64_t>asap_checksum(src, self.nbytes) if checksum else 0
-        for j in range(self.n_out):
-            if self.skip[j]:
-                continue
-            d = self.out_slot_disp[j] + slot * self.slot_stride
-            CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
-                           self.win), "MPI_Put")
-        if seqlock or tear > 0.0:
-            self._flush_all(b"MPI_Win_flush_all after the header put", version, self.out_desc)
-        for j in range(self.n_out):
-            if self.skip[j]:
-                continue
-            d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
-            self._transfer(<char *>src, payload, self._out[j], d, False)
-            self.bytes_put += payload
-        if seqlock or tear > 0.0:
-            self._flush_all(b"MPI_Win_flush_all after the payload put", version, self.out_desc)
-        if tear > 0.0:
-            return 0
-        for j in range(self.n_out):
-            if self.skip[j]:
-                continue
-            d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES + self.payload_stride
-            CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self._out[j], d, 2, MPI_INT64_T,
-                           self.win), "MPI_Put")
-        self._flush_all(b"MPI_Win_flush_all after the put", version, self.out_desc)
-        if notify:
-            self._notify(version, slot)
-        return 0
-
-    cdef int _put_outbox(self, const char *src, int64_t version, int64_t iteration,
-                         bint checksum, bint notify, Py_ssize_t payload, bint torn
-                         ) except -1 nogil:
-        # The shared-memory transport: one copy into this rank's own slot, which every
-        # out-neighbour reduces from in place, then the notifies.  Written in the
-        # seqlock order (header, payload, footer, fences between), so a reader checking
-        # header == footer == version never takes a partial write for a whole one.
-        # A source that IS the slot's payload (a double-buffered Exchange computes in
-        # its slots) is not copied at all: only the header, footer and notifies.
-        cdef Py_ssize_t slot = version % self.depth
-        cdef char *hdr = self.out_slots + slot * self.slot_stride
-        cdef char *ftr = hdr + HEADER_BYTES + self.payload_stride
-        asap_store_i64(hdr + 8, iteration)
-        asap_store_i64(hdr + 16, self.rank)
-        asap_store_i64(hdr + 24, self.nbytes)
-        asap_store_i64(hdr, version)
-        asap_fence()
-        if src != hdr + HEADER_BYTES:
-            asap_copy_out(hdr + HEADER_BYTES, src, payload)
-        asap_fence()
-        self.bytes_put += payload * self.n_out
-        if torn:
-            return 0
-        asap_store_i64(ftr + 8, <int64_t>asap_checksum(src, self.nbytes) if checksum else 0)
-        asap_store_i64(ftr, version)
-        # the standard's memory barrier between these stores and the notifies
-        CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
-        if notify:
-            self._notify(version, slot)
         return 0
 
     cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
@@ -801,252 +573,7 @@ cdef class SlotWindow:
             done += chunk
         return 0
 
-    # ------------------------------------------------------------------ messages
-
-    # The message transport (NOTIFY-ACK on network paths): version k of an update is one
-    # message per out-neighbour, received straight into the reader's slot.  The receive
-    # posted for k is the ack of k-1 (the slot is free again), its completion the notify
-    # of k; on arrival the reader stamps the slot's header and footer with k, so the
-    # verified reduce checks it like any other.  MPI matching keeps versions apart: a
-    # receive takes only the tag of the version it expects.
-
-    def post_receives(self, int64_t version, bint checksum=False):
-        """Post the receives of `version` into every in-neighbour's slot version % depth
-        (the slots must not be read again until wait_updates(version))."""
-        cdef int i
-        cdef char *hdr
-        self._check_messages()
-        self._check_version(version)
-        if self._posted:
-            raise ConfigError(f"the receives of version {self._posted} are still posted")
-        with nogil:
-            for i in range(self.n_in):
-                hdr = self._slot(i, version % self.depth)
-                # the slot is about to change: no reader may take it for a whole version
-                asap_store_i64(hdr, -version)
-                CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>self.nbytes, MPI_BYTE, self._in[i],
-                                 <int>(version % TAG_MODULUS), self.msg_comm,
-                                 &self.recv_reqs[2 * i]), "MPI_Irecv")
-                if checksum:
-                    CHKERR(MPI_Irecv(&self.recv_cksum[i], 1, MPI_INT64_T, self._in[i],
-                                     <int>(version % TAG_MODULUS), self.msg_comm,
-                                     &self.recv_reqs[2 * i + 1]), "MPI_Irecv")
-        self._posted = version
-        self._msg_checksum = checksum
-
-    def send_update(self, buf, int64_t version, bint checksum=False):
-        """Send `buf` as `version` to every out-neighbour (nonblocking: buf must not be
-        written before wait_updates(version) returned)."""
-        cdef int j
-        self._check_messages()
-        self._check_version(version)
-        if self._send_held:
-            raise ConfigError("send_update() twice without wait_updates()")
-        if self.nbytes > 0x7fffffff:
-            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
-                              f"{self.nbytes} bytes; use transport='put'")
-        PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
-        self._send_held = True
-        if self._send_view.len != self.nbytes:
-            length = self._send_view.len
-            PyBuffer_Release(&self._send_view)
-            self._send_held = False
-            raise ConfigError(f"buffer has {length} bytes but the window's slots hold "
-                              f"{self.nbytes}")
-        self._sent = version
-        with nogil:
-            if checksum:
-                self.ftr[1] = <int64_t>asap_checksum(self._send_view.buf, self.nbytes)
-            for j in range(self.n_out):
-                CHKERR(MPI_Isend(self._send_view.buf, <int>self.nbytes, MPI_BYTE, self._out[j],
-                                 <int>(version % TAG_MODULUS), self.msg_comm,
-                                 &self.send_reqs[2 * j]), "MPI_Isend")
-                if checksum:
-                    CHKERR(MPI_Isend(&self.ftr[1], 1, MPI_INT64_T, self._out[j],
-                                     <int>(version % TAG_MODULUS), self.msg_comm,
-                                     &self.send_reqs[2 * j + 1]), "MPI_Isend")
-                self.bytes_put += self.nbytes
-
-    def wait_updates(self, int64_t version, double timeout):
-        """Wait until `version` arrived from every in-neighbour (its slot stamped with
-        it) and this rank's own sends of `version` completed; NeighbourTimeoutError
-        naming the ranks after `timeout` seconds."""
-        cdef long polls = 0
-        cdef double t0, t
-        cdef int got_in = 0, got_out = 0
-        cdef int i
-        cdef char *hdr
-        self._check_messages()
-        if self._posted != version:
-            raise ConfigError(f"wait_updates({version}) but the receives are posted for "
-                              f"version {self._posted}")
-        with nogil:
-            t0 = asap_now()
-            while True:
-                # one test per request (not MPI_Testall, which frees none until all are
-                # done): what is still pending after a timeout names the late ranks
-                got_in = self._test_each(self.recv_reqs, 2 * self.n_in)
-                got_out = self._test_each(self.send_reqs, 2 * self.n_out)
-                if got_in and got_out:
-                    break
-                t = asap_now()
-                if t - t0 > timeout:
-                    break
-                self._settle_pending(polls)
-                asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
-                polls += 1
-                self.wait_seconds += asap_now() - t
-        if not (got_in and got_out):
-            self._message_timeout(version, timeout)
-        self._release_send_view()
-        with nogil:
-            asap_fence()
-            for i in range(self.n_in):
-                hdr = self._slot(i, version % self.depth)
-                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride + 8,
-                               self.recv_cksum[i] if self._msg_checksum else 0)
-                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride, version)
-                asap_store_i64(hdr + 8, version)
-                asap_store_i64(hdr + 16, self._in[i])
-                asap_store_i64(hdr + 24, self.nbytes)
-                asap_store_i64(hdr, version)
-            asap_fence()
-        self._posted = 0
-
-    cdef void _release_send_view(self) noexcept:
-        # the buffer whose sends completed may be written again
-        if self._send_held:
-            PyBuffer_Release(&self._send_view)
-            self._send_held = False
-
-    cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
-        # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)
-        cdef int k
-        cdef int flag = 0
-        cdef int done = 1
-        for k in range(n):
-            if reqs[k] != MPI_REQUEST_NULL:
-                CHKERR(MPI_Test(&reqs[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
-                if not flag:
-                    done = 0
-        return done
-
-    cdef list _pending(self, MPI_Request *reqs, const int *ranks, int n):
-        """The ranks (sorted) whose requests reqs[2i], reqs[2i+1] are not all complete."""
-        return [ranks[i] for i in range(n)
-                if reqs[2 * i] != MPI_REQUEST_NULL or reqs[2 * i + 1] != MPI_REQUEST_NULL]
-
-    cdef _message_timeout(self, int64_t version, double timeout):
-        late = sorted(self._pending(self.recv_reqs, self._in, self.n_in))
-        if late:
-            raise NeighbourTimeoutError(self.rank, f"the update of version {version}", late,
-                                        [version] * len(late), [version - 1] * len(late),
-                                        timeout)
-        late = sorted(self._pending(self.send_reqs, self._out, self.n_out))
-        raise NeighbourTimeoutError(self.rank, f"the receive of its update of version "
-                                    f"{version} (posted when the neighbour is done with "
-                                    f"version {version - 1})", late,
-                                    [version - 1] * len(late), [version - 2] * len(late),
-                                    timeout)
-
-    cdef int _drain_messages(self, int64_t *sent) except -1 nogil:
-        # At free (collective): every rank's last sent version is in sent[].  A receive
-        # whose sender did send that version is completed, the others cancelled, and this
-        # rank's own sends completed: no message outlives the communicator (a message
-        # left in flight could match a receive of a later one that reuses its context).
-        cdef int i, k
-        if self.recv_reqs == NULL:
-            return 0
-        for i in range(self.n_in):
-            for k in range(2 * i, 2 * i + 2):
-                if self.recv_reqs[k] == MPI_REQUEST_NULL:
-                    continue
-                if sent[self._in[i]] != self._posted:
-                    CHKERR(MPI_Cancel(&self.recv_reqs[k]), "MPI_Cancel")
-                CHKERR(MPI_Wait(&self.recv_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
-        for k in range(2 * self.n_out):
-            if self.send_reqs[k] != MPI_REQUEST_NULL:
-                CHKERR(MPI_Wait(&self.send_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
-        self._posted = 0
-        return 0
-
-    cdef int _check_messages(self) except -1:
-        self._check_alive()
-        if not self.messages:
-            raise ConfigError("this window was not created for the message transport "
-                              "(messages=True)")
-        return 0
-
-    # ------------------------------------------------------------------ pull (gossip)
-
-    def publish(self, buf, int64_t version):
-        """Write `buf` as `version` into this rank's own published slot for others to
-        pull: header, flush, payload, flush, footer, flush (the seqlock order, so that a
-        pull overlapping this write sees header != footer).  Puts to self: every access
-        stays an MPI RMA operation."""
-        cdef Py_buffer view
-        cdef MPI_Aint d = self.off_publish
-        self._check_alive()
-        if not self.has_publish:
-            raise ConfigError("this window has no published slot (Layout.n_publish = 0)")
-        self._check_version(version)
-        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
-        try:
-            if view.len != self.nbytes:
-                raise ConfigError(f"buffer has {view.len} bytes but the published slot "
-                                  f"holds {self.nbytes}")
-            with nogil:
-                self.hdr[0] = version
-                self.hdr[1] = version
-                self.hdr[2] = self.rank
-                self.hdr[3] = self.nbytes
-                self.ftr[0] = version
-                self.ftr[1] = 0
-                CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self.rank, d, 4, MPI_INT64_T,
-                               self.win), "MPI_Put")
-                self._flush(self.rank, b"MPI_Win_flush after the published header")
-                self._transfer(<char *>view.buf, self.nbytes, self.rank, d + HEADER_BYTES,
-                               False)
-                self._flush(self.rank, b"MPI_Win_flush after the published payload")
-                CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self.rank,
-                               d + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
-                               self.win), "MPI_Put")
-                self._flush(self.rank, b"MPI_Win_flush after the published footer")
-        finally:
-            PyBuffer_Release(&view)
-
-    def pull(self, int target, Py_ssize_t disp, out):
-        """Read `target`'s published slot (header at `disp` in its window) into `out`
-        with MPI_Get, no work by the target's CPU: footer, flush, payload, flush, header,
-        flush, the reverse of publish's order.  Returns the version read, or 0 if the
-        slot is empty or a publish overlapped the read (`out` then holds garbage)."""
-        cdef Py_buffer view
-        cdef int64_t got_hdr[4]
-        cdef int64_t got_ftr[2]
-        self._check_alive()
-        self._check_target(target, disp)
-        self._check_target(target, disp + HEADER_BYTES + self.payload_stride + 8)
-        PyObject_GetBuffer(out, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
-        try:
-            if view.len != self.nbytes:
-                raise ConfigError(f"buffer has {view.len} bytes but slots hold {self.nbytes}")
-            with nogil:
-                CHKERR(MPI_Get(got_ftr, 2, MPI_INT64_T, target,
-                               disp + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
-                               self.win), "MPI_Get")
-                self._flush(target, b"MPI_Win_flush after getting a footer")
-                self._transfer(<char *>view.buf, self.nbytes, target, disp + HEADER_BYTES,
-                               True)
-                self._flush(target, b"MPI_Win_flush after getting a payload")
-                CHKERR(MPI_Get(got_hdr, 4, MPI_INT64_T, target, disp, 4, MPI_INT64_T,
-                               self.win), "MPI_Get")
-                self._flush(target, b"MPI_Win_flush after getting a header")
-                self.bytes_got += self.nbytes
-        finally:
-            PyBuffer_Release(&view)
-        if got_hdr[0] > 0 and got_hdr[0] == got_ftr[0] and got_hdr[3] == self.nbytes:
-            return got_hdr[0]
-        return 0
+    # ------------------------------------------------------------------ words
 
     cdef int _notify(self, int64_t version, Py_ssize_t slot) except -1 nogil:
         cdef int j
@@ -1087,9 +614,6 @@ cdef class SlotWindow:
         """Publish `version` in every out-neighbour's notify word for slot version % depth."""
         self._check_alive()
         self._check_version(version)
-        if self.mailbox:
-            raise ConfigError("a mailbox window (transport='messages') notifies with "
-                              "each put; use transport='put' for a separate notify")
         with nogil:
             self._mark_suppressed(0)
             self._notify(version, version % self.depth)
@@ -1097,12 +621,8 @@ cdef class SlotWindow:
     def ack(self, int64_t version):
         """Tell every in-neighbour that its `version` was consumed (its slot is free)."""
         cdef int i
-        self._check_alive()
         cdef int64_t *word
-        if self.mailbox:
-            with nogil:
-                _mb_ack(self, version)
-            return
+        self._check_alive()
         with nogil:
             word = self._lazy_word(version)
             for i in range(self.n_in):
@@ -1116,9 +636,6 @@ cdef class SlotWindow:
         updates can land; on one-sided windows writers do not wait for it (nothing to
         do)."""
         self._check_alive()
-        if self.mailbox:
-            with nogil:
-                _mb_release(self, version)
 
     def wait_delivered(self, int64_t version, double timeout):
         """After a collective that every in-neighbour entered once it had sent
@@ -1126,8 +643,7 @@ cdef class SlotWindow:
         complete at its target before its writer enters the collective (flushed): no
         wait.  A mailbox's messages may still be on their way: wait for every
         in-neighbour's notify of `version` (NeighbourTimeoutError naming the late)."""
-        if self.mailbox:
-            self.wait_notifies(version, timeout)
+        self._check_alive()
 
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace, add to or raise to at least `value` ("replace", "sum",
@@ -1263,17 +779,14 @@ cdef class SlotWindow:
 
     cdef int64_t _own_word(self, MPI_Aint disp) except? -1 nogil:
         # A word of this rank's window, read atomically.  Neighbours write it with
-        # one-sided atomics, so an MPI atomic read (same_op_no_op); on a mailbox only
-        # this thread writes it (the pump): a plain atomic load, after the waits'
-        # pump.
-        if self.mailbox:
-            return asap_load_i64(self.base + disp)
+        # one-sided atomics, so an MPI atomic read (same_op_no_op); a mailbox, whose
+        # words only its own pump writes, overrides this with a plain atomic load.
         self._fetch(self.rank, disp)
         return self.word_in
 
     cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
-        if self.mailbox and target == self.rank:
-            _mb_pump(self)      # the words messages feed: as fresh as they can be
+        if target == self.rank:
+            self._pump()        # the words messages feed: as fresh as they can be
         CHKERR(MPI_Fetch_and_op(NULL, &self.word_in, MPI_INT64_T, target, disp, MPI_NO_OP,
                                 self.win), "MPI_Fetch_and_op")
         if target == self.rank:
@@ -1299,10 +812,8 @@ cdef class SlotWindow:
     cdef int _progress(self) except -1 nogil:
         # On network paths a put into this window may only complete when this rank calls
         # into MPI; MPI_Win_sync is just a memory barrier on MPICH, so poke the engine.
+        # (A mailbox, which nothing reaches one-sidedly, pumps its messages instead.)
         cdef int flag = 0
-        if self.mailbox:
-            # nothing reaches this window one-sidedly: the messages are the progress
-            return _mb_pump(self)
         CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
         CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag, MPI_STATUS_IGNORE),
                "MPI_Iprobe")
@@ -1341,8 +852,7 @@ cdef class SlotWindow:
         cdef int i
         cdef bint done
         while True:
-            if self.mailbox:
-                _mb_pump(self)      # a message stamped now is seen before any back-off
+            self._pump()        # a message stamped now is seen before any back-off
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             done = True
             for i in range(n):
@@ -1440,8 +950,7 @@ cdef class SlotWindow:
             self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
             self.wait_expected[i] = version
         while True:
-            if self.mailbox:
-                _mb_pump(self)
+            self._pump()
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
             got[0] = 0
             for i in range(self.n_in):
@@ -1512,15 +1021,9 @@ cdef class SlotWindow:
         asap_store_i64(self.base + disp, value)
 
     def slot_offset(self, int in_index, int64_t version):
-        """Offset of the header of in-neighbour `in_index`'s slot for `version`."""
-        if self.outbox:
-            raise ConfigError("with the shared-memory transport a neighbour's slot is in "
-                              "its own shared-memory segment, not in this window; create "
-                              "the Exchange with transport='put'")
-        if self.newest:
-            raise ConfigError("a mailbox of newest versions moves a neighbour's slot "
-                              "between two buffers as versions arrive; read it with "
-                              "reduce(), or create the Exchange with transport='put'")
+        """Offset of the header of in-neighbour `in_index`'s slot for `version` (the
+        shared and newest-version transports, whose slots are not at a fixed place in
+        this window, refuse)."""
         if not 0 <= in_index < self.n_in:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
         self._check_version(version)
@@ -1566,7 +1069,8 @@ cdef class SlotWindow:
         self._check_version(expected)
         if weights.shape[0] != self.n_in:
             raise ConfigError(f"{weights.shape[0]} weights for {self.n_in} in-neighbours")
-        self._take_in()
+        with nogil:
+            self._pump()        # a reduce that never waits (async's) sees what arrived
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:
@@ -1622,7 +1126,8 @@ cdef class SlotWindow:
         if weights.shape[0] != self.n_in or versions.shape[0] != self.n_in:
             raise ConfigError(f"need {self.n_in} weights and versions, got "
                               f"{weights.shape[0]} and {versions.shape[0]}")
-        self._take_in()
+        with nogil:
+            self._pump()        # a reduce that never waits (async's) sees what arrived
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:
@@ -1682,8 +1187,7 @@ cdef class SlotWindow:
         cdef int64_t[::1] o = out
         cdef int64_t word
         with nogil:
-            if self.mailbox:
-                _mb_pump(self)
+            self._pump()
             for i in range(self.n_in):
                 best = 0
                 for s in range(self.depth):
@@ -1692,13 +1196,6 @@ cdef class SlotWindow:
                         best = word
                 o[i] = best
         return out
-
-    cdef inline char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
-        if self.newest:
-            return self.mb_cur[i]
-        if self.outbox:
-            return self.in_slots[i] + slot * self.slot_stride
-        return self.base + self.off_slots + (i * self.depth + slot) * self.slot_stride
 
     cdef int _reduce(self, char *out, double w_self, const double *weights,
                      int64_t min_version, int64_t max_version, bint exact_each, bint seqlock,
@@ -1913,5 +1410,8 @@ cdef void _describe(char *out, ranks) noexcept:
     out[255] = 0
 
 
+include "put.pxi"
+include "shared.pxi"
+include "messages.pxi"
 include "mailbox.pxi"
 include "newest.pxi"

@@ -13,7 +13,7 @@ GB/s = 1e9 bytes per second, per rank.
 1. Transfers, on graph "ring" (rank r sends to rank r+1; every rank sends and receives):
   memcpy     np.copyto(dst, src) of SIZE bytes: the host's copy bandwidth, the physical
              limit of a put within one host.  GB/s = SIZE / time.
-  put        SlotWindow.put(buf, version, notify=False) to the out-neighbour with
+  put        PutWindow.put(buf, version, notify=False) to the out-neighbour with
              versions 1, 2, ...: the header, payload and footer puts and one
              MPI_Win_flush_all; no notify, no wait, no reduce.  The window is
              Exchange(buf, graph="ring").window.  GB/s = SIZE / time.
@@ -294,7 +294,7 @@ def measure_memory_bandwidth(timer: Timer, comm: MPI.Comm) -> Dict[str, float]:
 
 
 def time_put(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
-    """Seconds per SlotWindow.put(notify=False) of nbytes to the ring out-neighbour."""
+    """Seconds per PutWindow.put(notify=False) of nbytes to the ring out-neighbour."""
     buf = _filled(nbytes)
     with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
         put, versions = ex.window.put, itertools.count(1)

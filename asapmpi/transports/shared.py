@@ -6,7 +6,7 @@ from .put import PutTransport
 
 
 class SharedTransport(PutTransport):
-    """The window's put() copies into the own slot and notifies (the SlotWindow was
+    """The window's put() copies into the own slot and notifies (a SharedWindow,
     created with outboxes).  Double-buffered, the buffer is the slot itself: version k
     is computed in slot k % 2 while the neighbours may still read k - 1 from the other,
     so the send waits for no ack, and the ack of k - 1 is awaited after the notifies of

@@ -1,0 +1,246 @@
+# The message transport (included by slotwin.pyx): NOTIFY-ACK on network paths
+# (docs/PROTOCOL.md section 2c).  Version k of an update is one message per
+# out-neighbour, received straight into the reader's slot.  The receive posted for k is
+# the ack of k-1 (the slot is free again), its completion the notify of k; on arrival
+# the reader stamps the slot's header and footer with k, so the verified reduce checks
+# it like any other.  MPI matching keeps versions apart: a receive takes only the tag of
+# the version it expects.
+
+
+cdef class MessageWindow(SlotWindow):
+    """The message transport of NOTIFY-ACK: post_receives(k), send_update(buf, k),
+    wait_updates(k) instead of put, notify and ack (asapmpi.transports.messages)."""
+
+    cdef MPI_Comm msg_comm
+    cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum
+    cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum
+    cdef int64_t *recv_cksum
+    cdef Py_buffer _send_view
+    cdef bint _send_held
+    cdef bint _msg_checksum
+    cdef int64_t _posted            # version the receives are posted for (0: none)
+    cdef int64_t _sent              # version of the last send_update (0: none)
+
+    def __cinit__(self):
+        self.transport = "messages"
+        self.msg_comm = MPI_COMM_NULL
+
+    def __dealloc__(self):
+        self._release_send_view()
+        free(self.recv_reqs); self.recv_reqs = NULL
+        free(self.send_reqs); self.send_reqs = NULL
+        free(self.recv_cksum); self.recv_cksum = NULL
+
+    cdef int _prepare(self, layout) except -1:
+        cdef int i
+        cdef int n = max(self.n_in, 1)
+        cdef int m = max(self.n_out, 1)
+        SlotWindow._prepare(self, layout)
+        self.recv_reqs = <MPI_Request *>calloc(2 * n, sizeof(MPI_Request))
+        self.send_reqs = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
+        self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
+        if self.recv_reqs == NULL or self.send_reqs == NULL or self.recv_cksum == NULL:
+            raise MemoryError()
+        for i in range(2 * n):
+            self.recv_reqs[i] = MPI_REQUEST_NULL
+        for i in range(2 * m):
+            self.send_reqs[i] = MPI_REQUEST_NULL
+        return 0
+
+    cdef int _open(self) except -1:
+        with nogil:
+            CHKERR(MPI_Comm_dup(self.comm, &self.msg_comm), "MPI_Comm_dup")
+            CHKERR(MPI_Comm_set_errhandler(self.msg_comm, MPI_ERRORS_RETURN),
+                   "MPI_Comm_set_errhandler")
+        return 0
+
+    cdef int _drain(self) except -1:
+        # every rank's last sent version, then each receive completed or cancelled
+        cdef int64_t *sent
+        if self.msg_comm == MPI_COMM_NULL:
+            return 0
+        sent = <int64_t *>calloc(self.size, sizeof(int64_t))
+        if sent == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                # every rank came to free(); one that dies now ends the job (the
+                # watchdog) instead of hanging the others here
+                asap_watchdog_arm(self.flush_timeout, b"the message drain at free()",
+                                  -1, self.nbr_desc)
+                try:
+                    CHKERR(MPI_Allgather(&self._sent, 1, MPI_INT64_T, sent, 1,
+                                         MPI_INT64_T, self.comm), "MPI_Allgather")
+                    self._drain_messages(sent)
+                finally:
+                    asap_watchdog_disarm()
+                CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
+        finally:
+            free(sent)
+        return 0
+
+    # message per out-neighbour, received straight into the reader's slot.  The receive
+    # posted for k is the ack of k-1 (the slot is free again), its completion the notify
+    # of k; on arrival the reader stamps the slot's header and footer with k, so the
+    # verified reduce checks it like any other.  MPI matching keeps versions apart: a
+    # receive takes only the tag of the version it expects.
+
+    def post_receives(self, int64_t version, bint checksum=False):
+        """Post the receives of `version` into every in-neighbour's slot version % depth
+        (the slots must not be read again until wait_updates(version))."""
+        cdef int i
+        cdef char *hdr
+        self._check_alive()
+        self._check_version(version)
+        if self._posted:
+            raise ConfigError(f"the receives of version {self._posted} are still posted")
+        with nogil:
+            for i in range(self.n_in):
+                hdr = self._slot(i, version % self.depth)
+                # the slot is about to change: no reader may take it for a whole version
+                asap_store_i64(hdr, -version)
+                CHKERR(MPI_Irecv(hdr + HEADER_BYTES, <int>self.nbytes, MPI_BYTE, self._in[i],
+                                 <int>(version % TAG_MODULUS), self.msg_comm,
+                                 &self.recv_reqs[2 * i]), "MPI_Irecv")
+                if checksum:
+                    CHKERR(MPI_Irecv(&self.recv_cksum[i], 1, MPI_INT64_T, self._in[i],
+                                     <int>(version % TAG_MODULUS), self.msg_comm,
+                                     &self.recv_reqs[2 * i + 1]), "MPI_Irecv")
+        self._posted = version
+        self._msg_checksum = checksum
+
+    def send_update(self, buf, int64_t version, bint checksum=False):
+        """Send `buf` as `version` to every out-neighbour (nonblocking: buf must not be
+        written before wait_updates(version) returned)."""
+        cdef int j
+        self._check_alive()
+        self._check_version(version)
+        if self._send_held:
+            raise ConfigError("send_update() twice without wait_updates()")
+        if self.nbytes > 0x7fffffff:
+            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
+                              f"{self.nbytes} bytes; use transport='put'")
+        PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
+        self._send_held = True
+        if self._send_view.len != self.nbytes:
+            length = self._send_view.len
+            PyBuffer_Release(&self._send_view)
+            self._send_held = False
+            raise ConfigError(f"buffer has {length} bytes but the window's slots hold "
+                              f"{self.nbytes}")
+        self._sent = version
+        with nogil:
+            if checksum:
+                self.ftr[1] = <int64_t>asap_checksum(self._send_view.buf, self.nbytes)
+            for j in range(self.n_out):
+                CHKERR(MPI_Isend(self._send_view.buf, <int>self.nbytes, MPI_BYTE, self._out[j],
+                                 <int>(version % TAG_MODULUS), self.msg_comm,
+                                 &self.send_reqs[2 * j]), "MPI_Isend")
+                if checksum:
+                    CHKERR(MPI_Isend(&self.ftr[1], 1, MPI_INT64_T, self._out[j],
+                                     <int>(version % TAG_MODULUS), self.msg_comm,
+                                     &self.send_reqs[2 * j + 1]), "MPI_Isend")
+                self.bytes_put += self.nbytes
+
+    def wait_updates(self, int64_t version, double timeout):
+        """Wait until `version` arrived from every in-neighbour (its slot stamped with
+        it) and this rank's own sends of `version` completed; NeighbourTimeoutError
+        naming the ranks after `timeout` seconds."""
+        cdef long polls = 0
+        cdef double t0, t
+        cdef int got_in = 0, got_out = 0
+        cdef int i
+        cdef char *hdr
+        self._check_alive()
+        if self._posted != version:
+            raise ConfigError(f"wait_updates({version}) but the receives are posted for "
+                              f"version {self._posted}")
+        with nogil:
+            t0 = asap_now()
+            while True:
+                # one test per request (not MPI_Testall, which frees none until all are
+                # done): what is still pending after a timeout names the late ranks
+                got_in = self._test_each(self.recv_reqs, 2 * self.n_in)
+                got_out = self._test_each(self.send_reqs, 2 * self.n_out)
+                if got_in and got_out:
+                    break
+                t = asap_now()
+                if t - t0 > timeout:
+                    break
+                self._settle_pending(polls)
+                asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+                polls += 1
+                self.wait_seconds += asap_now() - t
+        if not (got_in and got_out):
+            self._message_timeout(version, timeout)
+        self._release_send_view()
+        with nogil:
+            asap_fence()
+            for i in range(self.n_in):
+                hdr = self._slot(i, version % self.depth)
+                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride + 8,
+                               self.recv_cksum[i] if self._msg_checksum else 0)
+                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride, version)
+                asap_store_i64(hdr + 8, version)
+                asap_store_i64(hdr + 16, self._in[i])
+                asap_store_i64(hdr + 24, self.nbytes)
+                asap_store_i64(hdr, version)
+            asap_fence()
+        self._posted = 0
+
+    cdef void _release_send_view(self) noexcept:
+        # the buffer whose sends completed may be written again
+        if self._send_held:
+            PyBuffer_Release(&self._send_view)
+            self._send_held = False
+
+    cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
+        # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)
+        cdef int k
+        cdef int flag = 0
+        cdef int done = 1
+        for k in range(n):
+            if reqs[k] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Test(&reqs[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+                if not flag:
+                    done = 0
+        return done
+
+    cdef list _pending(self, MPI_Request *reqs, const int *ranks, int n):
+        """The ranks (sorted) whose requests reqs[2i], reqs[2i+1] are not all complete."""
+        return [ranks[i] for i in range(n)
+                if reqs[2 * i] != MPI_REQUEST_NULL or reqs[2 * i + 1] != MPI_REQUEST_NULL]
+
+    cdef _message_timeout(self, int64_t version, double timeout):
+        late = sorted(self._pending(self.recv_reqs, self._in, self.n_in))
+        if late:
+            raise NeighbourTimeoutError(self.rank, f"the update of version {version}", late,
+                                        [version] * len(late), [version - 1] * len(late),
+                                        timeout)
+        late = sorted(self._pending(self.send_reqs, self._out, self.n_out))
+        raise NeighbourTimeoutError(self.rank, f"the receive of its update of version "
+                                    f"{version} (posted when the neighbour is done with "
+                                    f"version {version - 1})", late,
+                                    [version - 1] * len(late), [version - 2] * len(late),
+                                    timeout)
+
+    cdef int _drain_messages(self, int64_t *sent) except -1 nogil:
+        # At free (collective): every rank's last sent version is in sent[].  A receive
+        # whose sender did send that version is completed, the others cancelled, and this
+        # rank's own sends completed: no message outlives the communicator (a message
+        # left in flight could match a receive of a later one that reuses its context).
+        cdef int i, k
+        if self.recv_reqs == NULL:
+            return 0
+        for i in range(self.n_in):
+            for k in range(2 * i, 2 * i + 2):
+                if self.recv_reqs[k] == MPI_REQUEST_NULL:
+                    continue
+                if sent[self._in[i]] != self._posted:
+                    CHKERR(MPI_Cancel(&self.recv_reqs[k]), "MPI_Cancel")
+                CHKERR(MPI_Wait(&self.recv_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
+        for k in range(2 * self.n_out):
+            if self.send_reqs[k] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Wait(&self.send_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
+        self._posted = 0
+        return 0

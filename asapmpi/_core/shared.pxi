@@ -1,0 +1,126 @@
+# The shared transport (included by slotwin.pyx): every rank writes its update once,
+# into its own slots in a shared-memory segment (asapmpi/_core/segments.py) that its
+# out-neighbours map and reduce from in place; notifies and acks stay window words
+# (docs/PROTOCOL.md section 2b).  One host only.
+
+
+cdef class SharedWindow(SlotWindow):
+    """The shared-memory transport: an update is one copy into this rank's own slot,
+    read in place by every out-neighbour (zero copy); notify and ack are window words.
+
+    outboxes=(own, [in-neighbours']): buffers over this rank's segment and every
+    in-neighbour's (asapmpi._core.segments), held until free()."""
+
+    cdef object _outboxes
+    cdef char *out_slots
+    cdef char **in_slots
+    cdef Py_buffer _own_segment
+    cdef Py_buffer *_in_segments
+    cdef int _segments_held
+
+    def __cinit__(self):
+        self.transport = "shared"
+
+    def __init__(self, *args, outboxes=None, **kwargs):
+        self._outboxes = outboxes
+        SlotWindow.__init__(self, *args, **kwargs)
+
+    def __dealloc__(self):
+        self._release_segments()
+
+    cdef int _prepare(self, layout) except -1:
+        outboxes = self._outboxes
+        self._outboxes = None
+        if not layout.outbox:
+            raise ConfigError("the shared transport needs an outbox layout "
+                              "(Layout(..., outbox=True))")
+        if outboxes is None or len(outboxes) != 2 or len(outboxes[1]) != self.n_in:
+            raise ConfigError("an outbox layout needs this rank's segment and every "
+                              "in-neighbour's: outboxes=(own, [in-neighbours'])")
+        self._hold_segments(outboxes[0], outboxes[1], layout.segment_bytes)
+        return 0
+
+    cdef void _release(self) noexcept:
+        self._release_segments()
+
+    cdef char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
+        return self.in_slots[i] + slot * self.slot_stride
+
+    def slot_offset(self, int in_index, int64_t version):
+        """Refused: a neighbour's slot is in its own shared-memory segment."""
+        raise ConfigError("with the shared-memory transport a neighbour's slot is in "
+                          "its own shared-memory segment, not in this window; create "
+                          "the Exchange with transport='put'")
+
+    cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
+                   bint checksum, bint notify, double tear,
+                   int64_t suppress_if_acked) except -1:
+        cdef Py_ssize_t payload = <Py_ssize_t>(self.nbytes * tear) if tear > 0.0 else self.nbytes
+        with nogil:
+            self._mark_suppressed(suppress_if_acked)
+            self._put_outbox(src, version, iteration, checksum, notify, payload, tear > 0.0)
+        return 0
+
+    cdef _hold_segments(self, own, ins, Py_ssize_t nbytes):
+        # Views held until free(): the segments cannot be unmapped under the kernels.
+        cdef int i
+        self._in_segments = <Py_buffer *>calloc(max(self.n_in, 1), sizeof(Py_buffer))
+        self.in_slots = <char **>calloc(max(self.n_in, 1), sizeof(char *))
+        if self._in_segments == NULL or self.in_slots == NULL:
+            raise MemoryError()
+        PyObject_GetBuffer(own, &self._own_segment, PyBUF_SIMPLE | PyBUF_WRITABLE)
+        self._segments_held = 1
+        for i in range(self.n_in):
+            PyObject_GetBuffer(ins[i], &self._in_segments[i], PyBUF_SIMPLE)
+            self._segments_held += 1
+        if self._own_segment.len < nbytes or any(
+                self._in_segments[i].len < nbytes for i in range(self.n_in)):
+            self._release_segments()
+            raise ConfigError(f"outbox segments must hold {nbytes} bytes each")
+        self.out_slots = <char *>self._own_segment.buf
+        for i in range(self.n_in):
+            self.in_slots[i] = <char *>self._in_segments[i].buf
+
+    cdef void _release_segments(self) noexcept:
+        cdef int i
+        if self._segments_held:
+            PyBuffer_Release(&self._own_segment)
+            for i in range(self._segments_held - 1):
+                PyBuffer_Release(&self._in_segments[i])
+            self._segments_held = 0
+        free(self._in_segments)
+        self._in_segments = NULL
+        free(self.in_slots)
+        self.in_slots = NULL
+        self.out_slots = NULL
+
+    cdef int _put_outbox(self, const char *src, int64_t version, int64_t iteration,
+                         bint checksum, bint notify, Py_ssize_t payload, bint torn
+                         ) except -1 nogil:
+        # One copy into this rank's own slot, which every out-neighbour reduces from in
+        # place, then the notifies.  Written in the seqlock order (header, payload,
+        # footer, fences between), so a reader checking header == footer == version
+        # never takes a partial write for a whole one.  A source that IS the slot's
+        # payload (a double-buffered Exchange computes in its slots) is not copied at
+        # all: only the header, footer and notifies.
+        cdef Py_ssize_t slot = version % self.depth
+        cdef char *hdr = self.out_slots + slot * self.slot_stride
+        cdef char *ftr = hdr + HEADER_BYTES + self.payload_stride
+        asap_store_i64(hdr + 8, iteration)
+        asap_store_i64(hdr + 16, self.rank)
+        asap_store_i64(hdr + 24, self.nbytes)
+        asap_store_i64(hdr, version)
+        asap_fence()
+        if src != hdr + HEADER_BYTES:
+            asap_copy_out(hdr + HEADER_BYTES, src, payload)
+        asap_fence()
+        self.bytes_put += payload * self.n_out
+        if torn:
+            return 0
+        asap_store_i64(ftr + 8, <int64_t>asap_checksum(src, self.nbytes) if checksum else 0)
+        asap_store_i64(ftr, version)
+        # the standard's memory barrier between these stores and the notifies
+        CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+        if notify:
+            self._notify(version, slot)
+        return 0

@@ -1,0 +1,142 @@
+"""The slot window's transports, one class each (asapmpi/_core/*.pxi), in one process.
+
+Rank 0 of MPI.COMM_SELF is its own in- and out-neighbour: every transport moves an
+update into its own slot and the shared verified reduce reads it, so each class's
+send, wait and slot hooks run end to end.  The multi-rank scenarios (tests/mpi) run
+the same classes under mpiexec on every path.
+"""
+import numpy as np
+import pytest
+
+N = 64
+
+
+def _window(cls, depth=1, outbox=False, **options):
+    from mpi4py import MPI
+
+    from asapmpi import _core
+
+    layout = _core.Layout(1, 1, depth, N * 8, 0, 0, outbox)
+    return layout, cls(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
+                       [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
+                       flush_timeout=10.0, **options)
+
+
+def _reduce_own(win, version, update):
+    """0.5 * ones + 0.5 * (the slot of `version`), checked CONSISTENT."""
+    from asapmpi import _core
+
+    out = np.ones(N)
+    assert win.reduce(out, 0.5, np.array([0.5]), version, version, version,
+                      require_all=True) == 1
+    assert win.last_status() == [_core.CONSISTENT]
+    np.testing.assert_array_equal(out, 0.5 + 0.5 * update)
+
+
+@pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow", "NewestWindow"])
+def test_put_wait_reduce_on_each_window_transport(name):
+    from asapmpi import _core
+
+    _, win = _window(getattr(_core, name))
+    with win:
+        for version in (1, 2, 3):
+            update = np.arange(N, dtype=np.float64) * version
+            win.put(update, version, version)
+            win.wait_notifies(version, 10.0)
+            _reduce_own(win, version, update)
+            win.ack(version)
+            win.release(version)
+        assert win.bytes_put == 3 * N * 8
+
+
+def test_shared_window_reads_the_writers_own_slot_in_place():
+    from asapmpi import _core
+    from asapmpi._core.layout import HEADER_BYTES
+
+    layout = _core.Layout(1, 1, 1, N * 8, 0, 0, True)
+    segment = bytearray(layout.segment_bytes)
+    _, win = _window(_core.SharedWindow, outbox=True, outboxes=(segment, [segment]))
+    with win:
+        update = np.linspace(0, 1, N)
+        win.put(update, 1, 1)
+        # the update sits in this rank's own segment: no copy into a reader's slot
+        payload = np.frombuffer(segment, np.float64, N, layout.segment_payload(0))
+        assert layout.segment_payload(0) == HEADER_BYTES
+        np.testing.assert_array_equal(payload, update)
+        win.wait_notifies(1, 10.0)
+        _reduce_own(win, 1, update)
+
+
+def test_message_window_sends_with_its_own_calls_and_refuses_put():
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    _, win = _window(_core.MessageWindow)
+    with win:
+        update = np.full(N, 3.0)
+        win.post_receives(1)
+        win.send_update(update, 1)
+        win.wait_updates(1, 10.0)
+        _reduce_own(win, 1, update)
+        with pytest.raises(ConfigError, match="does not put"):
+            win.put(update, 2)
+
+
+def test_each_window_names_its_transport():
+    from asapmpi import _core
+
+    segment = bytearray(_core.Layout(1, 1, 1, N * 8, 0, 0, True).segment_bytes)
+    for cls, name, options in [(_core.PutWindow, "put", {}),
+                               (_core.SharedWindow, "shared",
+                                {"outbox": True, "outboxes": (segment, [segment])}),
+                               (_core.MessageWindow, "messages", {}),
+                               (_core.MailboxWindow, "mailbox", {}),
+                               (_core.NewestWindow, "newest", {})]:
+        _, win = _window(cls, **options)
+        with win:
+            assert win.transport == name
+            assert isinstance(win, _core.SlotWindow)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda c: _window(c.SlotWindow), "PutWindow, SharedWindow"),
+    (lambda c: _window(c.PutWindow, outbox=True), "create a SharedWindow"),
+    (lambda c: _window(c.SharedWindow), "needs an outbox layout"),
+    (lambda c: _window(c.SharedWindow, outbox=True), r"outboxes=\(own"),
+    (lambda c: _window(c.MailboxWindow, depth=2, retain=2), "retain < depth"),
+    (lambda c: _window(c.NewestWindow, depth=2), "needs depth 1"),
+])
+def test_a_window_refuses_options_of_another_transport_before_communicating(make, message):
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    with pytest.raises((ConfigError, TypeError), match=message):
+        make(_core)
+
+
+def test_mailbox_windows_refuse_torn_writes_and_a_separate_notify():
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    for cls in (_core.MailboxWindow, _core.NewestWindow):
+        _, win = _window(cls)
+        with win:
+            with pytest.raises(ConfigError, match="no torn writes"):
+                win.put(np.zeros(N), 1, tear=0.5)
+            with pytest.raises(ConfigError, match="notifies with each put"):
+                win.notify(1)
+
+
+def test_windows_whose_slots_move_refuse_a_fixed_slot_view():
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    segment = bytearray(_core.Layout(1, 1, 1, N * 8, 0, 0, True).segment_bytes)
+    for cls, options, message in [
+            (_core.NewestWindow, {}, "read it with reduce"),
+            (_core.SharedWindow, {"outbox": True, "outboxes": (segment, [segment])},
+             "own shared-memory segment")]:
+        _, win = _window(cls, **options)
+        with win:
+            with pytest.raises(ConfigError, match=message):
+                win.payload(0, 1)
