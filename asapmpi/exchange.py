@@ -577,7 +577,7 @@ class Exchange:
 
     def _make_window(self, comm: MPI.Comm):
         g, rank, depth = self.graph, self.rank, self._policy.depth
-        publish = 1 if getattr(self._policy, "publishes", False) else 0
+        publish = self._policy.publish_slots
         outbox = self.transport == "shared"
         if self.double_buffered:
             depth = 2       # version k computed in slot k % 2, reduced into the other

@@ -8,8 +8,25 @@ cdef class PutWindow(SlotWindow):
     """The put transport: every update is MPI_Put into the out-neighbours' windows,
     every notify and ack an atomic word; a slot is read where the writer put it."""
 
+    cdef int _n_pub                 # published slots (gossip): they take turns
+    cdef long long _published       # publishes so far
+    cdef char *_pull_buf            # a pull's copy of a target's published slots
+
     def __cinit__(self):
         self.transport = "put"
+
+    def __dealloc__(self):
+        free(self._pull_buf)
+        self._pull_buf = NULL
+
+    cdef int _prepare(self, layout) except -1:
+        SlotWindow._prepare(self, layout)
+        self._n_pub = layout.n_publish
+        if self._n_pub:
+            self._pull_buf = <char *>malloc(self._n_pub * self.slot_stride)
+            if self._pull_buf == NULL:
+                raise MemoryError()
+        return 0
 
     cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
                    bint checksum, bint notify, double tear,
@@ -62,15 +79,42 @@ cdef class PutWindow(SlotWindow):
             self._notify(version, slot)
         return 0
 
+    cdef int _get_polled(self, char *local, Py_ssize_t n, int target, MPI_Aint disp,
+                         double timeout) except -1 nogil:
+        # MPI_Rget in pieces of at most max_transfer bytes, each completed by polling
+        # with back-off rather than a blocking MPI_Win_flush: a flush spins inside the
+        # MPI, and with ranks oversubscribing the cores that keeps the target, whose
+        # MPI progress serves the get on network paths, off the CPU.  1 on timeout (the
+        # get still in flight may yet write `local`).
+        cdef MPI_Request req
+        cdef Py_ssize_t done = 0
+        cdef int chunk
+        cdef int flag = 0
+        cdef long polls = 0
+        cdef double t0 = asap_now()
+        while done < n:
+            chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
+            CHKERR(MPI_Rget(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
+                            MPI_BYTE, self.win, &req), "MPI_Rget")
+            while True:
+                CHKERR(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test")
+                if flag:
+                    break
+                if self._idle(&polls, t0, timeout):
+                    return 1
+            done += chunk
+        return 0
+
     def publish(self, buf, int64_t version):
-        """Write `buf` as `version` into this rank's own published slot for others to
-        pull: header, flush, payload, flush, footer, flush (the seqlock order, so that a
-        pull overlapping this write sees header != footer).  Puts to self: every access
-        stays an MPI RMA operation."""
+        """Write `buf` as `version` into this rank's next published slot (they take
+        turns, so a pull reading the newest finds it unchanged while the next publish
+        writes the other) for others to pull: header, flush, payload, flush, footer with
+        the payload's checksum, flush.  Puts to self: every access stays an MPI RMA
+        operation."""
         cdef Py_buffer view
-        cdef MPI_Aint d = self.off_publish
+        cdef MPI_Aint d
         self._check_alive()
-        if not self.has_publish:
+        if self._n_pub == 0:
             raise ConfigError("this window has no published slot (Layout.n_publish = 0)")
         self._check_version(version)
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
@@ -78,13 +122,14 @@ cdef class PutWindow(SlotWindow):
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the published slot "
                                   f"holds {self.nbytes}")
+            d = self.off_publish + (self._published % self._n_pub) * self.slot_stride
             with nogil:
                 self.hdr[0] = version
                 self.hdr[1] = version
                 self.hdr[2] = self.rank
                 self.hdr[3] = self.nbytes
                 self.ftr[0] = version
-                self.ftr[1] = 0
+                self.ftr[1] = <int64_t>asap_checksum(view.buf, self.nbytes)
                 CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self.rank, d, 4, MPI_INT64_T,
                                self.win), "MPI_Put")
                 self._flush(self.rank, b"MPI_Win_flush after the published header")
@@ -95,38 +140,58 @@ cdef class PutWindow(SlotWindow):
                                d + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
                                self.win), "MPI_Put")
                 self._flush(self.rank, b"MPI_Win_flush after the published footer")
+            self._published += 1
         finally:
             PyBuffer_Release(&view)
 
     def pull(self, int target, Py_ssize_t disp, out):
-        """Read `target`'s published slot (header at `disp` in its window) into `out`
-        with MPI_Get, no work by the target's CPU: footer, flush, payload, flush, header,
-        flush, the reverse of publish's order.  Returns the version read, or 0 if the
-        slot is empty or a publish overlapped the read (`out` then holds garbage)."""
+        """Read `target`'s published slots (the first header at `disp` in its window)
+        into `out`: one MPI_Rget of all of them, polled with back-off, no work by the
+        target's code (its MPI progress serves the get).  A slot counts only if it verifies:
+        header == footer, its size, and the checksum of the payload as read, which a
+        read overlapping a publish of that slot fails (self-verifying, as Pilaf's
+        one-sided reads).  Returns the newest verified version (its payload in `out`),
+        or 0 if no slot verified: none published yet, or every slot was being written
+        (`out` then unchanged)."""
         cdef Py_buffer view
-        cdef int64_t got_hdr[4]
-        cdef int64_t got_ftr[2]
+        cdef Py_ssize_t span = self._n_pub * self.slot_stride
+        cdef int s
+        cdef int r = 0
+        cdef int best = -1
+        cdef int64_t best_version = 0
+        cdef int64_t *h
+        cdef int64_t *f
         self._check_alive()
+        if self._n_pub == 0:
+            raise ConfigError("this window has no published slot (Layout.n_publish = 0): "
+                              "every rank's layout must have the same n_publish")
         self._check_target(target, disp)
-        self._check_target(target, disp + HEADER_BYTES + self.payload_stride + 8)
+        self._check_target(target, disp + span - 8)
         PyObject_GetBuffer(out, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         try:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but slots hold {self.nbytes}")
             with nogil:
-                CHKERR(MPI_Get(got_ftr, 2, MPI_INT64_T, target,
-                               disp + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
-                               self.win), "MPI_Get")
-                self._flush(target, b"MPI_Win_flush after getting a footer")
-                self._transfer(<char *>view.buf, self.nbytes, target, disp + HEADER_BYTES,
-                               True)
-                self._flush(target, b"MPI_Win_flush after getting a payload")
-                CHKERR(MPI_Get(got_hdr, 4, MPI_INT64_T, target, disp, 4, MPI_INT64_T,
-                               self.win), "MPI_Get")
-                self._flush(target, b"MPI_Win_flush after getting a header")
-                self.bytes_got += self.nbytes
+                r = self._get_polled(self._pull_buf, span, target, disp, self.flush_timeout)
+            if r:
+                raise NeighbourTimeoutError(
+                    self.rank, "the MPI_Rget of its published models (its MPI progress "
+                    "serves the get)", [target], [1], [0], self.flush_timeout)
+            with nogil:
+                self.bytes_got += self._n_pub * self.nbytes
+                for s in range(self._n_pub):
+                    h = <int64_t *>(self._pull_buf + s * self.slot_stride)
+                    f = <int64_t *>(self._pull_buf + s * self.slot_stride + HEADER_BYTES
+                                    + self.payload_stride)
+                    if (h[0] > best_version and h[0] == f[0] and h[3] == self.nbytes
+                            and f[1] == <int64_t>asap_checksum(
+                                self._pull_buf + s * self.slot_stride + HEADER_BYTES,
+                                self.nbytes)):
+                        best = s
+                        best_version = h[0]
+                if best >= 0:
+                    memcpy(view.buf, self._pull_buf + best * self.slot_stride + HEADER_BYTES,
+                           self.nbytes)
         finally:
             PyBuffer_Release(&view)
-        if got_hdr[0] > 0 and got_hdr[0] == got_ftr[0] and got_hdr[3] == self.nbytes:
-            return got_hdr[0]
-        return 0
+        return best_version

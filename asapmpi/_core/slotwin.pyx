@@ -142,7 +142,6 @@ cdef class SlotWindow:
     cdef readonly int rank, size, n_in, n_out, depth, itemsize
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
-    cdef bint has_publish
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -234,7 +233,6 @@ cdef class SlotWindow:
         self.off_user = layout.off_user
         self.off_slots = layout.off_slots
         self.off_publish = layout.off_publish
-        self.has_publish = layout.n_publish > 0
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
         self._max_transfer = MAX_PUT_CHUNK

@@ -51,6 +51,8 @@ class Policy:
     name = "policy"
     #: receive slots per sender the policy needs
     depth = 1
+    #: slots of its own that others pull from (gossip)
+    publish_slots = 0
     #: whether the policy exchanges through a slot window (else through ctx.comm)
     uses_window = True
     #: whether its steps are correct when out-neighbours read the sender's own slot in

@@ -1,10 +1,12 @@
 """Pull-gossip SGD with a communication period and the warm-up of Oguni and Shudo
 ("Addressing the Heterogeneity of a Wide Area Network for DNNs", Algorithm 2).
 
-Every rank publishes its model in a slot of its own window.  Every T iterations a rank
-publishes, picks one peer, pulls the peer's published model with MPI_Get (footer,
-payload, header: version-checked, no work by the peer's CPU; a read that overlapped a
-publish is retried) and averages: w = (w + w_peer) / 2.
+Every rank publishes its model in its own window, into two slots that take turns.
+Every T iterations a rank publishes, picks one peer, pulls the peer's newest published
+model (one MPI_Get of both slots and one flush: no work by the peer's code; each slot
+verified by header, footer and the checksum of the payload read, so a slot that a
+publish was writing is never taken; retried only if both were) and averages:
+w = (w + w_peer) / 2.
 
 Peer choice: uniformly at random; or, during the first `warmup` iterations, with
 probability inversely proportional to the communication time this rank believes each
@@ -65,7 +67,9 @@ class Gossip(Policy):
 
     name = "gossip"
     depth = 0                  # no receive slots: peers are pulled, not pushed to
-    publishes = True
+    #: two published slots taking turns: a pull reading the newest model is not torn by
+    #: the next publish, which writes the other
+    publish_slots = 2
 
     def __init__(self, every: int = 1, warmup: int = 0, threshold: float = 0.1,
                  seed: int = 0, wide_mbps: float = 0.0, narrow_mbps: float = 0.0,
