@@ -1,7 +1,7 @@
 # The put transport (included by slotwin.pyx): MPI_Put of header, payload and footer
 # into each out-neighbour's slot in its window, one flush, then the notify word
-# (docs/PROTOCOL.md section 2); and gossip's one-sided pull, a published slot that
-# others read with MPI_Get (asapmpi/sync/gossip.py).
+# (docs/PROTOCOL.md section 2); and gossip's published slots, which others pull with
+# one checksum-verified MPI_Rget (section 2f).
 
 
 cdef class PutWindow(SlotWindow):
