@@ -222,6 +222,9 @@ def _explained(exc: MPIError) -> MPIError:
 #: the shared transport reads payloads in place (zero copy): it stays the choice unless
 #: messages signal this many times faster
 SHARED_MARGIN = 2.0
+#: the largest update the message transports send (one message, MPI's int count of
+#: bytes, and the mailbox's 32-byte trailer)
+MESSAGE_LIMIT = 0x7fffffff - 32
 
 
 def _has_messages(policy) -> bool:
@@ -231,7 +234,7 @@ def _has_messages(policy) -> bool:
 
 
 def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
-                      timeout: float) -> Tuple[str, Dict[str, Any]]:
+                      timeout: float, nbytes: int) -> Tuple[str, Dict[str, Any]]:
     """The transport of this exchange, the same on every rank, and the report of how it
     was chosen (ex.transport_report).  Collective.
 
@@ -259,6 +262,10 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
     if not _has_messages(policy):
         report.update(chosen=window, reason="window words: the only signals this policy "
                                             "has")
+        return window, report
+    if nbytes > MESSAGE_LIMIT:
+        report.update(chosen=window, reason=f"an update of {nbytes} bytes is more than "
+                                            f"one message carries ({MESSAGE_LIMIT})")
         return window, report
     from . import transport_probe
 
@@ -502,7 +509,7 @@ class Exchange:
         self.double_buffered = False
         if self._policy.uses_window:
             self.transport, self.transport_report = _choose_transport(
-                transport, self._policy, comm, g, self.hosts, self.timeout)
+                transport, self._policy, comm, g, self.hosts, self.timeout, self.nbytes)
             self.double_buffered = bool(double_buffer) and self.transport == "shared"
             self._win = self._make_window(comm)
             if self.double_buffered:
@@ -563,6 +570,10 @@ class Exchange:
                 raise ConfigError(f"transport='messages' works with sync="
                                   f"{'/'.join(able)}, not {sync!r}; use transport='put' "
                                   f"or 'auto'")
+            if transport == "messages" and out["nbytes"] > MESSAGE_LIMIT:
+                raise ConfigError(f"transport='messages' sends each update as one message "
+                                  f"of at most {MESSAGE_LIMIT} bytes, not {out['nbytes']}; "
+                                  f"use transport='put' or 'auto'")
             out["matrix"] = wspec.get("matrix")
             meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
                         graph_kind=spec["kind"], graph_key=spec["key"],
@@ -740,7 +751,8 @@ class Exchange:
         win = self._alive()
         if win is not None:
             # pull gossip moves its bytes with gets: count them on the rank that pulls
-            sent = win.bytes_put + win.bytes_got
+            # (a mailbox's bytes_got are updates it received, sent by others)
+            sent = win.bytes_put + (win.bytes_got if self._policy.publish_slots else 0)
         else:
             n = self.size
             sent = self._policy.calls * (2 * (n - 1) * self.nbytes // n)

@@ -140,3 +140,21 @@ def test_windows_whose_slots_move_refuse_a_fixed_slot_view():
         with win:
             with pytest.raises(ConfigError, match=message):
                 win.payload(0, 1)
+
+
+def test_updates_larger_than_one_message_refuse_messages_and_auto_takes_words():
+    from mpi4py import MPI
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+    from asapmpi.exchange import MESSAGE_LIMIT, _choose_transport
+    from asapmpi.sync import policy
+
+    # never touched: the check comes before anything reads the buffer
+    huge = np.zeros(MESSAGE_LIMIT // 8 + 1)
+    with pytest.raises(ConfigError, match="transport='messages' sends each update as one "
+                                          "message"):
+        asapmpi.Exchange(huge, graph="ring", transport="messages", comm=MPI.COMM_SELF)
+    chosen, report = _choose_transport("auto", policy("notify_ack"), MPI.COMM_SELF, None,
+                                       ["h"], 10.0, MESSAGE_LIMIT + 1)
+    assert chosen in ("put", "shared") and "more than one message carries" in report["reason"]

@@ -36,6 +36,9 @@ cdef class MessageWindow(SlotWindow):
         cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
         SlotWindow._prepare(self, layout)
+        if self.nbytes > 0x7fffffff:
+            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
+                              f"{self.nbytes} bytes; use transport='put'")
         self.recv_reqs = <MPI_Request *>calloc(2 * n, sizeof(MPI_Request))
         self.send_reqs = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
         self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
@@ -117,9 +120,6 @@ cdef class MessageWindow(SlotWindow):
         self._check_version(version)
         if self._send_held:
             raise ConfigError("send_update() twice without wait_updates()")
-        if self.nbytes > 0x7fffffff:
-            raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
-                              f"{self.nbytes} bytes; use transport='put'")
         PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
         self._send_held = True
         if self._send_view.len != self.nbytes:

@@ -120,8 +120,6 @@ cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
 assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree on the header size"
 
 
-
-
 cdef class SlotWindow:
     """One rank's slot window: the slot layout, the notify, ack and user words, the
     waits on them and the verified reduce, shared by every transport.

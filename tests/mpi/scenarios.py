@@ -482,6 +482,12 @@ def policies_reduce_exactly_what_they_report(comm, iters=150, n=4096,
                         assert all(s == CONSISTENT for s in status), status
                     for s in status:
                         tally[asapmpi._core.STATUS_NAMES[s]] += 1
+                # what this rank sent: its update to every out-neighbour each step, and
+                # nothing it received (async's mailbox of newest versions skips the
+                # versions a busy channel never took)
+                sent, each = ex.bytes_sent, len(ex.out_neighbours) * buf.nbytes
+                assert (0 < sent <= iters * each if sync == "async"
+                        else sent == iters * each), (sync, ex.transport, sent, iters * each)
                 settled_barrier(comm)
             counts[f"{sync}/{name}"] = tally
     return counts
