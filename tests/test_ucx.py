@@ -61,3 +61,13 @@ def test_async_and_elastic_on_messages():
                   transport="messages")
     assert results[0]["mismatch"] < 1e-12
     assert {r["transport"] for r in results} == {"messages"}
+
+
+def test_gossip_pulls_only_whole_models():
+    # one MPI_Rget of both published slots, each verified by its checksum, served by the
+    # target's progress in osc ucx (docs/PROTOCOL.md 2f)
+    results = run("gossip_pulls_whole_models", 4, "ucx", timeout=300, iters=40)
+    for res in results:
+        assert res["torn"] == 0
+        pulls = res["pulls"]
+        assert len(pulls) == 40 and all(version > 0 for _, _, version, _ in pulls)
