@@ -140,9 +140,7 @@ cdef class MailboxWindow(SlotWindow):
         # tokens awaited
         cdef int j
         with nogil:
-            CHKERR(MPI_Comm_dup(self.comm, &self.msg_comm), "MPI_Comm_dup")
-            CHKERR(MPI_Comm_set_errhandler(self.msg_comm, MPI_ERRORS_RETURN),
-                   "MPI_Comm_set_errhandler")
+            self._dup_comm(&self.msg_comm)
             self._post_all()
             for j in range(self.n_out):
                 self._post_token(j)
@@ -416,9 +414,7 @@ cdef class MailboxWindow(SlotWindow):
         # here.
         cdef int r = 0
         cdef int stage = self.mb_stage_next
-        if tear > 0.0:
-            raise ConfigError("a mailbox window (transport='messages') sends whole "
-                              "versions: no torn writes; use transport='put'")
+        self._refuse_tear(tear)
         with nogil:
             r = self._wait_stage(stage, self.flush_timeout)
         if r:
@@ -432,6 +428,12 @@ cdef class MailboxWindow(SlotWindow):
         with nogil:
             self._mark_suppressed(suppress_if_acked)
             self._send_stage(stage, src, version, iteration, checksum)
+        return 0
+
+    cdef int _refuse_tear(self, double tear) except -1:
+        if tear > 0.0:
+            raise ConfigError("a mailbox window (transport='messages') sends whole "
+                              "versions: no torn writes; use transport='put'")
         return 0
 
     cdef int _fill_stage(self, int stage, const char *src, int64_t version,

@@ -52,9 +52,7 @@ cdef class MessageWindow(SlotWindow):
 
     cdef int _open(self) except -1:
         with nogil:
-            CHKERR(MPI_Comm_dup(self.comm, &self.msg_comm), "MPI_Comm_dup")
-            CHKERR(MPI_Comm_set_errhandler(self.msg_comm, MPI_ERRORS_RETURN),
-                   "MPI_Comm_set_errhandler")
+            self._dup_comm(&self.msg_comm)
         return 0
 
     cdef int _drain(self) except -1:

@@ -170,9 +170,7 @@ cdef class NewestWindow(MailboxWindow):
         # waits for a reader.
         cdef int s = 0
         cdef int j
-        if tear > 0.0:
-            raise ConfigError("a mailbox window (transport='messages') sends whole "
-                              "versions: no torn writes; use transport='put'")
+        self._refuse_tear(tear)
         with nogil:
             self._mark_suppressed(suppress_if_acked)
             self._complete_sends(False)

@@ -345,6 +345,13 @@ cdef class SlotWindow:
         """At the end of free(): memory the transport holds outside the window."""
         pass
 
+    cdef int _dup_comm(self, MPI_Comm *out) except -1 nogil:
+        """A duplicate of the window's communicator that returns errors (a message
+        transport's own, so its tags never meet the window's collectives)."""
+        CHKERR(MPI_Comm_dup(self.comm, out), "MPI_Comm_dup")
+        return CHKERR(MPI_Comm_set_errhandler(out[0], MPI_ERRORS_RETURN),
+                      "MPI_Comm_set_errhandler")
+
     cdef _alloc_arrays(self):
         cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
