@@ -32,7 +32,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, U
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, collectives
+from . import _core, collectives, cores
 from ._core.segments import SharedSegments
 from .errors import ConfigError, FreedError, MPIError, NonFiniteError
 from .faults import install_abort_hook
@@ -234,7 +234,8 @@ def _has_messages(policy) -> bool:
 
 
 def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
-                      timeout: float, nbytes: int) -> Tuple[str, Dict[str, Any]]:
+                      timeout: float, nbytes: int,
+                      slack_ns: int = 0) -> Tuple[str, Dict[str, Any]]:
     """The transport of this exchange, the same on every rank, and the report of how it
     was chosen (ex.transport_report).  Collective.
 
@@ -276,7 +277,8 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         if not any(keep):
             continue
         try:
-            measured[name] = transport_probe.measure(comm, Graph(g.n, keep, name), timeout)
+            measured[name] = transport_probe.measure(comm, Graph(g.n, keep, name), timeout,
+                                                     slack_ns)
         except MPIError as exc:
             raise _explained(exc) from None
     if not measured:
@@ -478,6 +480,10 @@ class Exchange:
         self._user_buffer = buffer
         self.comm = comm
         self.hosts = [m["host"] for m in meta]
+        #: this rank's host runs more ranks than it has cores (asapmpi.cores): the
+        #: waits then sleep with the kernel's coarse timer slack, else precisely
+        self.oversubscribed = cores.oversubscribed(meta, rank)
+        self._slack_ns = cores.sleep_slack_ns(meta, rank, rc.poll_timer_slack_ns)
         self.trace_file = trace_file
         self.dtype, self.nbytes = local["dtype"], local["nbytes"]
         self.rank, self.size = rank, size
@@ -509,7 +515,8 @@ class Exchange:
         self.double_buffered = False
         if self._policy.uses_window:
             self.transport, self.transport_report = _choose_transport(
-                transport, self._policy, comm, g, self.hosts, self.timeout, self.nbytes)
+                transport, self._policy, comm, g, self.hosts, self.timeout, self.nbytes,
+                self._slack_ns)
             self.double_buffered = bool(double_buffer) and self.transport == "shared"
             self._win = self._make_window(comm)
             if self.double_buffered:
@@ -531,6 +538,7 @@ class Exchange:
         meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync, "options": None,
                 "transport": transport, "double_buffer": double_buffer,
                 "trace_file": trace_file, "host": MPI.Get_processor_name(),
+                "cpu": cores.local_cpus(),
                 "checksum": None, "graph_kind": None,
                 "graph_key": None, "graph_name": None, "in": [], "out": [],
                 "weights_kind": None, "weights_key": None, "weights_row": None}
@@ -611,7 +619,7 @@ class Exchange:
                 comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
                 out_notify, in_ack, _DTYPES["f" if self.dtype == "float32" else "d"][1],
                 poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
-                flush_timeout=self.timeout, **options)
+                poll_slack_ns=self._slack_ns, flush_timeout=self.timeout, **options)
         except MPIError as exc:
             if self._segments is not None:
                 self._segments.close()

@@ -19,6 +19,7 @@ ENVIRONMENT = {
     "ASAPMPI_ABORT_ON_ERROR": "abort_on_error",
     "ASAPMPI_POLL_YIELDS": "poll_yields",
     "ASAPMPI_POLL_MAX_SLEEP_US": "poll_max_sleep_us",
+    "ASAPMPI_POLL_TIMER_SLACK_NS": "poll_timer_slack_ns",
     "ASAPMPI_MAX_TRANSFER": "max_transfer",
     "ASAPMPI_TRACE_ITERATIONS": "trace_iterations",
 }
@@ -49,6 +50,10 @@ class RC:
         (asapmpi.faults), so that a failing rank ends the job instead of hanging it.
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.
     poll_max_sleep_us: longest sleep between two polls, microseconds.
+    poll_timer_slack_ns: how far past its deadline the kernel may end such a sleep
+        (Linux's timer slack), nanoseconds.  0: automatic (asapmpi.cores): 1 us where
+        every rank of a host has a core of its own, the thread's own (50 us by default)
+        where the ranks oversubscribe the cores.
     max_transfer: the largest single MPI_Put/MPI_Get of a payload, bytes; larger
         payloads go in pieces.  0: automatic, AM_RMA_MAX_TRANSFER when MPICH runs RMA
         as active messages (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0), else 1 GiB.
@@ -65,6 +70,7 @@ class RC:
     abort_on_error: bool = True
     poll_yields: int = 32
     poll_max_sleep_us: int = 100
+    poll_timer_slack_ns: int = 0
     max_transfer: int = 0
     trace_iterations: int = 10000
 
@@ -78,7 +84,7 @@ class RC:
             object.__setattr__(self, name, bool(value))
             return
         value = float(value) if name.startswith("timeout") else int(value)
-        may_be_zero = name in ("poll_yields", "max_transfer")
+        may_be_zero = name in ("poll_yields", "max_transfer", "poll_timer_slack_ns")
         if (value <= 0 and not may_be_zero) or value < 0 or value != value \
                 or value == float("inf"):
             raise ConfigError(f"asapmpi.rc.{name} must be positive and finite, got {value}")

@@ -29,7 +29,7 @@ WARMUP = 3
 ROUNDS = 15
 
 
-def _window(comm: MPI.Comm, g, messages: bool, timeout: float):
+def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int):
     from . import _core
     from .exchange import window_offsets
     from .rc import rc
@@ -41,22 +41,24 @@ def _window(comm: MPI.Comm, g, messages: bool, timeout: float):
     window = _core.MessageWindow if messages else _core.PutWindow
     win = window(comm, layouts[rank], g.in_neighbours(rank), g.out_neighbours(rank),
                  out_slot, out_notify, in_ack, 8, poll_yields=rc.poll_yields,
-                 poll_max_sleep_us=rc.poll_max_sleep_us, flush_timeout=timeout)
+                 poll_max_sleep_us=rc.poll_max_sleep_us, poll_slack_ns=slack_ns,
+                 flush_timeout=timeout)
     transport = (MessageTransport if messages else PutTransport)(win)
     transport.start(False)
     return transport
 
 
-def measure(comm: MPI.Comm, g, timeout: float) -> Dict[str, float]:
+def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0) -> Dict[str, float]:
     """Seconds per notify/ack round of window words ("words") and of messages
     ("messages") over graph `g`: the median round after the warm-up, the slowest
-    rank's.  Collective."""
+    rank's; the windows' waits sleep with timer slack `slack_ns` (0: the thread's own),
+    as the exchange's will.  Collective."""
     buf = np.zeros(1, dtype=np.float64)
     times: Dict[str, list] = {"words": [], "messages": []}
     # on an error (a neighbour's timeout) the windows are left to MPI_Abort or
     # MPI_Finalize: freeing is collective and could wait for the rank that failed
-    transports = {"words": _window(comm, g, False, timeout)}
-    transports["messages"] = _window(comm, g, True, timeout)
+    transports = {"words": _window(comm, g, False, timeout, slack_ns)}
+    transports["messages"] = _window(comm, g, True, timeout, slack_ns)
     for k in range(1, WARMUP + ROUNDS + 1):
         for name, transport in transports.items():
             # one NOTIFY-ACK step, as the policy runs it (asapmpi.sync.notify_ack)

@@ -1,5 +1,6 @@
 """Multi-rank tests: each launches ranks under mpiexec (2, 4, 8 on a 2-core machine, so
 oversubscribed), on the shared-memory path and on the forced network path."""
+import os
 import re
 
 import pytest
@@ -15,9 +16,17 @@ SIZES = (2, 4, 8)
 @pytest.mark.parametrize("graph", ["ring", "complete"])
 def test_roundtrip_exact_values_and_versions(graph, n, path):
     results = run("roundtrip", n, path, timeout=300, graph=graph, iters=1000, n=257)
+    # every rank here, on the cores this test may use: the waits sleep coarsely only
+    # when the ranks oversubscribe them
+    from asapmpi.cores import DEFAULT_SLACK_NS, PRECISE_SLACK_NS, cgroup_quota
+
+    quota = cgroup_quota()
+    cores = min(len(os.sched_getaffinity(0)), quota["cores"] if quota else float("inf"))
     for rank, res in enumerate(results):
         expected_in = [(rank - 1) % n] if graph == "ring" else [r for r in range(n) if r != rank]
         assert res["in"] == expected_in
+        assert res["oversubscribed"] == (n > cores), (res, cores)
+        assert res["slack_ns"] == (DEFAULT_SLACK_NS if n > cores else PRECISE_SLACK_NS)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -158,3 +158,24 @@ def test_updates_larger_than_one_message_refuse_messages_and_auto_takes_words():
     chosen, report = _choose_transport("auto", policy("notify_ack"), MPI.COMM_SELF, None,
                                        ["h"], 10.0, MESSAGE_LIMIT + 1)
     assert chosen in ("put", "shared") and "more than one message carries" in report["reason"]
+
+
+def test_a_wait_backs_off_with_the_windows_timer_slack_and_leaves_the_threads():
+    import ctypes
+    import os
+
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError, NeighbourTimeoutError
+
+    with pytest.raises(ConfigError, match="poll_slack_ns must be >= 0"):
+        _window(_core.PutWindow, poll_slack_ns=-1)
+    libc = ctypes.CDLL(None)
+    before = libc.prctl(30, 0, 0, 0, 0)         # PR_GET_TIMERSLACK
+    _, win = _window(_core.PutWindow, poll_slack_ns=1000)
+    with win:
+        assert win.poll_slack_ns == 1000
+        # nothing is ever notified: the wait yields, sleeps, and times out
+        with pytest.raises(NeighbourTimeoutError):
+            win.wait_notifies(1, 0.05)
+    if os.path.exists("/proc/self/timerslack_ns"):
+        assert libc.prctl(30, 0, 0, 0, 0) == before

@@ -19,6 +19,9 @@
 #include <string.h>
 #include <sched.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -91,10 +94,32 @@ static inline double asap_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Sleep `us` microseconds.  Linux lets a sleep overrun by the thread's timer slack, 50 us
+ * by default, so a sleep of 1 us takes 50-70 us: slack_ns > 0 sets the slack for this
+ * sleep only (restored after it, so the caller's own sleeps keep theirs). */
+static inline void asap_sleep_us(long us, long slack_ns) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+#if defined(__linux__) && defined(PR_SET_TIMERSLACK)
+  if (slack_ns > 0) {
+    long old = (long)prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (old > 0 && old != slack_ns) {
+      prctl(PR_SET_TIMERSLACK, (unsigned long)slack_ns, 0, 0, 0);
+      nanosleep(&ts, NULL);
+      prctl(PR_SET_TIMERSLACK, (unsigned long)old, 0, 0, 0);
+      return;
+    }
+  }
+#endif
+  nanosleep(&ts, NULL);
+}
+
 /* Back off after `polls` unsuccessful polls: yield for the first `yield_polls`, then
- * sleep 1us, 2us, 4us ... up to max_sleep_us.  Ranks are oversubscribed on small hosts,
- * so a waiter must give its core to the writer it is waiting for. */
-static inline void asap_backoff(long polls, long yield_polls, long max_sleep_us) {
+ * sleep 1us, 2us, 4us ... up to max_sleep_us, with timer slack slack_ns (0: the
+ * thread's own).  Ranks are oversubscribed on small hosts, so a waiter must give its
+ * core to the writer it is waiting for; where every rank has its own core, a precise
+ * slack keeps a sleep from outlasting the wait (asapmpi.cores). */
+static inline void asap_backoff(long polls, long yield_polls, long max_sleep_us,
+                                long slack_ns) {
   if (polls < yield_polls) {
     sched_yield();
     return;
@@ -106,8 +131,7 @@ static inline void asap_backoff(long polls, long yield_polls, long max_sleep_us)
     sched_yield();
     return;
   }
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
+  asap_sleep_us(us, slack_ns);
 }
 
 /* ---------- checksum ---------- */

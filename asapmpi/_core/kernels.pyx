@@ -100,3 +100,12 @@ def checksum(buf):
 def _format(obj):
     fmt = memoryview(obj).format
     return fmt.lstrip("@=<")
+
+
+def sleep_us(long us, long slack_ns=0):
+    """One back-off sleep of `us` microseconds with timer slack `slack_ns` (0: the
+    thread's own), as a wait sleeps (asap_sleep_us)."""
+    if us < 0 or slack_ns < 0:
+        raise ConfigError(f"sleep_us needs us >= 0 and slack_ns >= 0, got {us}, {slack_ns}")
+    with nogil:
+        asap_sleep_us(us, slack_ns)

@@ -166,7 +166,8 @@ cdef class MessageWindow(SlotWindow):
                 if t - t0 > timeout:
                     break
                 self._settle_pending(polls)
-                asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+                asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
+                             self.poll_slack_ns)
                 polls += 1
                 self.wait_seconds += asap_now() - t
         if not (got_in and got_out):

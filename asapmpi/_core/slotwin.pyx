@@ -172,6 +172,7 @@ cdef class SlotWindow:
     cdef int64_t word_sink
     cdef int64_t word_in
     cdef long poll_yields, poll_max_sleep_us
+    cdef readonly long poll_slack_ns  # timer slack of the waits' sleeps (0: the thread's)
     cdef Py_ssize_t _max_transfer
     # reduce scratch
     cdef char *own_copy
@@ -208,7 +209,7 @@ cdef class SlotWindow:
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
-                 int poll_max_sleep_us=100, double flush_timeout=60.0):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -233,6 +234,10 @@ cdef class SlotWindow:
         self.off_publish = layout.off_publish
         self.poll_yields = poll_yields
         self.poll_max_sleep_us = poll_max_sleep_us
+        if poll_slack_ns < 0:
+            raise ConfigError(f"poll_slack_ns must be >= 0 (0: the thread's own), got "
+                              f"{poll_slack_ns}")
+        self.poll_slack_ns = poll_slack_ns
         self._max_transfer = MAX_PUT_CHUNK
         if not flush_timeout > 0:
             raise ConfigError(f"flush_timeout must be positive, got {flush_timeout}")
@@ -842,7 +847,8 @@ cdef class SlotWindow:
         self._progress()
         if t - t0 > timeout:
             return 1
-        asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us)
+        asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us,
+                     self.poll_slack_ns)
         polls[0] += 1
         self.wait_seconds += asap_now() - t
         return 0
@@ -1170,7 +1176,8 @@ cdef class SlotWindow:
                 self._progress()
                 done = t - t0 > timeout
                 if not done:
-                    asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us)
+                    asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
+                                 self.poll_slack_ns)
                 self.wait_seconds += asap_now() - t
             polls += 1
             if done:

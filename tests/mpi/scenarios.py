@@ -80,6 +80,7 @@ def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buf
         assert ex.version == iters
         transport = ex.transport
         report = ex.transport_report
+        cpu = {"oversubscribed": ex.oversubscribed, "slack_ns": ex.window.poll_slack_ns}
     # after free(): the result is in the original buffer, and the slot still readable
     assert np.array_equal(original, buf)
     for sender, counts in stats.items():
@@ -87,7 +88,7 @@ def roundtrip(comm, graph, iters, n, dtype="float64", checksum=False, double_buf
     assert last == [iters] * len(ex.in_neighbours), last
     return {"in": ex.in_neighbours, "stats": {str(k): v for k, v in stats.items()},
             "transport": transport, "double_buffered": ex.double_buffered,
-            "transport_report": report}
+            "transport_report": report, **cpu}
 
 
 def dtype_cast(w, dtype):
