@@ -44,6 +44,30 @@ def test_streamed_rows_reach_the_part_file_whole(tmp_path):
     assert not (tmp_path / "t.h5.rank00002.part").exists()
 
 
+def test_rows_filled_in_place_reach_the_ring_and_the_part_file_whole(tmp_path):
+    # next_row hands out the row before its cells are written: what is streamed must
+    # be the rows already filled, never the one being filled
+    path = str(tmp_path / "t.h5")
+    rec = Records(keep=3, path=path, rank=0)
+    t = rec.table("reduced", np.int64)
+    for k in range(1, 11):
+        row = t.next_row(3)
+        row[0], row[1], row[2] = k, 10 * k, -k
+        if k % 3 == 0:
+            t.append((100 + k, 0, 0))       # both kinds of append interleave
+    assert t.count == 13
+    assert t.array().tolist() == [[9, 90, -9], [109, 0, 0], [10, 100, -10]]
+    rec.close()
+    with h5py.File(part_path(path, 0), "r") as f:
+        rows = f["reduced"][:].tolist()
+    expected = []
+    for k in range(1, 11):
+        expected.append([k, 10 * k, -k])
+        if k % 3 == 0:
+            expected.append([100 + k, 0, 0])
+    assert rows == expected
+
+
 def test_the_ring_size_must_be_positive():
     with pytest.raises(ConfigError, match="trace_iterations >= 1"):
         Records(keep=0)

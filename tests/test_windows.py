@@ -179,3 +179,24 @@ def test_a_wait_backs_off_with_the_windows_timer_slack_and_leaves_the_threads():
             win.wait_notifies(1, 0.05)
     if os.path.exists("/proc/self/timerslack_ns"):
         assert libc.prctl(30, 0, 0, 0, 0) == before
+
+
+def test_the_trace_row_of_a_reduce_names_the_versions_it_used():
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    _, win = _window(_core.PutWindow)
+    with win:
+        win.put(np.full(N, 3.0), 4, 4)
+        win.wait_notifies(4, 10.0)
+        _reduce_own(win, 4, np.full(N, 3.0))
+        row = np.full(2, -1, dtype=np.int64)
+        win.record_reduced(row, 9)
+        assert row.tolist() == [9, 4]
+        # an input that was not used (stale for version 5) is recorded as 0
+        out = np.ones(N)
+        assert win.reduce(out, 1.0, np.array([0.0]), 5, 5, 5, renormalize=True) == 0
+        win.record_reduced(row, 10)
+        assert row.tolist() == [10, 0]
+        with pytest.raises(ConfigError, match="has 2 cells"):
+            win.record_reduced(np.zeros(3, dtype=np.int64), 1)

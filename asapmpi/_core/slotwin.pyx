@@ -1369,6 +1369,18 @@ cdef class SlotWindow:
     def out_ranks(self):
         return [self._out[i] for i in range(self.n_out)]
 
+    def record_reduced(self, int64_t[::1] row not None, int64_t iteration):
+        """Write the trace of the last reduce into `row` (n_in + 1 int64): the
+        iteration, then the footer version it verified and used from each in-neighbour
+        (0: not used), without temporaries (a policy's hot path)."""
+        cdef int i
+        if row.shape[0] != self.n_in + 1:
+            raise ConfigError(f"the trace row of a reduce has {self.n_in + 1} cells "
+                              f"(iteration and one per in-neighbour), not {row.shape[0]}")
+        row[0] = iteration
+        for i in range(self.n_in):
+            row[1 + i] = self._last_version[i] if self.status[i] == CONSISTENT else 0
+
     def last_status(self):
         """Status of each input in the last reduce (CONSISTENT, TORN, STALE or AHEAD)."""
         return [self.status[i] for i in range(self.n_in)]

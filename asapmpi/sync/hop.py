@@ -159,9 +159,8 @@ class Hop(Policy):
                        renormalize=self.backup > 0, require_all=self.backup == 0,
                        only_notified=self.backup > 0)
         # record what the kernel verified it read: the footer version of every input it
-        # reduced (0 for the others)
-        versions = win.last_versions * (np.array(win.last_status()) == 0)
-        self.reduced.append((k, *versions))
+        # reduced (0 for the others); in place, as every step pays for it
+        win.record_reduced(self.reduced.next_row(win.n_in + 1), k)
 
     def _staleness_weights(self, k: int, versions: np.ndarray, ctx: StepContext):
         """Hop eq. (2): weight Iter(u) - (k - s) + 1 for every satisfactory update, the
@@ -198,7 +197,8 @@ class Hop(Policy):
         win.ack(t - 1)
         hi = time.monotonic()
         while self.entries.count < t:         # iterations jumped over are entered with t
-            self.entries.append((lo, hi))
+            row = self.entries.next_row(2)
+            row[0], row[1] = lo, hi
 
     @property
     def trace(self) -> Dict[str, np.ndarray]:

@@ -77,8 +77,9 @@ class NotifyAck(Policy):
                    checksum=ctx.checksum, require_all=True, own=own)
         ctx.transport.release(version, ctx.checksum)
         # iteration k+1 cannot have begun before step k started, and has begun by now
-        self.entries.append((self._started, time.monotonic()))
-        self.reduced.append((version,) * (win.n_in + 1))
+        row = self.entries.next_row(2)
+        row[0], row[1] = self._started, time.monotonic()
+        self.reduced.next_row(win.n_in + 1)[:] = version
 
 
 class NotifyAckIgnoringAcks(NotifyAck):

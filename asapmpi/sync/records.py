@@ -46,12 +46,20 @@ class Table:
 
     def append(self, row) -> None:
         """Add a row (a sequence of numbers, always of the same length)."""
+        self.next_row(len(row))[:] = row
+
+    def next_row(self, width: int) -> np.ndarray:
+        """The next row, counted as appended, as a writable view: a hot loop writes its
+        cells in place instead of building a tuple for append().  Rows are streamed
+        here, before a row is handed out: the earlier ones are complete by then, and
+        the ring never overwrites a row not yet in the part file."""
         if self._rows is None:
-            self._rows = np.zeros((self.keep, len(row)), dtype=self.dtype)
-        self._rows[self.count % self.keep] = row
-        self.count += 1
+            self._rows = np.zeros((self.keep, width), dtype=self.dtype)
         if self._sink is not None and self.count - self._written >= self._chunk:
             self.flush()
+        row = self._rows[self.count % self.keep]
+        self.count += 1
+        return row
 
     @property
     def _chunk(self) -> int:
