@@ -200,3 +200,28 @@ def test_the_trace_row_of_a_reduce_names_the_versions_it_used():
         assert row.tolist() == [10, 0]
         with pytest.raises(ConfigError, match="has 2 cells"):
             win.record_reduced(np.zeros(3, dtype=np.int64), 1)
+
+
+@pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow", "NewestWindow"])
+def test_written_words_arrive_in_order_and_only_in_the_user_words(name):
+    from mpi4py import MPI
+
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError, ProtocolError
+
+    layout = _core.Layout(1, 1, 1, N * 8, 3, 0, False)
+    win = getattr(_core, name)(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
+                               [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
+                               flush_timeout=10.0)
+    with win:
+        for s in (1, 2):
+            win.write_words(0, layout.user_disp(0), [10 * s, 20 * s, s])
+            win.wait_word(layout.user_disp(2), s, 5.0)      # the last word: the stamp
+            assert [win.local_word(layout.user_disp(k)) for k in range(3)] == [10 * s, 20 * s, s]
+        with pytest.raises(ConfigError, match="1 to 6 words"):
+            win.write_words(0, layout.user_disp(0), list(range(7)))
+        if name != "PutWindow":
+            # a message past the user words is refused where it lands
+            win.write_words(0, layout.user_disp(2), [1, 2])
+            with pytest.raises(ProtocolError, match="outside this window's 3 user words"):
+                win.wait_word(layout.user_disp(0), 99, 5.0)

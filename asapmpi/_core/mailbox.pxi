@@ -30,6 +30,12 @@ cdef enum:
     MB_TRAILER_BYTES = 32
     # the tag of token messages (slot tags are 0 .. depth - 1)
     MB_TOKEN_TAG = 32767
+    # words written into another rank's window (write_words): one message of the
+    # displacement, the count and up to MB_WORD_MAX values, MB_WORD_SENDS in flight
+    MB_WORD_TAG = 32766
+    MB_WORD_MAX = 6
+    MB_WORD_CELLS = 8
+    MB_WORD_SENDS = 16
 
 
 cdef class MailboxWindow(SlotWindow):
@@ -59,10 +65,18 @@ cdef class MailboxWindow(SlotWindow):
     cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
     cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
     cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
+    cdef MPI_Request wd_recv        # the next word message, from any rank
+    cdef int64_t *wd_in             # its cells: displacement, count, values
+    cdef MPI_Request *wd_send       # word messages in flight (a ring)
+    cdef int64_t *wd_out            # their cells
+    cdef int wd_next                # the ring's next entry
+    cdef int64_t *wd_sent           # word messages sent to and received from each rank,
+    cdef int64_t *wd_got            # for the drain
 
     def __cinit__(self):
         self.transport = "mailbox"
         self.msg_comm = MPI_COMM_NULL
+        self.wd_recv = MPI_REQUEST_NULL
 
     def __init__(self, *args, int retain=0, **kwargs):
         self.retain = retain
@@ -82,6 +96,11 @@ cdef class MailboxWindow(SlotWindow):
         free(self.tok_next); self.tok_next = NULL
         free(self.mb_sent); self.mb_sent = NULL
         free(self.mb_got); self.mb_got = NULL
+        free(self.wd_in); self.wd_in = NULL
+        free(self.wd_send); self.wd_send = NULL
+        free(self.wd_out); self.wd_out = NULL
+        free(self.wd_sent); self.wd_sent = NULL
+        free(self.wd_got); self.wd_got = NULL
 
     # ------------------------------------------------------------------ lifetime
 
@@ -119,12 +138,21 @@ cdef class MailboxWindow(SlotWindow):
         self.mb_stage_version = <int64_t *>calloc(stages, sizeof(int64_t))
         self.mb_sent = <int64_t *>calloc(self.size * (self.depth + 1), sizeof(int64_t))
         self.mb_got = <int64_t *>calloc(self.size * (self.depth + 1), sizeof(int64_t))
+        self.wd_in = <int64_t *>calloc(MB_WORD_CELLS, sizeof(int64_t))
+        self.wd_send = <MPI_Request *>calloc(MB_WORD_SENDS, sizeof(MPI_Request))
+        self.wd_out = <int64_t *>calloc(MB_WORD_SENDS * MB_WORD_CELLS, sizeof(int64_t))
+        self.wd_sent = <int64_t *>calloc(self.size, sizeof(int64_t))
+        self.wd_got = <int64_t *>calloc(self.size, sizeof(int64_t))
         if (self.mb_recv == NULL or self.mb_stage == NULL or self.mb_held == NULL
                 or self.mb_stage_version == NULL or self.mb_index == NULL
                 or self.mb_send == NULL or self.tok_recv == NULL or self.tok_in == NULL
                 or self.tok_send == NULL or self.tok_out == NULL or self.tok_next == NULL
-                or self.mb_sent == NULL or self.mb_got == NULL):
+                or self.mb_sent == NULL or self.mb_got == NULL or self.wd_in == NULL
+                or self.wd_send == NULL or self.wd_out == NULL or self.wd_sent == NULL
+                or self.wd_got == NULL):
             raise MemoryError()
+        for k in range(MB_WORD_SENDS):
+            self.wd_send[k] = MPI_REQUEST_NULL
         for k in range(max(nrecv, 1)):
             self.mb_recv[k] = MPI_REQUEST_NULL
         for k in range(stages * m):
@@ -144,6 +172,7 @@ cdef class MailboxWindow(SlotWindow):
             self._post_all()
             for j in range(self.n_out):
                 self._post_token(j)
+            self._post_words()
         return 0
 
     cdef int _post_all(self) except -1 nogil:
@@ -161,12 +190,16 @@ cdef class MailboxWindow(SlotWindow):
         # and tag, come by MPI_Alltoall.
         cdef int width = self.depth + 1
         cdef int64_t *sent_to_me
+        cdef int64_t *words_to_me
         cdef int i, j, r
         cdef int64_t missing
         if self.msg_comm == MPI_COMM_NULL:
             return 0
         sent_to_me = <int64_t *>calloc(self.size * width, sizeof(int64_t))
-        if sent_to_me == NULL:
+        words_to_me = <int64_t *>calloc(self.size, sizeof(int64_t))
+        if sent_to_me == NULL or words_to_me == NULL:
+            free(sent_to_me)
+            free(words_to_me)
             raise MemoryError()
         extra = []
         try:
@@ -178,6 +211,20 @@ cdef class MailboxWindow(SlotWindow):
                 self._send_tokens()     # tokens still waiting go too: they are counted
                 CHKERR(MPI_Alltoall(self.mb_sent, width, MPI_INT64_T, sent_to_me, width,
                                     MPI_INT64_T, self.comm), "MPI_Alltoall")
+                CHKERR(MPI_Alltoall(self.wd_sent, 1, MPI_INT64_T, words_to_me, 1,
+                                    MPI_INT64_T, self.comm), "MPI_Alltoall")
+            # word messages still to come, from anyone: the posted receive takes the
+            # first, a scratch buffer each of the rest
+            missing = 0
+            for r in range(self.size):
+                missing += words_to_me[r] - self.wd_got[r]
+            if missing > 0:
+                missing -= 1
+            else:
+                with nogil:
+                    CHKERR(MPI_Cancel(&self.wd_recv), "MPI_Cancel")
+            for _ in range(missing):
+                extra.append((MPI_ANY_SOURCE, MB_WORD_TAG, np.empty(MB_WORD_CELLS, np.int64)))
             for i in range(self.n_in):
                 self._drain_sender(i, sent_to_me + self._in[i] * width, extra)
             for j in range(self.n_out):
@@ -200,6 +247,9 @@ cdef class MailboxWindow(SlotWindow):
                     CHKERR(MPI_Wait(&self.mb_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
                 for r in range(self.n_in):
                     CHKERR(MPI_Wait(&self.tok_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
+                CHKERR(MPI_Wait(&self.wd_recv, MPI_STATUS_IGNORE), "MPI_Wait")
+                for r in range(MB_WORD_SENDS):
+                    CHKERR(MPI_Wait(&self.wd_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for req in requests:
                 req.Wait()
             with nogil:
@@ -207,6 +257,7 @@ cdef class MailboxWindow(SlotWindow):
         finally:
             asap_watchdog_disarm()      # also when an MPI call failed: no stale deadline
             free(sent_to_me)
+            free(words_to_me)
         return 0
 
     cdef int _drain_sender(self, int i, const int64_t *sent, list extra) except -1:
@@ -296,8 +347,10 @@ cdef class MailboxWindow(SlotWindow):
         return 0
 
     cdef int _pump(self) except -1 nogil:
-        # Complete what arrived: updates into their slots, tokens into the ack words;
-        # send the tokens that waited for an earlier one to leave.
+        # Complete what arrived: words into this window, updates into their slots,
+        # tokens into the ack words; send the tokens that waited for an earlier one to
+        # leave.
+        self._take_words()
         self._take_updates()
         return self._take_tokens()
 
@@ -339,6 +392,81 @@ cdef class MailboxWindow(SlotWindow):
         # only this thread writes the words (the pump): a plain atomic load, after the
         # waits' pump
         return asap_load_i64(self.base + disp)
+
+    # ------------------------------------------------------------------ words
+
+    cdef int _post_words(self) except -1 nogil:
+        return CHKERR(MPI_Irecv(self.wd_in, MB_WORD_CELLS, MPI_INT64_T, MPI_ANY_SOURCE,
+                                MB_WORD_TAG, self.msg_comm, &self.wd_recv), "MPI_Irecv")
+
+    cdef int _take_words(self) except -1 nogil:
+        # every word message that arrived: its values into this rank's user words, in
+        # order (a reader that waits for the last word of a message sees the others)
+        cdef int flag = 0
+        cdef MPI_Status status
+        cdef int64_t cells[MB_WORD_CELLS]
+        cdef int64_t k, disp, count
+        while True:
+            CHKERR(MPI_Test(&self.wd_recv, &flag, &status), "MPI_Test")
+            if not flag:
+                return 0
+            memcpy(cells, self.wd_in, sizeof(cells))
+            self.wd_got[status.MPI_SOURCE] += 1
+            self._post_words()
+            disp, count = cells[0], cells[1]
+            if (count < 1 or count > MB_WORD_MAX or disp % 8 or disp < self.off_user
+                    or disp + 8 * count > self.off_user + 8 * self.n_user):
+                with gil:
+                    raise ProtocolError(f"rank {self.rank}: rank {status.MPI_SOURCE} wrote "
+                                        f"{count} word(s) at offset {disp}, outside this "
+                                        f"window's {self.n_user} user words")
+            for k in range(count):
+                asap_store_i64(self.base + disp + 8 * k, cells[2 + k])
+            asap_fence()
+
+    def write_words(self, int target, Py_ssize_t disp, values):
+        """Write the int64 `values` (1 to 6) into `target`'s user words from `disp`, as
+        one message: the target's next wait or pump stores them in order, so a reader
+        that waits for the last one (wait_word) sees the others.  One-way: no old
+        values; the message may still be in flight when this returns."""
+        cdef int64_t[::1] v = np.ascontiguousarray(values, dtype=np.int64)
+        cdef int n = <int>v.shape[0]
+        cdef int slot = self.wd_next
+        cdef int r = 0
+        cdef int k
+        self._check_alive()
+        self._check_target(target, disp)
+        if not 1 <= n <= MB_WORD_MAX:
+            raise ConfigError(f"write_words writes 1 to {MB_WORD_MAX} words, got {n}")
+        with nogil:
+            r = self._wait_word_send(slot, self.flush_timeout)
+        if r:
+            raise NeighbourTimeoutError(
+                self.rank, "the receive of its word message (the reader's next wait "
+                "takes it)", [target], [0], [0], self.flush_timeout)
+        with nogil:
+            self.wd_out[slot * MB_WORD_CELLS] = disp
+            self.wd_out[slot * MB_WORD_CELLS + 1] = n
+            for k in range(n):
+                self.wd_out[slot * MB_WORD_CELLS + 2 + k] = v[k]
+            CHKERR(MPI_Isend(self.wd_out + slot * MB_WORD_CELLS, 2 + n, MPI_INT64_T, target,
+                             MB_WORD_TAG, self.msg_comm, &self.wd_send[slot]), "MPI_Isend")
+            self.wd_sent[target] += 1
+            self.wd_next = (slot + 1) % MB_WORD_SENDS
+
+    cdef int _wait_word_send(self, int slot, double timeout) except -1 nogil:
+        # 1 on timeout: the word message sent from `slot` MB_WORD_SENDS messages ago
+        # has not left (its reader stopped calling MPI)
+        cdef long polls = 0
+        cdef double t0 = asap_now()
+        cdef int flag = 0
+        while self.wd_send[slot] != MPI_REQUEST_NULL:
+            CHKERR(MPI_Test(&self.wd_send[slot], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+            if flag:
+                return 0
+            if self._idle(&polls, t0, timeout):
+                return 1
+        return 0
 
     # ------------------------------------------------------------------ tokens
 

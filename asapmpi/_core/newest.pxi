@@ -139,6 +139,7 @@ cdef class NewestWindow(MailboxWindow):
         return self._post_newest(r)
 
     cdef int _pump(self) except -1 nogil:
+        self._take_words()
         self._take_updates()
         self._complete_sends(True)
         return self._take_tokens()

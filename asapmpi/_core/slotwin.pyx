@@ -140,6 +140,7 @@ cdef class SlotWindow:
     cdef readonly int rank, size, n_in, n_out, depth, itemsize
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
+    cdef int n_user                 # user words in this rank's window
     cdef char *base
     cdef bint _freed
     cdef bint _locked
@@ -230,6 +231,7 @@ cdef class SlotWindow:
         self.off_notify = layout.off_notify
         self.off_ack = layout.off_ack
         self.off_user = layout.off_user
+        self.n_user = layout.n_user
         self.off_slots = layout.off_slots
         self.off_publish = layout.off_publish
         self.poll_yields = poll_yields
@@ -675,6 +677,17 @@ cdef class SlotWindow:
                                     disp, mop, self.win), "MPI_Fetch_and_op")
             self._flush(target, b"MPI_Win_flush after an accumulate")
         return self.word_sink
+
+    def write_words(self, int target, Py_ssize_t disp, values):
+        """Write the int64 `values` (1 to 6) into consecutive words of `target`'s window
+        from `disp`, in order, each atomically (MPI_Fetch_and_op REPLACE, flushed): a
+        reader that waits for the last one (wait_word) sees the others.  A mailbox
+        sends them as one message instead."""
+        vals = np.ascontiguousarray(values, dtype=np.int64).ravel()
+        if not 1 <= len(vals) <= 6:
+            raise ConfigError(f"write_words writes 1 to 6 words, got {len(vals)}")
+        for k in range(len(vals)):
+            self.accumulate_word(target, disp + 8 * k, int(vals[k]))
 
     def allgather_doubles(self, values, double timeout=-1.0):
         """Collective over the window's communicator: every rank's `values` (the same

@@ -4,16 +4,21 @@ worker's next barrier with ZipLine so that the workers arrive together.
 Superstep s on a star around the server:
 
   worker: runs `assigned` local optimizer steps (no communication), timing each; then
-          reports its mean iteration interval (an int64 of nanoseconds, one word at the
-          server) and puts its parameters tagged s (ordered write, notify s); waits for
-          theta(s), reads it (verified) and the two words the server wrote into its
-          window before that put: its next `assigned` count and the global iteration
-          count G;
-  server: waits for every worker's s (a barrier: this is BSP), theta(s) = their mean;
-          predicts each worker's next R iteration ends from its interval (all start
-          together when theta(s) arrives: ends[w] = interval[w] * (1..R)) and runs
-          ZipLine: worker w gets index[w] + 1 local iterations; writes them and G into
-          every worker's words, then puts theta(s) (notify s).
+          reports its mean iteration interval (an int64 of nanoseconds) and s, two
+          words at the server, and puts its parameters tagged s (ordered write, notify
+          s); waits for theta(s), reads it (verified), waits until the server's stamp
+          word says s and reads the two words written with it: its next `assigned`
+          count and the global iteration count G;
+  server: waits for every worker's s (a barrier: this is BSP) and its interval
+          stamped s, theta(s) = their mean; predicts each worker's next R iteration
+          ends from its interval (all start together when theta(s) arrives: ends[w] =
+          interval[w] * (1..R)) and runs ZipLine: worker w gets index[w] + 1 local
+          iterations; writes them, G and the stamp s into every worker's words, then
+          puts theta(s) (notify s).
+
+The words go by `write_words`: remote atomics in order on the window transports, one
+message per write on the mailbox (where a message may be stored after the put that
+followed it: the stamps, read last, say when the words of superstep s are there).
 
 G counts iterations as the mean number of local steps per worker (total // workers);
 every rank's exchange version is G, so a loop `while version < iters` ends on every
@@ -35,8 +40,10 @@ from .base import Policy, StepContext, server_star
 
 ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
               "full_gridscan": zipline.full_gridscan}
-#: the server's words: one interval per rank; a worker's: [assigned count, G]
-_COUNT, _GLOBAL = 0, 1
+#: the server's words: per rank its interval and the superstep of it; a worker's:
+#: [assigned count, G, superstep of both]
+_COUNT, _GLOBAL, _STAMP = 0, 1, 2
+_INTERVAL, _INTERVAL_STAMP = 0, 1
 
 
 class ElasticBSP(Policy):
@@ -46,7 +53,7 @@ class ElasticBSP(Policy):
     name = "elastic"
     #: on messages, a mailbox of newest versions (docs/PROTOCOL.md 2e): every slot holds
     #: exactly superstep s when it is read (nobody sends s + 1 before theta(s) is read);
-    #: the control words stay one-sided atomics, three per worker per superstep
+    #: the control words go as messages too (write_words), two per worker per superstep
     mailbox = True
     newest = True
     #: the exchange's version is the global iteration count G, also between supersteps
@@ -81,7 +88,7 @@ class ElasticBSP(Policy):
 
     def user_words(self, rank: int, n: int) -> int:
         """Words of control data in `rank`'s window (see the module docstring)."""
-        return n if rank == self.server else 2
+        return 2 * n if rank == self.server else 3
 
     def start(self) -> None:
         """Superstep 1 is plain BSP: one local step each (no interval is known yet)."""
@@ -101,9 +108,10 @@ class ElasticBSP(Policy):
         if self._local < self._assigned:
             return
         interval = float(np.mean(np.diff(np.array(self._ends))))
-        win.accumulate_word(self.server, self.layouts[self.server].user_disp(win.rank),
-                            max(1, int(interval * 1e9)))
         self._superstep += 1
+        server = self.layouts[self.server]
+        win.write_words(self.server, server.user_disp(2 * win.rank + _INTERVAL),
+                        [max(1, int(interval * 1e9)), self._superstep])
         win.put(buf, self._superstep, self._superstep, checksum=ctx.checksum)
         self._pending = True
 
@@ -114,9 +122,10 @@ class ElasticBSP(Policy):
         if not self._pending:
             return self._global
         s = self._superstep
-        win.wait_notifies(s, ctx.timeout)
-        win.reduce(buf, 0.0, np.ones(1), s, s, s, checksum=ctx.checksum, require_all=True)
         own = self.layouts[win.rank]
+        win.wait_notifies(s, ctx.timeout)
+        win.wait_word(own.user_disp(_STAMP), s, ctx.timeout, from_rank=self.server)
+        win.reduce(buf, 0.0, np.ones(1), s, s, s, checksum=ctx.checksum, require_all=True)
         self._assigned = int(win.local_word(own.user_disp(_COUNT)))
         self._global = int(win.local_word(own.user_disp(_GLOBAL)))
         self._local, self._pending = 0, False
@@ -130,6 +139,11 @@ class ElasticBSP(Policy):
         s = self._superstep = self._superstep + 1
         waited = time.monotonic()
         win.wait_notifies(s, ctx.timeout)
+        own = self.layouts[win.rank]
+        ranks = win.in_ranks
+        for r in ranks:
+            win.wait_word(own.user_disp(2 * r + _INTERVAL_STAMP), s, ctx.timeout,
+                          from_rank=r)
         waited = time.monotonic() - waited
         workers = win.n_in
         win.reduce(buf, 0.0, np.full(workers, 1.0 / workers), s, s, s,
@@ -137,16 +151,14 @@ class ElasticBSP(Policy):
         # the counts of superstep s were assigned at s - 1 (1 each for the first)
         self._total += int(np.sum(self._counts)) if s > 1 else workers
         self._global = self._total // workers
-        own = self.layouts[win.rank]
-        ranks = win.in_ranks
-        intervals = np.array([win.local_word(own.user_disp(r)) for r in ranks], float) / 1e9
+        intervals = np.array([win.local_word(own.user_disp(2 * r + _INTERVAL))
+                              for r in ranks], float) / 1e9
         ends = intervals[:, None] * np.arange(1, self.R + 1)[None, :]
         choice = ALGORITHMS[self.algorithm](ends)
         self._counts = np.asarray(choice.index) + 1
         for r, count in zip(ranks, self._counts):
-            theirs = self.layouts[r]
-            win.accumulate_word(r, theirs.user_disp(_COUNT), int(count))
-            win.accumulate_word(r, theirs.user_disp(_GLOBAL), self._global)
+            win.write_words(r, self.layouts[r].user_disp(_COUNT),
+                            [int(count), self._global, s])
         win.put(buf, s, s, checksum=ctx.checksum)
         self.supersteps.append((s, self._global, waited, float(choice.spread),
                                 *self._counts.tolist()))
