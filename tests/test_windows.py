@@ -225,3 +225,17 @@ def test_written_words_arrive_in_order_and_only_in_the_user_words(name):
             win.write_words(0, layout.user_disp(2), [1, 2])
             with pytest.raises(ProtocolError, match="outside this window's 3 user words"):
                 win.wait_word(layout.user_disp(0), 99, 5.0)
+
+
+def test_a_mailbox_without_user_words_leaves_word_messages_to_the_drain():
+    from asapmpi import _core
+
+    # Hop's and BSP's mailboxes have no user words: they post no word receive and
+    # test none in their pumps; a word sent to them anyway is received at free()
+    layout, win = _window(_core.MailboxWindow, depth=2)
+    disp = layout.ack_disp(0)
+    before = win.local_word(disp)
+    win.write_words(0, disp, [41])
+    win.wait_word(disp, before, 1.0)                # pumps once
+    assert win.local_word(disp) == before
+    win.free()                                      # returns: the drain took it

@@ -172,7 +172,8 @@ cdef class MailboxWindow(SlotWindow):
             self._post_all()
             for j in range(self.n_out):
                 self._post_token(j)
-            self._post_words()
+            if self.n_user:     # only a window with user words takes word messages
+                self._post_words()
         return 0
 
     cdef int _post_all(self) except -1 nogil:
@@ -218,11 +219,12 @@ cdef class MailboxWindow(SlotWindow):
             missing = 0
             for r in range(self.size):
                 missing += words_to_me[r] - self.wd_got[r]
-            if missing > 0:
-                missing -= 1
-            else:
-                with nogil:
-                    CHKERR(MPI_Cancel(&self.wd_recv), "MPI_Cancel")
+            if self.wd_recv != MPI_REQUEST_NULL:
+                if missing > 0:
+                    missing -= 1
+                else:
+                    with nogil:
+                        CHKERR(MPI_Cancel(&self.wd_recv), "MPI_Cancel")
             for _ in range(missing):
                 extra.append((MPI_ANY_SOURCE, MB_WORD_TAG, np.empty(MB_WORD_CELLS, np.int64)))
             for i in range(self.n_in):
@@ -406,7 +408,7 @@ cdef class MailboxWindow(SlotWindow):
         cdef MPI_Status status
         cdef int64_t cells[MB_WORD_CELLS]
         cdef int64_t k, disp, count
-        while True:
+        while self.wd_recv != MPI_REQUEST_NULL:
             CHKERR(MPI_Test(&self.wd_recv, &flag, &status), "MPI_Test")
             if not flag:
                 return 0
@@ -423,6 +425,7 @@ cdef class MailboxWindow(SlotWindow):
             for k in range(count):
                 asap_store_i64(self.base + disp + 8 * k, cells[2 + k])
             asap_fence()
+        return 0
 
     def write_words(self, int target, Py_ssize_t disp, values):
         """Write the int64 `values` (1 to 6) into `target`'s user words from `disp`, as
