@@ -730,6 +730,12 @@ class Exchange:
             self._follow_slots()
 
     @property
+    def policy(self):
+        """The synchronization policy object (asapmpi.sync): its options, role and
+        trace; read it, do not call its steps."""
+        return self._policy
+
+    @property
     def current_timeout(self) -> float:
         """The seconds the next wait on a neighbour may take (see `timeout` above)."""
         return self._ctx.timeout

@@ -94,6 +94,22 @@ def test_inside_an_mpi_job_it_measures_that_job(tmp_path):
     assert proc.stdout.count("Targets") == 1        # rank 0 reports, once
 
 
+@pytest.mark.mpi
+def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
+    # every rank's timed loop runs the same supersteps (a worker's local steps and its
+    # exchange with the server per call), so the loops meet and the job ends
+    out = tmp_path / "reduce.json"
+    proc = asapmpi("bench", "reduce", "--sizes", "4K", "--ranks", "3", "--paths", "shm,net",
+                   "--graphs", "ring", "--policies", "elastic,backup_ps", "--repeats", "2",
+                   "--min-time", "0.002", "--json", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    elastic = [r for r in rows if r["policy"] == "elastic"]
+    assert len(elastic) == 2 and all(r["seconds"] > 0 for r in elastic), rows
+    assert {r["graph"] for r in elastic} == {r["graph"] for r in rows
+                                             if r["policy"] == "backup_ps"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--ranks", "1"], "rank counts >= 2"),
     (["--graphs", "ring,nope"], "unknown graph nope"),
@@ -101,7 +117,7 @@ def test_inside_an_mpi_job_it_measures_that_job(tmp_path):
     (["--policies", "hop:max_gap=0"], "hop:max_gap=0: "),
     (["--policies", "hop:backup"], "is not OPTION=VALUE"),
     (["--policies", "hop:transport=pigeon"], "transport must be one of auto, put"),
-    (["--policies", "elastic"], "elastic cannot be timed per step"),
+    (["--policies", "elastic:R=0"], "elastic:R=0: "),
     (["--paths", "ib"], "unknown path ib"),
     (["--sizes", "3"], "multiple of 4"),
     (["--graphs", "double-ring", "--ranks", "3"], "needs an even number of ranks"),

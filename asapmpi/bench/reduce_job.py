@@ -10,7 +10,9 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   allreduce   comm.Allreduce(IN_PLACE, SUM) of the float32 buffer through mpi4py;
   gloo        torch.distributed.all_reduce of the same buffer, gloo backend (TCP on
               127.0.0.1), when torch is importable;
-  steps       Exchange.step() for every graph and policy, and each graph's maximum
+  steps       Exchange.step() for every graph and policy (elastic: a superstep, the
+              server's step() and a worker's steps up to its next exchange with it),
+              and each graph's maximum
               in- and out-degree, with the transport the Exchange chose; for the
               policies in "paired_policies" the step's loops take turns with an
               Allreduce's and (on shared memory) a memory-bandwidth copy's in every
@@ -98,21 +100,32 @@ def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, po
     with Exchange(buf, graph=None if sync in FIXED_GRAPH_POLICIES else graph, sync=sync,
                   comm=comm, timeout=timeout, double_buffer=True, **options) as ex:
         transport = ex.transport + (" double-buffered" if ex.double_buffered else "")
+        step = partial(superstep, ex) if sync == "elastic" else ex.step
         timer.settle = ex.settle
         try:
             if references:
                 names = ["step", *references]
-                series = timer.interleaved([ex.step, *references.values()])
+                series = timer.interleaved([step, *references.values()])
                 result = {"seconds": statistics.median(series[0]), "transport": transport,
                           "paired": dict(zip(names, series))}
             else:
-                result = {"seconds": timer.seconds_per_call(ex.step),
+                result = {"seconds": timer.seconds_per_call(step),
                           "transport": transport}
         finally:
             timer.settle = None
         ex.settle()
         comm.Barrier()          # nobody frees its window while a neighbour still puts
         return result
+
+
+def superstep(ex: Exchange) -> None:
+    """One ElasticBSP superstep on this rank: the server's step(), or a worker's steps
+    up to and including its next exchange with the server (the local steps between are
+    free here: nothing is computed), so that every rank's timed loop runs the same
+    supersteps."""
+    done = ex.policy.supersteps_done
+    while ex.policy.supersteps_done == done:
+        ex.step()
 
 
 def degrees(graph: str, n: int) -> Dict[str, int]:

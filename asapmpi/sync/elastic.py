@@ -165,6 +165,12 @@ class ElasticBSP(Policy):
         return self._global
 
     @property
+    def supersteps_done(self) -> int:
+        """Supersteps this rank has completed (a worker: theta received; the server:
+        theta sent)."""
+        return self.supersteps.count
+
+    @property
     def trace(self) -> Dict[str, np.ndarray]:
         """Server: per superstep [s, G, seconds waited for the workers, predicted spread,
         next count per worker]; worker: per superstep [s, G, next count]."""
