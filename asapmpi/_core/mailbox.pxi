@@ -69,6 +69,7 @@ cdef class MailboxWindow(SlotWindow):
     cdef int64_t *wd_in             # its cells: displacement, count, values
     cdef MPI_Request *wd_send       # word messages in flight (a ring)
     cdef int64_t *wd_out            # their cells
+    cdef int *wd_peer               # and the rank each went to
     cdef int wd_next                # the ring's next entry
     cdef int64_t *wd_sent           # word messages sent to and received from each rank,
     cdef int64_t *wd_got            # for the drain
@@ -99,6 +100,7 @@ cdef class MailboxWindow(SlotWindow):
         free(self.wd_in); self.wd_in = NULL
         free(self.wd_send); self.wd_send = NULL
         free(self.wd_out); self.wd_out = NULL
+        free(self.wd_peer); self.wd_peer = NULL
         free(self.wd_sent); self.wd_sent = NULL
         free(self.wd_got); self.wd_got = NULL
 
@@ -141,6 +143,7 @@ cdef class MailboxWindow(SlotWindow):
         self.wd_in = <int64_t *>calloc(MB_WORD_CELLS, sizeof(int64_t))
         self.wd_send = <MPI_Request *>calloc(MB_WORD_SENDS, sizeof(MPI_Request))
         self.wd_out = <int64_t *>calloc(MB_WORD_SENDS * MB_WORD_CELLS, sizeof(int64_t))
+        self.wd_peer = <int *>calloc(MB_WORD_SENDS, sizeof(int))
         self.wd_sent = <int64_t *>calloc(self.size, sizeof(int64_t))
         self.wd_got = <int64_t *>calloc(self.size, sizeof(int64_t))
         if (self.mb_recv == NULL or self.mb_stage == NULL or self.mb_held == NULL
@@ -148,8 +151,8 @@ cdef class MailboxWindow(SlotWindow):
                 or self.mb_send == NULL or self.tok_recv == NULL or self.tok_in == NULL
                 or self.tok_send == NULL or self.tok_out == NULL or self.tok_next == NULL
                 or self.mb_sent == NULL or self.mb_got == NULL or self.wd_in == NULL
-                or self.wd_send == NULL or self.wd_out == NULL or self.wd_sent == NULL
-                or self.wd_got == NULL):
+                or self.wd_send == NULL or self.wd_out == NULL or self.wd_peer == NULL
+                or self.wd_sent == NULL or self.wd_got == NULL):
             raise MemoryError()
         for k in range(MB_WORD_SENDS):
             self.wd_send[k] = MPI_REQUEST_NULL
@@ -445,8 +448,9 @@ cdef class MailboxWindow(SlotWindow):
             r = self._wait_word_send(slot, self.flush_timeout)
         if r:
             raise NeighbourTimeoutError(
-                self.rank, "the receive of its word message (the reader's next wait "
-                "takes it)", [target], [0], [0], self.flush_timeout)
+                self.rank, f"the receive of the word message it sent {MB_WORD_SENDS} "
+                f"writes ago (the reader's next wait takes it)",
+                [self.wd_peer[slot]], [], [], self.flush_timeout)
         with nogil:
             self.wd_out[slot * MB_WORD_CELLS] = disp
             self.wd_out[slot * MB_WORD_CELLS + 1] = n
@@ -454,6 +458,7 @@ cdef class MailboxWindow(SlotWindow):
                 self.wd_out[slot * MB_WORD_CELLS + 2 + k] = v[k]
             CHKERR(MPI_Isend(self.wd_out + slot * MB_WORD_CELLS, 2 + n, MPI_INT64_T, target,
                              MB_WORD_TAG, self.msg_comm, &self.wd_send[slot]), "MPI_Isend")
+            self.wd_peer[slot] = target
             self.wd_sent[target] += 1
             self.wd_next = (slot + 1) % MB_WORD_SENDS
 
