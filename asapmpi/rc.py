@@ -52,8 +52,8 @@ class RC:
     poll_max_sleep_us: longest sleep between two polls, microseconds.
     poll_timer_slack_ns: how far past its deadline the kernel may end such a sleep
         (Linux's timer slack), nanoseconds.  0: automatic (asapmpi.cores): 1 us where
-        every rank of a host has a core of its own, the thread's own (50 us by default)
-        where the ranks oversubscribe the cores.
+        every rank of a host has a core of its own, 50 us (Linux's default) where the
+        ranks oversubscribe the cores.
     max_transfer: the largest single MPI_Put/MPI_Get of a payload, bytes; larger
         payloads go in pieces.  0: automatic, AM_RMA_MAX_TRANSFER when MPICH runs RMA
         as active messages (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0), else 1 GiB.
