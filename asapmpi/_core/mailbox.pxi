@@ -31,10 +31,9 @@ cdef enum:
     # the tag of token messages (slot tags are 0 .. depth - 1)
     MB_TOKEN_TAG = 32767
     # words written into another rank's window (write_words): one message of the
-    # displacement, the count and up to MB_WORD_MAX values, MB_WORD_SENDS in flight
+    # displacement, the count and up to WRITE_WORDS_MAX values, MB_WORD_SENDS in flight
     MB_WORD_TAG = 32766
-    MB_WORD_MAX = 6
-    MB_WORD_CELLS = 8
+    MB_WORD_CELLS = WRITE_WORDS_MAX + 2
     MB_WORD_SENDS = 16
 
 
@@ -419,7 +418,7 @@ cdef class MailboxWindow(SlotWindow):
             self.wd_got[status.MPI_SOURCE] += 1
             self._post_words()
             disp, count = cells[0], cells[1]
-            if (count < 1 or count > MB_WORD_MAX or disp % 8 or disp < self.off_user
+            if (count < 1 or count > WRITE_WORDS_MAX or disp % 8 or disp < self.off_user
                     or disp + 8 * count > self.off_user + 8 * self.n_user):
                 with gil:
                     raise ProtocolError(f"rank {self.rank}: rank {status.MPI_SOURCE} wrote "
@@ -435,15 +434,13 @@ cdef class MailboxWindow(SlotWindow):
         one message: the target's next wait or pump stores them in order, so a reader
         that waits for the last one (wait_word) sees the others.  One-way: no old
         values; the message may still be in flight when this returns."""
-        cdef int64_t[::1] v = np.ascontiguousarray(values, dtype=np.int64)
+        cdef int64_t[::1] v = self._words(values)
         cdef int n = <int>v.shape[0]
         cdef int slot = self.wd_next
         cdef int r = 0
         cdef int k
         self._check_alive()
         self._check_target(target, disp)
-        if not 1 <= n <= MB_WORD_MAX:
-            raise ConfigError(f"write_words writes 1 to {MB_WORD_MAX} words, got {n}")
         with nogil:
             r = self._wait_word_send(slot, self.flush_timeout)
         if r:

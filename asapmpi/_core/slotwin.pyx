@@ -47,6 +47,8 @@ cdef enum:
     # message transport: tags are versions modulo this (MPI guarantees tags up to 32767;
     # NOTIFY-ACK keeps a sender within one version of its receiver)
     TAG_MODULUS = 32768
+    # write_words: the most words one call writes (a mailbox sends them as one message)
+    WRITE_WORDS_MAX = 6
 
 # The windows of this process holding lazy notifies or acks (see _lazy_word).  A rank
 # waiting on one window completes the pending words of every other first: an MPI may
@@ -683,11 +685,17 @@ cdef class SlotWindow:
         from `disp`, in order, each atomically (MPI_Fetch_and_op REPLACE, flushed): a
         reader that waits for the last one (wait_word) sees the others.  A mailbox
         sends them as one message instead."""
-        vals = np.ascontiguousarray(values, dtype=np.int64).ravel()
-        if not 1 <= len(vals) <= 6:
-            raise ConfigError(f"write_words writes 1 to 6 words, got {len(vals)}")
+        vals = self._words(values)
         for k in range(len(vals)):
             self.accumulate_word(target, disp + 8 * k, int(vals[k]))
+
+    cdef object _words(self, values):
+        # write_words' values as a contiguous int64 array, or ConfigError
+        vals = np.ascontiguousarray(values, dtype=np.int64).ravel()
+        if not 1 <= len(vals) <= WRITE_WORDS_MAX:
+            raise ConfigError(f"write_words writes 1 to {WRITE_WORDS_MAX} words, got "
+                              f"{len(vals)}")
+        return vals
 
     def allgather_doubles(self, values, double timeout=-1.0):
         """Collective over the window's communicator: every rank's `values` (the same
