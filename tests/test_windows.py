@@ -239,3 +239,52 @@ def test_a_mailbox_without_user_words_leaves_word_messages_to_the_drain():
     win.wait_word(disp, before, 1.0)                # pumps once
     assert win.local_word(disp) == before
     win.free()                                      # returns: the drain took it
+
+
+def test_message_transports_have_no_mpi_window_and_refuse_one_sided_words():
+    from mpi4py import MPI
+
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    # the message transports' memory is this process's own (no MPI window, so no
+    # window progress in every MPI call); one-sided word operations say what to use
+    for cls in (_core.MessageWindow, _core.MailboxWindow, _core.NewestWindow):
+        layout, win = _window(cls)
+        with win:
+            assert not win.rma
+            assert "no MPI window" in win.memory_model
+            # a word of its own is read locally
+            assert win.fetch_word(0, layout.ack_disp(0)) == 0
+            disp = layout.ack_disp(0)
+            for call, args in ((win.accumulate_word, (0, disp, 1)),
+                               (win.fetch_words, (0, disp, 1)),
+                               (win.compare_and_swap_word, (0, disp, 0, 1))):
+                with pytest.raises(ConfigError, match=r"needs an MPI window.*transport='put'"):
+                    call(*args)
+    layout, win = _window(_core.PutWindow)
+    with win:
+        assert win.rma and win.memory_model == "MPI_WIN_UNIFIED"
+    assert MPI.Is_initialized()
+
+
+def test_one_pump_takes_every_message_that_arrived_not_one_per_call():
+    from mpi4py import MPI
+
+    from asapmpi import _core
+
+    # four word messages and an update are all there before one pump (fetch_word of
+    # an own word pumps exactly once): it takes every one, not the first only (an MPI
+    # may complete one message per progress call)
+    layout = _core.Layout(1, 1, 1, N * 8, 4, 0, False)
+    win = _core.NewestWindow(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
+                             [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
+                             flush_timeout=10.0)
+    with win:
+        for k in range(4):
+            win.write_words(0, layout.user_disp(k), [k + 1])
+        win.put(np.full(N, 7.0), 1, 1)
+        assert win.fetch_word(0, layout.user_disp(3)) == 4
+        assert [win.local_word(layout.user_disp(k)) for k in range(4)] == [1, 2, 3, 4]
+        assert win.local_word(layout.notify_disp(0)) == 1
+        _reduce_own(win, 1, np.full(N, 7.0))

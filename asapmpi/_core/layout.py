@@ -23,6 +23,7 @@ Every region starts on a 64-byte boundary.  Version 0 means "never written".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 CACHE_LINE = 64
 HEADER_BYTES = 64
@@ -38,7 +39,9 @@ def align(n: int, to: int = CACHE_LINE) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Offsets (bytes from the window base) of every region of one rank's window."""
+    """Offsets (bytes from the window base) of every region of one rank's window.
+    The derived offsets are computed once (cached_property): policies read them every
+    step."""
 
     n_in: int
     n_out: int
@@ -50,7 +53,7 @@ class Layout:
     #: the slots hold this rank's own updates for its out-neighbours to read in place
     outbox: bool = False
 
-    @property
+    @cached_property
     def n_slots(self) -> int:
         """Slots inside the window (none with outbox: they are in the segment)."""
         return 0 if self.outbox else self.n_in * self.depth
@@ -65,36 +68,36 @@ class Layout:
         """Offset of own slot `slot`'s payload in the outbox segment."""
         return slot * self.slot_stride + HEADER_BYTES
 
-    @property
+    @cached_property
     def off_notify(self) -> int:
         return CACHE_LINE
 
-    @property
+    @cached_property
     def off_ack(self) -> int:
         return self.off_notify + align(8 * self.n_in * self.depth)
 
-    @property
+    @cached_property
     def off_user(self) -> int:
         return self.off_ack + align(8 * self.n_out)
 
-    @property
+    @cached_property
     def off_slots(self) -> int:
         return self.off_user + align(8 * self.n_user)
 
-    @property
+    @cached_property
     def payload_stride(self) -> int:
         return align(max(self.nbytes, 1))
 
-    @property
+    @cached_property
     def slot_stride(self) -> int:
         return HEADER_BYTES + self.payload_stride + FOOTER_BYTES
 
-    @property
+    @cached_property
     def off_publish(self) -> int:
         """Offset of the header of this rank's published slot (pull gossip)."""
         return self.off_slots + self.n_slots * self.slot_stride
 
-    @property
+    @cached_property
     def total(self) -> int:
         return self.off_publish + self.n_publish * self.slot_stride
 

@@ -46,6 +46,15 @@ cdef class MailboxWindow(SlotWindow):
 
     cdef MPI_Comm msg_comm
     cdef readonly int retain
+    # Every request of the window in one array, so that a pump is one MPI_Testsome (one
+    # progress call, which on UCX is an epoll_wait per worker): the update receives,
+    # the token receives, the word receive, then the sends, which only a mailbox of
+    # newest versions completes in its pump.  mb_recv, tok_recv, wd_recv and mb_send
+    # point into it.
+    cdef MPI_Request *mb_req
+    cdef MPI_Status *mb_status      # MPI_Testsome's statuses (a word's sender)
+    cdef int mb_npump               # requests from mb_req's start that _pump tests
+    cdef int mb_req_tok, mb_req_wd, mb_req_snd  # where tok_recv, wd_recv, mb_send start
     cdef MPI_Request *mb_recv       # per in-neighbour and slot: its update
     cdef int mb_nrecv               # their number (newest: two per in-neighbour)
     cdef int64_t *mb_held           # per in-neighbour and slot: version held, 0: posted
@@ -64,7 +73,7 @@ cdef class MailboxWindow(SlotWindow):
     cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
     cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
     cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
-    cdef MPI_Request wd_recv        # the next word message, from any rank
+    cdef MPI_Request *wd_recv       # the next word message, from any rank
     cdef int64_t *wd_in             # its cells: displacement, count, values
     cdef MPI_Request *wd_send       # word messages in flight (a ring)
     cdef int64_t *wd_out            # their cells
@@ -75,21 +84,22 @@ cdef class MailboxWindow(SlotWindow):
 
     def __cinit__(self):
         self.transport = "mailbox"
+        self.rma = False          # messages only: no MPI window
+        self.pump_progresses = True
         self.msg_comm = MPI_COMM_NULL
-        self.wd_recv = MPI_REQUEST_NULL
 
     def __init__(self, *args, int retain=0, **kwargs):
         self.retain = retain
         SlotWindow.__init__(self, *args, **kwargs)
 
     def __dealloc__(self):
-        free(self.mb_recv); self.mb_recv = NULL
+        free(self.mb_req); self.mb_req = NULL
+        self.mb_recv = self.tok_recv = self.wd_recv = self.mb_send = NULL
+        free(self.mb_status); self.mb_status = NULL
         free(self.mb_stage); self.mb_stage = NULL
         free(self.mb_stage_version); self.mb_stage_version = NULL
         free(self.mb_held); self.mb_held = NULL
         free(self.mb_index); self.mb_index = NULL
-        free(self.mb_send); self.mb_send = NULL
-        free(self.tok_recv); self.tok_recv = NULL
         free(self.tok_in); self.tok_in = NULL
         free(self.tok_send); self.tok_send = NULL
         free(self.tok_out); self.tok_out = NULL
@@ -120,20 +130,20 @@ cdef class MailboxWindow(SlotWindow):
         cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
         cdef int k
+        cdef int n_req = nrecv + self.n_out + 1 + stages * m
         if self.nbytes + MB_TRAILER_BYTES > 0x7fffffff:
             raise ConfigError(f"the message transport sends less than 2 GiB per update, "
                               f"not {self.nbytes} bytes; use transport='put'")
         self.mb_nrecv = nrecv
         self.mb_stages = stages
-        self.mb_recv = <MPI_Request *>calloc(max(nrecv, 1), sizeof(MPI_Request))
+        self.mb_req = <MPI_Request *>calloc(n_req, sizeof(MPI_Request))
+        self.mb_status = <MPI_Status *>calloc(n_req, sizeof(MPI_Status))
         self.mb_held = <int64_t *>calloc(max(nrecv, 1), sizeof(int64_t))
-        self.mb_index = <int *>calloc(max(nrecv, m), sizeof(int))
-        self.tok_recv = <MPI_Request *>calloc(m, sizeof(MPI_Request))
+        self.mb_index = <int *>calloc(n_req, sizeof(int))
         self.tok_in = <int64_t *>calloc(m, sizeof(int64_t))
         self.tok_send = <MPI_Request *>calloc(n, sizeof(MPI_Request))
         self.tok_out = <int64_t *>calloc(n, sizeof(int64_t))
         self.tok_next = <int64_t *>calloc(n, sizeof(int64_t))
-        self.mb_send = <MPI_Request *>calloc(stages * m, sizeof(MPI_Request))
         self.mb_stage_stride = (self.nbytes + MB_TRAILER_BYTES + 63) // 64 * 64
         self.mb_stage = <char *>calloc(stages, self.mb_stage_stride)
         self.mb_stage_version = <int64_t *>calloc(stages, sizeof(int64_t))
@@ -145,22 +155,26 @@ cdef class MailboxWindow(SlotWindow):
         self.wd_peer = <int *>calloc(MB_WORD_SENDS, sizeof(int))
         self.wd_sent = <int64_t *>calloc(self.size, sizeof(int64_t))
         self.wd_got = <int64_t *>calloc(self.size, sizeof(int64_t))
-        if (self.mb_recv == NULL or self.mb_stage == NULL or self.mb_held == NULL
-                or self.mb_stage_version == NULL or self.mb_index == NULL
-                or self.mb_send == NULL or self.tok_recv == NULL or self.tok_in == NULL
+        if (self.mb_req == NULL or self.mb_status == NULL or self.mb_stage == NULL
+                or self.mb_held == NULL or self.mb_stage_version == NULL
+                or self.mb_index == NULL or self.tok_in == NULL
                 or self.tok_send == NULL or self.tok_out == NULL or self.tok_next == NULL
                 or self.mb_sent == NULL or self.mb_got == NULL or self.wd_in == NULL
                 or self.wd_send == NULL or self.wd_out == NULL or self.wd_peer == NULL
                 or self.wd_sent == NULL or self.wd_got == NULL):
             raise MemoryError()
+        for k in range(n_req):
+            self.mb_req[k] = MPI_REQUEST_NULL
+        self.mb_recv = self.mb_req
+        self.mb_req_tok = nrecv
+        self.tok_recv = self.mb_req + self.mb_req_tok
+        self.mb_req_wd = nrecv + self.n_out
+        self.wd_recv = self.mb_req + self.mb_req_wd
+        self.mb_req_snd = self.mb_req_wd + 1
+        self.mb_send = self.mb_req + self.mb_req_snd
+        self.mb_npump = self.mb_req_snd
         for k in range(MB_WORD_SENDS):
             self.wd_send[k] = MPI_REQUEST_NULL
-        for k in range(max(nrecv, 1)):
-            self.mb_recv[k] = MPI_REQUEST_NULL
-        for k in range(stages * m):
-            self.mb_send[k] = MPI_REQUEST_NULL
-        for k in range(m):
-            self.tok_recv[k] = MPI_REQUEST_NULL
         for k in range(n):
             self.tok_send[k] = MPI_REQUEST_NULL
         return 0
@@ -221,12 +235,12 @@ cdef class MailboxWindow(SlotWindow):
             missing = 0
             for r in range(self.size):
                 missing += words_to_me[r] - self.wd_got[r]
-            if self.wd_recv != MPI_REQUEST_NULL:
+            if self.wd_recv[0] != MPI_REQUEST_NULL:
                 if missing > 0:
                     missing -= 1
                 else:
                     with nogil:
-                        CHKERR(MPI_Cancel(&self.wd_recv), "MPI_Cancel")
+                        CHKERR(MPI_Cancel(self.wd_recv), "MPI_Cancel")
             for _ in range(missing):
                 extra.append((MPI_ANY_SOURCE, MB_WORD_TAG, np.empty(MB_WORD_CELLS, np.int64)))
             for i in range(self.n_in):
@@ -251,7 +265,7 @@ cdef class MailboxWindow(SlotWindow):
                     CHKERR(MPI_Wait(&self.mb_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
                 for r in range(self.n_in):
                     CHKERR(MPI_Wait(&self.tok_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
-                CHKERR(MPI_Wait(&self.wd_recv, MPI_STATUS_IGNORE), "MPI_Wait")
+                CHKERR(MPI_Wait(self.wd_recv, MPI_STATUS_IGNORE), "MPI_Wait")
                 for r in range(MB_WORD_SENDS):
                     CHKERR(MPI_Wait(&self.wd_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
             for req in requests:
@@ -351,41 +365,47 @@ cdef class MailboxWindow(SlotWindow):
         return 0
 
     cdef int _pump(self) except -1 nogil:
-        # Complete what arrived: words into this window, updates into their slots,
-        # tokens into the ack words; send the tokens that waited for an earlier one to
-        # leave.
-        self._take_words()
-        self._take_updates()
-        return self._take_tokens()
-
-    cdef int _take_updates(self) except -1 nogil:
+        # Complete what arrived, by MPI_Testsome over every request at once (where
+        # nothing arrived, as in most polls of a wait, one progress call), again while
+        # it finds some (an MPI may deliver one message per progress call: MPICH's
+        # shared memory does): words into this window (first: a reader that waits for
+        # a stamp then reads the words sent with it), updates into their slots, tokens
+        # into the ack words, sends taken (newest); then send what waited for a channel.
         cdef int count = 0
-        cdef int k
-        if self.n_in:
-            CHKERR(MPI_Testsome(self.mb_nrecv, self.mb_recv, &count, self.mb_index,
-                                MPI_STATUSES_IGNORE), "MPI_Testsome")
-            if count != MPI_UNDEFINED:
-                for k in range(count):
-                    self._arrived(self.mb_index[k])
+        cdef int k, idx
+        while True:
+            CHKERR(MPI_Testsome(self.mb_npump, self.mb_req, &count, self.mb_index,
+                                self.mb_status), "MPI_Testsome")
+            if count == MPI_UNDEFINED or count == 0:
+                break
+            for k in range(count):
+                if self.mb_index[k] == self.mb_req_wd:
+                    self._word_arrived(self.mb_status[k].MPI_SOURCE)
+            for k in range(count):
+                idx = self.mb_index[k]
+                if idx < self.mb_req_tok:
+                    self._arrived(idx)
+                elif idx < self.mb_req_wd:
+                    self._token_arrived(idx - self.mb_req_tok)
+                elif idx >= self.mb_req_snd:
+                    self._sent(idx - self.mb_req_snd)
+        return self._pumped()
+
+    cdef int _token_arrived(self, int j) except -1 nogil:
+        # out-neighbour j's token: into its ack word, and its next token awaited
+        cdef int64_t *ack = <int64_t *>(self.base + self.off_ack + 8 * j)
+        self.mb_got[self._out[j] * (self.depth + 1) + self.depth] += 1
+        # tokens of one sender arrive in order; max() keeps a word that only grows
+        if self.tok_in[j] > asap_load_i64(ack):
+            asap_store_i64(ack, self.tok_in[j])
+        return self._post_token(j)
+
+    cdef int _sent(self, int k) except -1 nogil:
+        # send k of mb_send was taken (only a mailbox of newest versions pumps sends)
         return 0
 
-    cdef int _take_tokens(self) except -1 nogil:
-        cdef int count = 0
-        cdef int k, j
-        cdef int64_t *ack
-        if self.n_out:
-            CHKERR(MPI_Testsome(self.n_out, self.tok_recv, &count, self.mb_index,
-                                MPI_STATUSES_IGNORE), "MPI_Testsome")
-            if count != MPI_UNDEFINED:
-                for k in range(count):
-                    j = self.mb_index[k]
-                    self.mb_got[self._out[j] * (self.depth + 1) + self.depth] += 1
-                    ack = <int64_t *>(self.base + self.off_ack + 8 * j)
-                    # tokens of one sender arrive in order; max() keeps a word that only
-                    # grows
-                    if self.tok_in[j] > asap_load_i64(ack):
-                        asap_store_i64(ack, self.tok_in[j])
-                    self._post_token(j)
+    cdef int _pumped(self) except -1 nogil:
+        # after a pump: the tokens that waited for an earlier one to leave
         return self._send_tokens()
 
     cdef int _progress(self) except -1 nogil:
@@ -401,32 +421,27 @@ cdef class MailboxWindow(SlotWindow):
 
     cdef int _post_words(self) except -1 nogil:
         return CHKERR(MPI_Irecv(self.wd_in, MB_WORD_CELLS, MPI_INT64_T, MPI_ANY_SOURCE,
-                                MB_WORD_TAG, self.msg_comm, &self.wd_recv), "MPI_Irecv")
+                                MB_WORD_TAG, self.msg_comm, self.wd_recv), "MPI_Irecv")
 
-    cdef int _take_words(self) except -1 nogil:
-        # every word message that arrived: its values into this rank's user words, in
-        # order (a reader that waits for the last word of a message sees the others)
-        cdef int flag = 0
-        cdef MPI_Status status
+    cdef int _word_arrived(self, int source) except -1 nogil:
+        # the word message from `source` completed: its values into this rank's user
+        # words, in order (a reader that waits for the last word of a message sees the
+        # others), and the next one awaited
         cdef int64_t cells[MB_WORD_CELLS]
         cdef int64_t k, disp, count
-        while self.wd_recv != MPI_REQUEST_NULL:
-            CHKERR(MPI_Test(&self.wd_recv, &flag, &status), "MPI_Test")
-            if not flag:
-                return 0
-            memcpy(cells, self.wd_in, sizeof(cells))
-            self.wd_got[status.MPI_SOURCE] += 1
-            self._post_words()
-            disp, count = cells[0], cells[1]
-            if (count < 1 or count > WRITE_WORDS_MAX or disp % 8 or disp < self.off_user
-                    or disp + 8 * count > self.off_user + 8 * self.n_user):
-                with gil:
-                    raise ProtocolError(f"rank {self.rank}: rank {status.MPI_SOURCE} wrote "
-                                        f"{count} word(s) at offset {disp}, outside this "
-                                        f"window's {self.n_user} user words")
-            for k in range(count):
-                asap_store_i64(self.base + disp + 8 * k, cells[2 + k])
-            asap_fence()
+        memcpy(cells, self.wd_in, sizeof(cells))
+        self.wd_got[source] += 1
+        self._post_words()
+        disp, count = cells[0], cells[1]
+        if (count < 1 or count > WRITE_WORDS_MAX or disp % 8 or disp < self.off_user
+                or disp + 8 * count > self.off_user + 8 * self.n_user):
+            with gil:
+                raise ProtocolError(f"rank {self.rank}: rank {source} wrote {count} "
+                                    f"word(s) at offset {disp}, outside this window's "
+                                    f"{self.n_user} user words")
+        for k in range(count):
+            asap_store_i64(self.base + disp + 8 * k, cells[2 + k])
+        asap_fence()
         return 0
 
     def write_words(self, int target, Py_ssize_t disp, values):
@@ -477,16 +492,22 @@ cdef class MailboxWindow(SlotWindow):
 
     cdef int _send_tokens(self) except -1 nogil:
         # One token in flight per in-neighbour; a newer one waits in tok_next (tokens
-        # are counters: the newest says everything the older ones did).
+        # are counters: the newest says everything the older ones did).  The tokens in
+        # flight are tested together (one progress call), and only when one waits.
         cdef int i
-        cdef int flag = 0
+        cdef int count = 0
+        cdef bint waiting = False
         for i in range(self.n_in):
-            if self.tok_next[i] <= 0:
+            if self.tok_next[i] > 0:
+                waiting = True
+                break
+        if not waiting:
+            return 0
+        CHKERR(MPI_Testsome(self.n_in, self.tok_send, &count, self.mb_index,
+                            MPI_STATUSES_IGNORE), "MPI_Testsome")
+        for i in range(self.n_in):
+            if self.tok_next[i] <= 0 or self.tok_send[i] != MPI_REQUEST_NULL:
                 continue
-            if self.tok_send[i] != MPI_REQUEST_NULL:
-                CHKERR(MPI_Test(&self.tok_send[i], &flag, MPI_STATUS_IGNORE), "MPI_Test")
-                if not flag:
-                    continue
             self.tok_out[i] = self.tok_next[i]
             self.tok_next[i] = 0
             CHKERR(MPI_Isend(&self.tok_out[i], 1, MPI_INT64_T, self._in[i], MB_TOKEN_TAG,
@@ -607,18 +628,12 @@ cdef class MailboxWindow(SlotWindow):
         # the slot's receive (and, above the eager limit, taken the message)
         cdef long polls = 0
         cdef double t0 = asap_now()
-        cdef int j
         cdef int flag = 0
-        cdef bint done
         while True:
-            done = True
-            for j in range(self.n_out):
-                if self.mb_send[stage * self.n_out + j] != MPI_REQUEST_NULL:
-                    CHKERR(MPI_Test(&self.mb_send[stage * self.n_out + j], &flag,
-                                    MPI_STATUS_IGNORE), "MPI_Test")
-                    if not flag:
-                        done = False
-            if done:
+            # one call for the stage's sends: one progress call per poll
+            CHKERR(MPI_Testall(self.n_out, self.mb_send + stage * self.n_out, &flag,
+                               MPI_STATUSES_IGNORE), "MPI_Testall")
+            if flag:
                 return 0
             if self._idle(&polls, t0, timeout):
                 return 1

@@ -23,6 +23,7 @@ cdef class MessageWindow(SlotWindow):
 
     def __cinit__(self):
         self.transport = "messages"
+        self.rma = False          # messages only: no MPI window
         self.msg_comm = MPI_COMM_NULL
 
     def __dealloc__(self):

@@ -68,6 +68,7 @@ cdef class NewestWindow(MailboxWindow):
         # (_send_newest), each from any stage, and the newest: one more stage is always
         # free
         self._alloc(2 * self.n_in, 2 * m + 2)
+        self.mb_npump += 2 * self.n_out     # the pump also completes the sends
         self.mb_cur = <char **>calloc(n, sizeof(char *))
         self.mb_posted = <char **>calloc(2 * n, sizeof(char *))
         self.mb_spare = <char *>calloc(2 * n, self.slot_stride)
@@ -138,12 +139,6 @@ cdef class NewestWindow(MailboxWindow):
         self.bytes_got += self.nbytes
         return self._post_newest(r)
 
-    cdef int _pump(self) except -1 nogil:
-        self._take_words()
-        self._take_updates()
-        self._complete_sends(True)
-        return self._take_tokens()
-
     cdef int _drain_sender(self, int i, const int64_t *sent, list extra) except -1:
         # At free: the updates from in-neighbour i still to come.  Its two posted
         # receives take the first two (the earlier posted first, as MPI matches them),
@@ -174,7 +169,7 @@ cdef class NewestWindow(MailboxWindow):
         self._refuse_tear(tear)
         with nogil:
             self._mark_suppressed(suppress_if_acked)
-            self._complete_sends(False)
+            self._complete_sends()
             # found: at most 2 n_out stages have a send in flight and one more is the
             # newest
             while self.mb_refs[s] != 0 or s == self.mb_newest_stage:
@@ -205,23 +200,31 @@ cdef class NewestWindow(MailboxWindow):
         self.bytes_put += self.nbytes
         return 0
 
-    cdef int _complete_sends(self, bint send_waiting) except -1 nogil:
-        # free the messages a reader took; send the newest version into the channels
-        # that waited for it and are free now
-        cdef int j, k
-        cdef int flag = 0
-        for k in range(2 * self.n_out):
-            if self.mb_busy[k] >= 0:
-                CHKERR(MPI_Test(&self.mb_send[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
-                if flag:
-                    self.mb_refs[self.mb_busy[k]] -= 1
-                    self.mb_busy[k] = -1
-        if send_waiting:
-            for j in range(self.n_out):
-                if (self.mb_waiting[j] and self.mb_busy[j] < 0
-                        and self.mb_busy[self.n_out + j] < 0):
-                    self._send_newest(j, 0)
+    cdef int _complete_sends(self) except -1 nogil:
+        # free the messages readers took (one MPI_Testsome over the sends)
+        cdef int count = 0
+        cdef int k
+        CHKERR(MPI_Testsome(2 * self.n_out, self.mb_send, &count, self.mb_index,
+                            MPI_STATUSES_IGNORE), "MPI_Testsome")
+        if count != MPI_UNDEFINED:
+            for k in range(count):
+                self._sent(self.mb_index[k])
         return 0
+
+    cdef int _sent(self, int k) except -1 nogil:
+        # a reader took send k: its stage has one message in flight less
+        self.mb_refs[self.mb_busy[k]] -= 1
+        self.mb_busy[k] = -1
+        return 0
+
+    cdef int _pumped(self) except -1 nogil:
+        # the newest version into the channels that waited for it and are free now
+        cdef int j
+        for j in range(self.n_out):
+            if (self.mb_waiting[j] and self.mb_busy[j] < 0
+                    and self.mb_busy[self.n_out + j] < 0):
+                self._send_newest(j, 0)
+        return self._send_tokens()
 
     cdef int _settle(self) except -1 nogil:
         # before waiting outside the windows: every waiting channel gets the newest now
@@ -253,9 +256,11 @@ cdef void _forget_newest(NewestWindow w) noexcept nogil:
             return
 
 
-cdef int _settle_newest(bint deliver) except -1 nogil:
+cdef int _settle_newest(bint deliver, PyObject *pumped) except -1 nogil:
     cdef int i
     for i in range(_n_newest):
+        if _newest_win[i] == pumped:
+            continue
         with gil:
             if deliver:
                 (<NewestWindow>_newest_win[i])._settle()

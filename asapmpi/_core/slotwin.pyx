@@ -90,14 +90,16 @@ cdef void _forget_pending(MPI_Win *win) noexcept nogil:
             return
 
 
-cdef int _settle_all(double timeout, bint deliver=True) except -1 nogil:
+cdef int _settle_all(double timeout, bint deliver=True,
+                     PyObject *pumped=NULL) except -1 nogil:
     """Complete the lazy words of every window of this process (MPI_Win_flush_all),
     and send the waiting updates of its mailboxes of newest versions: with `deliver`,
     all of them (before waiting outside the windows); else those whose channel is free
-    (in a window's own wait, which must not wait for a slow reader)."""
+    (in a window's own wait, which must not wait for a slow reader; that window,
+    `pumped`, pumps itself)."""
     global _n_pending
     cdef int ierr
-    _settle_newest(deliver)
+    _settle_newest(deliver, pumped)
     while _n_pending:
         _n_pending -= 1
         if _pending_n[_n_pending][0]:
@@ -176,6 +178,15 @@ cdef class SlotWindow:
     cdef int64_t word_in
     cdef long poll_yields, poll_max_sleep_us
     cdef readonly long poll_slack_ns  # timer slack of the waits' sleeps (0: the thread's)
+    # _pump() is this transport's progress (a mailbox): a wait that pumped this poll
+    # needs no _progress() from _idle
+    cdef bint pump_progresses
+    # The transport reaches other ranks' memory one-sidedly (put, shared): the memory
+    # is an MPI window.  The message transports (rma False) never do: their memory is
+    # MPI_Alloc_mem'd and every word in it is written by this process, so that no
+    # window exists whose progress every MPI call of the process would also drive
+    # (Open MPI's osc ucx polls a UCX worker of its own per call while a window lives).
+    cdef readonly bint rma
     cdef Py_ssize_t _max_transfer
     # reduce scratch
     cdef char *own_copy
@@ -205,6 +216,7 @@ cdef class SlotWindow:
 
     def __cinit__(self):
         self.win = MPI_WIN_NULL
+        self.rma = True
         self.comm = MPI_COMM_NULL
         self._freed = True
         self._late = MPI_REQUEST_NULL
@@ -280,20 +292,29 @@ cdef class SlotWindow:
                    "MPI_Comm_set_errhandler")
             CHKERR(MPI_Comm_rank(self.comm, &self.rank), "MPI_Comm_rank")
             CHKERR(MPI_Comm_size(self.comm, &self.size), "MPI_Comm_size")
-            CHKERR(MPI_Info_create(&info), "MPI_Info_create")
-            CHKERR(MPI_Info_set(info, b"same_disp_unit", b"true"), "MPI_Info_set")
-            CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
-                                    &self.win), "MPI_Win_allocate")
-            CHKERR(MPI_Info_free(&info), "MPI_Info_free")
+            if self.rma:
+                CHKERR(MPI_Info_create(&info), "MPI_Info_create")
+                CHKERR(MPI_Info_set(info, b"same_disp_unit", b"true"), "MPI_Info_set")
+                CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
+                                        &self.win), "MPI_Win_allocate")
+                CHKERR(MPI_Info_free(&info), "MPI_Info_free")
+            else:
+                CHKERR(MPI_Alloc_mem(max(self.total_bytes, 8), MPI_INFO_NULL, &self.base),
+                       "MPI_Alloc_mem")
         self._freed = False
-        with nogil:
-            CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN), "MPI_Win_set_errhandler")
-            CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag), "MPI_Win_get_attr")
-        if not flag or model == NULL or model[0] != MPI_WIN_UNIFIED:
-            self.free()  # not locked yet: free() skips the unlock
-            raise ConfigError("this MPI gives a separate (not unified) memory model for "
-                              "RMA windows; asapmpi needs MPI_WIN_UNIFIED")
-        self.memory_model = "MPI_WIN_UNIFIED"
+        if self.rma:
+            with nogil:
+                CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN),
+                       "MPI_Win_set_errhandler")
+                CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag),
+                       "MPI_Win_get_attr")
+            if not flag or model == NULL or model[0] != MPI_WIN_UNIFIED:
+                self.free()  # not locked yet: free() skips the unlock
+                raise ConfigError("this MPI gives a separate (not unified) memory model "
+                                  "for RMA windows; asapmpi needs MPI_WIN_UNIFIED")
+            self.memory_model = "MPI_WIN_UNIFIED"
+        else:
+            self.memory_model = "none (messages only: no MPI window)"
         # Version 0 everywhere means "never written".  No rank can leave the allgather
         # below before every rank entered it, so no remote write precedes these stores.
         memset(self.base, 0, self.total_bytes)
@@ -303,11 +324,12 @@ cdef class SlotWindow:
         (<int64_t *>self.base)[3] = self.n_out
         (<int64_t *>self.base)[4] = self.depth
         (<int64_t *>self.base)[5] = self.nbytes
+        if self.rma:
+            with nogil:
+                CHKERR(MPI_Win_lock_all(MPI_MODE_NOCHECK, self.win), "MPI_Win_lock_all")
+            self._locked = True
         with nogil:
-            CHKERR(MPI_Win_lock_all(MPI_MODE_NOCHECK, self.win), "MPI_Win_lock_all")
-        self._locked = True
-        with nogil:
-            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            self._sync()
             # every rank's window size, to bounds-check remote word offsets
             my_size = self.total_bytes
             CHKERR(MPI_Allgather(&my_size, 1, MPI_AINT, self.sizes, 1, MPI_AINT, self.comm),
@@ -465,7 +487,11 @@ cdef class SlotWindow:
                 _forget_pending(&self.win)  # unlock_all completes its words
                 if self._locked:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
-                CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
+                if self.rma:
+                    CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
+                elif self.base != NULL:
+                    CHKERR(MPI_Free_mem(self.base), "MPI_Free_mem")
+                self.base = NULL
                 CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
         finally:
             self._freed = True
@@ -625,6 +651,7 @@ cdef class SlotWindow:
     def notify(self, int64_t version):
         """Publish `version` in every out-neighbour's notify word for slot version % depth."""
         self._check_alive()
+        self._check_rma("notify()", -1)
         self._check_version(version)
         with nogil:
             self._mark_suppressed(0)
@@ -635,6 +662,7 @@ cdef class SlotWindow:
         cdef int i
         cdef int64_t *word
         self._check_alive()
+        self._check_rma("ack()", -1)
         with nogil:
             word = self._lazy_word(version)
             for i in range(self.n_in):
@@ -664,6 +692,7 @@ cdef class SlotWindow:
         cdef MPI_Op mop
         self._check_alive()
         self._check_target(target, disp)
+        self._check_rma("accumulate_word()", -1)
         if op == "replace":
             mop = MPI_REPLACE
         elif op == "sum":
@@ -767,6 +796,7 @@ cdef class SlotWindow:
         cdef int64_t old = 0
         self._check_alive()
         self._check_target(target, disp)
+        self._check_rma("compare_and_swap_word()", -1)
         with nogil:
             self.word_out = value
             CHKERR(MPI_Compare_and_swap(&self.word_out, &compare, &old, MPI_INT64_T, target,
@@ -778,9 +808,11 @@ cdef class SlotWindow:
         return old
 
     def fetch_word(self, int target, Py_ssize_t disp):
-        """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP)."""
+        """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP;
+        this rank's own word on a transport without a window)."""
         self._check_alive()
         self._check_target(target, disp)
+        self._check_rma("fetch_word() of another rank", target)
         with nogil:
             self._fetch(target, disp)
         return self.word_in
@@ -794,6 +826,7 @@ cdef class SlotWindow:
             raise ConfigError(f"count must be at least 1, got {count}")
         self._check_target(target, disp)
         self._check_target(target, disp + 8 * (count - 1))
+        self._check_rma("fetch_words()", -1)
         out = np.empty(count, dtype=np.int64)
         cdef int64_t[::1] o = out
         with nogil:
@@ -816,12 +849,24 @@ cdef class SlotWindow:
     cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
         if target == self.rank:
             self._pump()        # the words messages feed: as fresh as they can be
+            if not self.rma:    # and only this process writes them
+                self.word_in = asap_load_i64(self.base + disp)
+                return 0
         CHKERR(MPI_Fetch_and_op(NULL, &self.word_in, MPI_INT64_T, target, disp, MPI_NO_OP,
                                 self.win), "MPI_Fetch_and_op")
         if target == self.rank:
             CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
         else:
             self._flush(target, b"MPI_Win_flush after an atomic read")
+        return 0
+
+    cdef int _check_rma(self, str what, int target) except -1:
+        # a one-sided word operation (on `target`; -1: on any rank) needs a window,
+        # which the message transports do not have (reading a word of its own does not)
+        if not self.rma and target != self.rank:
+            raise ConfigError(f"{what} needs an MPI window, and the {self.transport} "
+                              f"transport moves everything by message: create the "
+                              f"Exchange with transport='put' (or 'shared')")
         return 0
 
     cdef int _check_version(self, int64_t version) except -1:
@@ -838,12 +883,22 @@ cdef class SlotWindow:
 
     # ------------------------------------------------------------------ waiting
 
+    cdef int _sync(self) except -1 nogil:
+        """Order this process's loads and stores of its window memory with what MPI
+        wrote there: MPI_Win_sync on a window; a fence where the memory is only ever
+        written by this process (rma False)."""
+        if self.rma:
+            return CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+        asap_fence()
+        return 0
+
     cdef int _progress(self) except -1 nogil:
         # On network paths a put into this window may only complete when this rank calls
         # into MPI; MPI_Win_sync is just a memory barrier on MPICH, so poke the engine.
         # (A mailbox, which nothing reaches one-sidedly, pumps its messages instead.)
         cdef int flag = 0
-        CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
+        if self.rma:
+            CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
         CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag, MPI_STATUS_IGNORE),
                "MPI_Iprobe")
         return 0
@@ -857,15 +912,19 @@ cdef class SlotWindow:
         if self.n_lazy:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
         if _n_pending or _n_newest:
-            _settle_all(self.flush_timeout, False)
+            # this window pumps in its own wait (its loop or _idle's _progress)
+            _settle_all(self.flush_timeout, False, <PyObject *>self)
         return 0
 
-    cdef int _idle(self, long *polls, double t0, double timeout) except -1 nogil:
-        """Between two unsuccessful polls: drive progress, then back off.  Returns 1 once
-        `timeout` seconds have passed since t0."""
+    cdef int _idle(self, long *polls, double t0, double timeout,
+                   bint pumped=False) except -1 nogil:
+        """Between two unsuccessful polls: drive progress (unless the caller's _pump()
+        of this poll did: `pumped` on a transport whose pump is its progress), then back
+        off.  Returns 1 once `timeout` seconds have passed since t0."""
         cdef double t = asap_now()
         self._settle_pending(polls[0])
-        self._progress()
+        if not (pumped and self.pump_progresses):
+            self._progress()
         if t - t0 > timeout:
             return 1
         asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us,
@@ -883,7 +942,7 @@ cdef class SlotWindow:
         cdef bint done
         while True:
             self._pump()        # a message stamped now is seen before any back-off
-            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            self._sync()
             done = True
             for i in range(n):
                 if at_least:
@@ -894,9 +953,9 @@ cdef class SlotWindow:
                     done = False
                     break
             if done:
-                CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+                self._sync()
                 return 0
-            if self._idle(&polls, t0, timeout):
+            if self._idle(&polls, t0, timeout, True):
                 return 1
 
     cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout,
@@ -981,14 +1040,14 @@ cdef class SlotWindow:
             self.wait_expected[i] = version
         while True:
             self._pump()
-            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            self._sync()
             got[0] = 0
             for i in range(self.n_in):
                 if asap_load_i64(self.base + self.wait_offs[i]) == version:
                     got[0] += 1
             if got[0] >= min_count:
                 return 0
-            if self._idle(&polls, t0, timeout):
+            if self._idle(&polls, t0, timeout, True):
                 return 1
 
     def barrier(self, double timeout=-1.0, int64_t version=0):
@@ -1246,7 +1305,7 @@ cdef class SlotWindow:
         cdef const char *own = own_in
         # MPI_Win_sync: the standard's way to make remote updates of this window visible
         # to local loads (a memory barrier on MPICH)
-        CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+        self._sync()
         for i in range(self.n_in):
             expected = self.exp_v[i]
             slot = expected % self.depth
@@ -1292,7 +1351,7 @@ cdef class SlotWindow:
             asap_fence()
             n_used = self._fused_pass(out, own, w_self, weights, checksum, renormalize)
             asap_fence()
-            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            self._sync()
             changed = False
             for i in range(self.n_in):
                 if not self.used[i]:

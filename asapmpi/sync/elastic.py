@@ -107,7 +107,8 @@ class ElasticBSP(Policy):
         self._local += 1
         if self._local < self._assigned:
             return
-        interval = float(np.mean(np.diff(np.array(self._ends))))
+        # the mean of the intervals between the ends kept: (last - first) / count
+        interval = (self._ends[-1] - self._ends[0]) / (len(self._ends) - 1)
         self._superstep += 1
         server = self.layouts[self.server]
         win.write_words(self.server, server.user_disp(2 * win.rank + _INTERVAL),
