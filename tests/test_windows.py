@@ -288,3 +288,26 @@ def test_one_pump_takes_every_message_that_arrived_not_one_per_call():
         assert [win.local_word(layout.user_disp(k)) for k in range(4)] == [1, 2, 3, 4]
         assert win.local_word(layout.notify_disp(0)) == 1
         _reduce_own(win, 1, np.full(N, 7.0))
+
+
+@pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow", "NewestWindow"])
+def test_wait_words_waits_for_every_word_and_names_the_writers_that_lag(name):
+    from mpi4py import MPI
+
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError, NeighbourTimeoutError
+
+    layout = _core.Layout(1, 1, 1, N * 8, 2, 0, False)
+    win = getattr(_core, name)(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
+                               [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
+                               flush_timeout=10.0)
+    disps = [layout.user_disp(0), layout.user_disp(1)]
+    with win:
+        win.write_words(0, disps[0], [3])
+        win.write_words(0, disps[1], [5])
+        win.wait_words(disps, 3, 5.0, [0, 0])
+        with pytest.raises(NeighbourTimeoutError) as caught:
+            win.wait_words(disps, 4, 0.05, [0, 7])      # only word 0 lags
+        assert caught.value.ranks == [0]
+        with pytest.raises(ConfigError, match="1 to 2 words"):
+            win.wait_words(disps + disps, 1, 1.0, [0, 0, 0, 0])

@@ -386,7 +386,7 @@ cdef class SlotWindow:
     cdef _alloc_arrays(self):
         cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
-        cdef int w = max(n, m)
+        cdef int w = max(n, m, self.n_user)    # words one wait watches
         self._in = <int *>calloc(n, sizeof(int))
         self._out = <int *>calloc(m, sizeof(int))
         self.out_slot_disp = <MPI_Aint *>calloc(m, sizeof(MPI_Aint))
@@ -1084,6 +1084,36 @@ cdef class SlotWindow:
         if r:
             raise NeighbourTimeoutError(self.rank, f"word at offset {disp} to reach {at_least}",
                                         [who], [at_least], [self.local_word(disp)], timeout)
+
+    def wait_words(self, disps, int64_t at_least, double timeout, from_ranks):
+        """wait_word for several local words at once (one pump per poll for all): until
+        the word at each of `disps`, read atomically, is >= `at_least`.  At most
+        max(n_in, n_out, user words) words; NeighbourTimeoutError names the
+        `from_ranks` (one per word: who writes it) whose words lag."""
+        cdef int n = len(disps)
+        cdef int most = max(self.n_in, self.n_out, self.n_user, 1)
+        cdef int i, r
+        cdef int *who
+        self._check_alive()
+        if len(from_ranks) != n or not 1 <= n <= most:
+            raise ConfigError(f"wait_words takes 1 to {most} words, one writer rank "
+                              f"each; got {n} words and {len(from_ranks)} ranks")
+        for i in range(n):
+            self._check_local_word(disps[i])
+            self.wait_offs[i] = disps[i]
+            self.wait_expected[i] = at_least
+        with nogil:
+            r = self._wait_local(n, True, timeout)
+        if r:
+            who = <int *>calloc(n, sizeof(int))
+            if who == NULL:
+                raise MemoryError()
+            try:
+                for i in range(n):
+                    who[i] = from_ranks[i]
+                self._raise_timeout(f"words to reach {at_least}", n, who, timeout, True)
+            finally:
+                free(who)
 
     def ack_offset(self, int out_index):
         """Offset of the word out-neighbour `out_index` writes (acks, Hop's progress)."""

@@ -142,9 +142,8 @@ class ElasticBSP(Policy):
         win.wait_notifies(s, ctx.timeout)
         own = self.layouts[win.rank]
         ranks = win.in_ranks
-        for r in ranks:
-            win.wait_word(own.user_disp(2 * r + _INTERVAL_STAMP), s, ctx.timeout,
-                          from_rank=r)
+        win.wait_words([own.user_disp(2 * r + _INTERVAL_STAMP) for r in ranks], s,
+                       ctx.timeout, ranks)
         waited = time.monotonic() - waited
         workers = win.n_in
         win.reduce(buf, 0.0, np.full(workers, 1.0 / workers), s, s, s,
