@@ -11,10 +11,11 @@ started inside one (mpiexec, srun) it measures that job's ranks and path only.
 
 Every figure is seconds per call: the slowest rank's loop time / calls, median over
 --repeats loops (asapmpi.bench.core.Timer), float32 buffers of SIZE bytes on every rank.
-Ratios are time / reference; for notify_ack (the targets' policy) the step's loops take
-turns with an Allreduce's and (on shared memory) a bandwidth copy's in every repeat, and
-its ratios to MPI_Allreduce and to the bound are the medians of the ratios per repeat
-(a host that slows down for a while then moves both sides of a ratio).
+Ratios are time / reference; every policy's step loops take turns with an Allreduce's
+in every repeat (and notify_ack's, the bound's policy, with a bandwidth copy's on shared
+memory), and its ratios to MPI_Allreduce and to the bound are the medians of the ratios
+per repeat (a host that slows down for a while then moves both sides of a ratio; the
+allreduce column is then the median of the loops that took turns with the policy's).
   step         Exchange(buf, graph, sync=POLICY).step(): the whole averaging step
                (sends, waits, verified reduce into buf) as a training loop calls it.
   allreduce    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) through mpi4py, same MPI.
@@ -307,8 +308,10 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                     checked = (job["path"] == "shared-memory" and rec["size"] >= LARGE
                                and policy == MAIN_POLICY)
                     x_allreduce = _ratio(seconds, rec["allreduce"])
+                    allreduce = rec["allreduce"]
                     x_bound = seconds / bound
                     if "paired" in step:        # ratios per repeat (see the docstring)
+                        allreduce = statistics.median(step["paired"]["allreduce"])
                         x_allreduce, paired_bound = paired_ratios(
                             step["paired"], rec["size"], deg["in"],
                             job["memory_bandwidth"]["array_bytes"])
@@ -318,7 +321,7 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                         "family": mpi_family(job.get("mpi_library", "")),
                         "graph": graph, "policy": policy, "seconds": seconds,
                         "transport": step["transport"],
-                        "allreduce": rec["allreduce"], "gloo": rec["gloo"],
+                        "allreduce": allreduce, "gloo": rec["gloo"],
                         "memcpy": rec["memcpy"], "bound": bound, "copy_bound": copy_bound,
                         "x_allreduce": x_allreduce,
                         "x_gloo": _ratio(seconds, rec["gloo"]), "x_bound": x_bound,

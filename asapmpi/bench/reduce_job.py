@@ -13,10 +13,12 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   steps       Exchange.step() for every graph and policy (elastic: a superstep, the
               server's step() and a worker's steps up to its next exchange with it),
               and each graph's maximum
-              in- and out-degree, with the transport the Exchange chose; for the
-              policies in "paired_policies" the step's loops take turns with an
-              Allreduce's and (on shared memory) a memory-bandwidth copy's in every
-              repeat ("paired": seconds per call of each, repeat by repeat);
+              in- and out-degree, with the transport the Exchange chose; every
+              policy's step loops take turns with an Allreduce's in every repeat, and
+              those of the policies in "paired_policies" (on shared memory) with a
+              memory-bandwidth copy's too ("paired": seconds per call of each, repeat
+              by repeat), so that a ratio compares loops timed in the same seconds
+              of a machine whose speed drifts;
 and, once per job, the memory bandwidth (the memory bound's unit): bytes per second a
 rank moves when every rank copies arrays 4x the last-level cache at once.
 """
@@ -160,7 +162,8 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
             record["steps"][graph] = {
                 policy: time_exchange_step(
                     timer, comm, nbytes, graph, policy, spec["timeout"],
-                    references if policy in spec.get("paired_policies", ()) else None)
+                    references if policy in spec.get("paired_policies", ())
+                    else {"allreduce": allreduce})
                 for policy in spec["policies"]}
         records.append(record)
     # gloo last, in a loop of its own: a live process group keeps threads that take CPU
