@@ -219,9 +219,6 @@ def _explained(exc: MPIError) -> MPIError:
     return MPIError(exc.code, exc.call, exc.mpi_message + hint) if hint else exc
 
 
-#: the shared transport reads payloads in place (zero copy): it stays the choice unless
-#: messages signal this many times faster
-SHARED_MARGIN = 2.0
 #: the largest update the message transports send (one message, MPI's int count of
 #: bytes, and the mailbox's 32-byte trailer)
 MESSAGE_LIMIT = 0x7fffffff - 32
@@ -270,6 +267,9 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         return window, report
     from . import transport_probe
 
+    # on one host the shared transport's reduce reads each update in place, while a
+    # message moves it into the slot first: there the messages carry the update's size
+    message_bytes = nbytes if window == "shared" else 8
     measured: Dict[str, Dict[str, float]] = {}
     for name in ("same host", "other host"):
         keep = [[j for j in g.out_neighbours(r)
@@ -278,7 +278,7 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
             continue
         try:
             measured[name] = transport_probe.measure(comm, Graph(g.n, keep, name), timeout,
-                                                     slack_ns)
+                                                     slack_ns, message_bytes)
         except MPIError as exc:
             raise _explained(exc) from None
     if not measured:
@@ -286,12 +286,14 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         return window, report
     words = max(m["words"] for m in measured.values())
     messages = max(m["messages"] for m in measured.values())
-    margin = SHARED_MARGIN if window == "shared" else 1.0
-    chosen = "messages" if messages * margin < words else window
+    chosen = "messages" if messages < words else window
+    carried = f"{nbytes}-byte updates" if window == "shared" else "8-byte signals"
     report.update(chosen=chosen, reason=f"measured: window words {words * 1e6:.0f} us, "
-                                        f"messages {messages * 1e6:.0f} us a round",
+                                        f"messages ({carried}) {messages * 1e6:.0f} us "
+                                        f"a round",
                   rounds={name: {k: round(v * 1e6, 1) for k, v in m.items()}
-                          for name, m in measured.items()}, unit="us per round")
+                          for name, m in measured.items()}, unit="us per round",
+                  message_bytes=message_bytes)
     return chosen, report
 
 

@@ -13,6 +13,12 @@ signals, not the payload), one with window words and one with messages, and time
 ROUNDS NOTIFY-ACK steps on each after WARMUP steps, alternating, so that both see the
 same load (ranks oversubscribing cores, other jobs).  It runs the slot
 window's own code, with its waits, progress and timeouts.  Collective.
+
+Where the window alternative is the shared transport (one host), whose reduce reads
+each update in place, the messages carry the update's size (up to
+MESSAGE_PROBE_BYTES): a message moves its bytes through MPI into the reader's slot, a
+cost the shared transport does not have (3x at 1 MB on Open MPI's shared memory, 1.5x
+at 64 KB on MPICH's, where messages signal faster).
 """
 from __future__ import annotations
 
@@ -23,19 +29,23 @@ from typing import Dict
 import numpy as np
 from mpi4py import MPI
 
+from ._core.slotwin import settle_all
 from .transports import MessageTransport, PutTransport
 
 WARMUP = 3
 ROUNDS = 15
+#: the largest update the message probe sends (larger updates: its time scaled up)
+MESSAGE_PROBE_BYTES = 1 << 20
 
 
-def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int):
+def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int,
+            nbytes: int = 8):
     from . import _core
     from .exchange import window_offsets
     from .rc import rc
 
     rank = comm.Get_rank()
-    layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), 1, 8, 0, 0, False)
+    layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0, False)
                for r in range(g.n)]
     out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
     window = _core.MessageWindow if messages else _core.PutWindow
@@ -48,27 +58,38 @@ def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int):
     return transport
 
 
-def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0) -> Dict[str, float]:
+def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
+            message_bytes: int = 8) -> Dict[str, float]:
     """Seconds per notify/ack round of window words ("words") and of messages
-    ("messages") over graph `g`: the median round after the warm-up, the slowest
-    rank's; the windows' waits sleep with timer slack `slack_ns` (0: the thread's own),
-    as the exchange's will.  Collective."""
-    buf = np.zeros(1, dtype=np.float64)
+    ("messages", updates of `message_bytes`, the time scaled by message_bytes /
+    MESSAGE_PROBE_BYTES above it) over graph `g`: the median round after the warm-up,
+    the slowest rank's; the windows' waits sleep with timer slack `slack_ns` (0: the
+    thread's own), as the exchange's will.  Collective."""
+    sent = max(8, min(message_bytes, MESSAGE_PROBE_BYTES)) // 8 * 8
+    bufs = {"words": np.zeros(1, dtype=np.float64),
+            "messages": np.zeros(sent // 8, dtype=np.float64)}
     times: Dict[str, list] = {"words": [], "messages": []}
     # on an error (a neighbour's timeout) the windows are left to MPI_Abort or
     # MPI_Finalize: freeing is collective and could wait for the rank that failed
     transports = {"words": _window(comm, g, False, timeout, slack_ns)}
-    transports["messages"] = _window(comm, g, True, timeout, slack_ns)
+    transports["messages"] = _window(comm, g, True, timeout, slack_ns, sent)
     for k in range(1, WARMUP + ROUNDS + 1):
         for name, transport in transports.items():
+            # each round from a common start: a slow round of the other transport (large
+            # messages) must not leave its skew to this one.  The lazy notifies and acks
+            # go first: a neighbour may still wait for them (an MPI may issue them only
+            # at a flush: Open MPI's osc over tcp does)
+            settle_all(timeout)
+            comm.Barrier()
             # one NOTIFY-ACK step, as the policy runs it (asapmpi.sync.notify_ack)
             t0 = time.perf_counter()
-            transport.send(buf, k, timeout, False)
+            transport.send(bufs[name], k, timeout, False)
             transport.wait(k, timeout)
             transport.release(k, False)
             if k > WARMUP:
                 times[name].append(time.perf_counter() - t0)
     for transport in transports.values():
         transport.free()
-    return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX)
+    scale = {"words": 1.0, "messages": max(1.0, message_bytes / sent)}
+    return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX) * scale[name]
             for name, ts in times.items()}
