@@ -78,9 +78,11 @@ def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
             # each round from a common start: a slow round of the other transport (large
             # messages) must not leave its skew to this one.  The lazy notifies and acks
             # go first: a neighbour may still wait for them (an MPI may issue them only
-            # at a flush: Open MPI's osc over tcp does)
+            # at a flush: Open MPI's osc over tcp does).  The window's barrier has a
+            # deadline: a rank that failed its round leaves the others a timeout error,
+            # not a hang
             settle_all(timeout)
-            comm.Barrier()
+            transport.window.barrier(timeout)
             # one NOTIFY-ACK step, as the policy runs it (asapmpi.sync.notify_ack)
             t0 = time.perf_counter()
             transport.send(bufs[name], k, timeout, False)

@@ -368,19 +368,21 @@ cdef class MailboxWindow(SlotWindow):
         # Complete what arrived, by MPI_Testsome over every request at once (where
         # nothing arrived, as in most polls of a wait, one progress call), again while
         # it finds some (an MPI may deliver one message per progress call: MPICH's
-        # shared memory does): words into this window (first: a reader that waits for
-        # a stamp then reads the words sent with it), updates into their slots, tokens
-        # into the ack words, sends taken (newest); then send what waited for a channel.
+        # shared memory does): updates into their slots, tokens into the ack words,
+        # sends taken (newest), words into this window; then send what waited for a
+        # channel.  The caller's wait checks its words only after the whole pump.
         cdef int count = 0
-        cdef int k, idx
-        while True:
+        cdef int k, idx, word
+        cdef int passes = 0
+        # at most this many passes: the receives reposted meanwhile may complete at
+        # once again, and what waits for _pumped (tokens, waiting sends) must go out
+        while passes < self.mb_npump + 2:
+            passes += 1
             CHKERR(MPI_Testsome(self.mb_npump, self.mb_req, &count, self.mb_index,
                                 self.mb_status), "MPI_Testsome")
             if count == MPI_UNDEFINED or count == 0:
                 break
-            for k in range(count):
-                if self.mb_index[k] == self.mb_req_wd:
-                    self._word_arrived(self.mb_status[k].MPI_SOURCE)
+            word = -1
             for k in range(count):
                 idx = self.mb_index[k]
                 if idx < self.mb_req_tok:
@@ -389,6 +391,12 @@ cdef class MailboxWindow(SlotWindow):
                     self._token_arrived(idx - self.mb_req_tok)
                 elif idx >= self.mb_req_snd:
                     self._sent(idx - self.mb_req_snd)
+                else:
+                    word = k
+            # the word message last: a bad one raises, and everything else that
+            # completed in this pass is already accounted for (the drain counts it)
+            if word >= 0:
+                self._word_arrived(self.mb_status[word].MPI_SOURCE)
         return self._pumped()
 
     cdef int _token_arrived(self, int j) except -1 nogil:
@@ -628,12 +636,14 @@ cdef class MailboxWindow(SlotWindow):
         # the slot's receive (and, above the eager limit, taken the message)
         cdef long polls = 0
         cdef double t0 = asap_now()
-        cdef int flag = 0
+        cdef int count = 0
         while True:
-            # one call for the stage's sends: one progress call per poll
-            CHKERR(MPI_Testall(self.n_out, self.mb_send + stage * self.n_out, &flag,
-                               MPI_STATUSES_IGNORE), "MPI_Testall")
-            if flag:
+            # one call for the stage's sends (one progress call per poll); Testsome, not
+            # Testall, frees each send as it completes, so a timeout names only the
+            # readers whose receive never came
+            CHKERR(MPI_Testsome(self.n_out, self.mb_send + stage * self.n_out, &count,
+                                self.mb_index, MPI_STATUSES_IGNORE), "MPI_Testsome")
+            if count == MPI_UNDEFINED:
                 return 0
             if self._idle(&polls, t0, timeout):
                 return 1

@@ -8,7 +8,7 @@ neighbours and at which displacements their slots live is computed by the caller
 from cpython.ref cimport PyObject
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.stdio cimport snprintf
 from libc.string cimport memset, memcpy, strncpy
@@ -44,6 +44,7 @@ cdef enum:
     MAX_PUT_CHUNK = 1 << 30
     LAZY_WORDS = 16
     HEADER_BYTES = 64
+    CACHE_LINE = 64                 # every region of a window starts on one (layout.py)
     # message transport: tags are versions modulo this (MPI guarantees tags up to 32767;
     # NOTIFY-ACK keeps a sender within one version of its receiver)
     TAG_MODULUS = 32768
@@ -122,6 +123,7 @@ def settle_all(double timeout=60.0):
 cdef int64_t MAGIC = _layout.MAGIC
 cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
 assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree on the header size"
+assert _layout.CACHE_LINE == CACHE_LINE, "layout.py and slotwin.pyx disagree on the alignment"
 
 
 cdef class SlotWindow:
@@ -146,6 +148,7 @@ cdef class SlotWindow:
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
     cdef int n_user                 # user words in this rank's window
     cdef char *base
+    cdef char *alloc_base           # rma False: what MPI_Alloc_mem returned (base aligned)
     cdef bint _freed
     cdef bint _locked
     cdef Py_ssize_t _exports
@@ -299,8 +302,12 @@ cdef class SlotWindow:
                                         &self.win), "MPI_Win_allocate")
                 CHKERR(MPI_Info_free(&info), "MPI_Info_free")
             else:
-                CHKERR(MPI_Alloc_mem(max(self.total_bytes, 8), MPI_INFO_NULL, &self.base),
-                       "MPI_Alloc_mem")
+                # 64 bytes more, so that base starts a cache line as the layout assumes
+                # (MPI_Alloc_mem promises no alignment; malloc's is 16)
+                CHKERR(MPI_Alloc_mem(self.total_bytes + CACHE_LINE, MPI_INFO_NULL,
+                                     &self.alloc_base), "MPI_Alloc_mem")
+                self.base = <char *>((<uintptr_t>self.alloc_base + CACHE_LINE - 1)
+                                     & ~(<uintptr_t>CACHE_LINE - 1))
         self._freed = False
         if self.rma:
             with nogil:
@@ -489,9 +496,9 @@ cdef class SlotWindow:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
                 if self.rma:
                     CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
-                elif self.base != NULL:
-                    CHKERR(MPI_Free_mem(self.base), "MPI_Free_mem")
-                self.base = NULL
+                elif self.alloc_base != NULL:
+                    CHKERR(MPI_Free_mem(self.alloc_base), "MPI_Free_mem")
+                self.base = self.alloc_base = NULL
                 CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
         finally:
             self._freed = True
@@ -714,6 +721,7 @@ cdef class SlotWindow:
         from `disp`, in order, each atomically (MPI_Fetch_and_op REPLACE, flushed): a
         reader that waits for the last one (wait_word) sees the others.  A mailbox
         sends them as one message instead."""
+        self._check_rma("write_words()", -1)
         vals = self._words(values)
         for k in range(len(vals)):
             self.accumulate_word(target, disp + 8 * k, int(vals[k]))
@@ -861,12 +869,15 @@ cdef class SlotWindow:
         return 0
 
     cdef int _check_rma(self, str what, int target) except -1:
-        # a one-sided word operation (on `target`; -1: on any rank) needs a window,
-        # which the message transports do not have (reading a word of its own does not)
+        # a one-sided word operation (on `target`; -1: on any rank, its own included)
+        # needs a window, which the message transports do not have (fetch_word of a
+        # word of its own does not)
         if not self.rma and target != self.rank:
             raise ConfigError(f"{what} needs an MPI window, and the {self.transport} "
-                              f"transport moves everything by message: create the "
-                              f"Exchange with transport='put' (or 'shared')")
+                              f"transport moves everything by message (a mailbox writes "
+                              f"words with write_words and reads them with wait_word or "
+                              f"local_word): for one-sided words create the Exchange "
+                              f"with transport='put'")
         return 0
 
     cdef int _check_version(self, int64_t version) except -1:
