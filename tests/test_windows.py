@@ -11,12 +11,12 @@ import pytest
 N = 64
 
 
-def _window(cls, depth=1, outbox=False, **options):
+def _window(cls, depth=1, outbox=False, n_user=0, **options):
     from mpi4py import MPI
 
     from asapmpi import _core
 
-    layout = _core.Layout(1, 1, depth, N * 8, 0, 0, outbox)
+    layout = _core.Layout(1, 1, depth, N * 8, n_user, 0, outbox)
     return layout, cls(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
                        [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
                        flush_timeout=10.0, **options)
@@ -204,15 +204,10 @@ def test_the_trace_row_of_a_reduce_names_the_versions_it_used():
 
 @pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow", "NewestWindow"])
 def test_written_words_arrive_in_order_and_only_in_the_user_words(name):
-    from mpi4py import MPI
-
     from asapmpi import _core
     from asapmpi.errors import ConfigError, ProtocolError
 
-    layout = _core.Layout(1, 1, 1, N * 8, 3, 0, False)
-    win = getattr(_core, name)(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
-                               [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
-                               flush_timeout=10.0)
+    layout, win = _window(getattr(_core, name), n_user=3)
     with win:
         for s in (1, 2):
             win.write_words(0, layout.user_disp(0), [10 * s, 20 * s, s])
@@ -269,17 +264,12 @@ def test_message_transports_have_no_mpi_window_and_refuse_one_sided_words():
 
 
 def test_one_pump_takes_every_message_that_arrived_not_one_per_call():
-    from mpi4py import MPI
-
     from asapmpi import _core
 
     # four word messages and an update are all there before one pump (fetch_word of
     # an own word pumps exactly once): it takes every one, not the first only (an MPI
     # may complete one message per progress call)
-    layout = _core.Layout(1, 1, 1, N * 8, 4, 0, False)
-    win = _core.NewestWindow(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
-                             [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
-                             flush_timeout=10.0)
+    layout, win = _window(_core.NewestWindow, n_user=4)
     with win:
         for k in range(4):
             win.write_words(0, layout.user_disp(k), [k + 1])
@@ -292,15 +282,10 @@ def test_one_pump_takes_every_message_that_arrived_not_one_per_call():
 
 @pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow", "NewestWindow"])
 def test_wait_words_waits_for_every_word_and_names_the_writers_that_lag(name):
-    from mpi4py import MPI
-
     from asapmpi import _core
     from asapmpi.errors import ConfigError, NeighbourTimeoutError
 
-    layout = _core.Layout(1, 1, 1, N * 8, 2, 0, False)
-    win = getattr(_core, name)(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
-                               [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
-                               flush_timeout=10.0)
+    layout, win = _window(getattr(_core, name), n_user=2)
     disps = [layout.user_disp(0), layout.user_disp(1)]
     with win:
         win.write_words(0, disps[0], [3])
