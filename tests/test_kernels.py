@@ -1,4 +1,6 @@
 """The fused weighted reduce against a NumPy reference, and the checksum."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -30,11 +32,15 @@ def test_fused_reduce_matches_numpy(size, dtype, d):
     inputs = [rng.standard_normal(size).astype(dtype) for _ in range(d)]
     weights = list(rng.random(d) / (d + 1))
     w_self = 1.0 - sum(weights)
-    out = np.empty_like(own)
-    kernels.weighted_sum(out, own, w_self, inputs, weights)
     ref = reference(own, w_self, inputs, weights)
-    # same operations in the same order, products rounded before the adds: bitwise equal
-    np.testing.assert_array_equal(out, ref)
+    # with a checksum the kernel sums private copies of each block (a path of its own)
+    for checksum in (False, True):
+        out = np.empty_like(own)
+        cks = kernels.weighted_sum(out, own, w_self, inputs, weights, checksum=checksum)
+        # same operations in the same order, products rounded before the adds: bitwise
+        np.testing.assert_array_equal(out, ref)
+        if checksum:
+            assert cks == [kernels.checksum(x) for x in inputs]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -85,3 +91,59 @@ def test_checksum_sees_value_and_position_changes():
     z[[10, 11]] = z[[11, 10]]   # same words, swapped
     assert kernels.checksum(z) != base
     assert kernels.checksum(x[:999]) != base
+
+
+def test_checksum_is_of_the_bytes_summed_while_the_input_changes():
+    # A writer flips the input between two versions while the reduce reads it.  The
+    # checksum the reduce returns must be of the bytes it summed: a result whose
+    # checksum says "version A" is exactly A's sum (issue 15, point 1: a kernel that
+    # read each block twice, once to sum and once to checksum, could sum some of B
+    # and checksum A).  Reads that mix the two have a checksum of neither, which a
+    # reader rejects.
+    n = 16384
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal(n), rng.standard_normal(n)
+    own = np.zeros(n)
+    x = a.copy()
+    ck_a, ck_b = kernels.checksum(a), kernels.checksum(b)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            x[:] = b    # NumPy copies without the GIL: the reduce runs meanwhile
+            x[:] = a
+
+    writer = threading.Thread(target=flip)
+    writer.start()
+    whole, bad = 0, []
+    try:
+        for _ in range(20000):
+            out = np.empty(n)
+            (ck,) = kernels.weighted_sum(out, own, 0.0, [x], [1.0], checksum=True)
+            if ck in (ck_a, ck_b):
+                whole += 1
+                expect = a if ck == ck_a else b
+                if not (out == expect).all():
+                    bad.append(("a" if ck == ck_a else "b", int((out != expect).sum())))
+    finally:
+        stop.set()
+        writer.join()
+    assert not bad, f"{len(bad)} reduces summed other bytes than they checksummed: {bad[:3]}"
+    assert whole > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_checksum_tells_apart_buffers_that_differ_only_in_exponents(dtype):
+    # Floating-point words carry their information in their high bits (0.0 and 0.5
+    # differ in the exponent only), and a sum modulo 2^64 of 2^m equal words drops the
+    # top m bits: unmixed, zeros and "half 0.5, half zeros" had one checksum, so a torn
+    # read between a fresh buffer and its first update passed.  Every prefix of a
+    # second version over the first must checksum differently from the first.
+    n = 16384
+    for old, new in [(0.0, 0.5), (1.0, 2.0), (1.0, -1.0)]:
+        first = np.full(n, old, dtype=dtype)
+        base = kernels.checksum(first)
+        for cut in range(16, n + 1, 16):
+            torn = first.copy()
+            torn[:cut] = new
+            assert kernels.checksum(torn) != base, (old, new, cut)

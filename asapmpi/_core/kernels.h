@@ -3,7 +3,8 @@
  * - the fused weighted reduce out = w0*own + sum_i w_i*in_i, blocked so that each block
  *   of `out` stays in L1 while every input streams through once, up to four inputs
  *   folded per pass in registers, vectorized for the widest unit the CPU has;
- * - a lane-parallel Fletcher-64 checksum (position sensitive, vectorizable);
+ * - a lane-parallel Fletcher-64 checksum over mixed words (position sensitive,
+ *   vectorizable), computed from the very bytes the reduce sums;
  * - atomic loads and fences for polling words that other ranks write;
  * - the polling backoff (yield, then sleep with exponential growth).
  *
@@ -30,6 +31,9 @@
 /* copies at least this large bypass the caches (see asap_copy_out) */
 #define ASAP_STREAM_MIN_BYTES (8 << 20)
 #define ASAP_CKSUM_LANES 4
+/* blocks of the checksummed reduce: four copies of one fit in L1 (a multiple of the
+ * checksum's 32-byte lane width, so blocks split the checksum where one pass would) */
+#define ASAP_CHECKED_BLOCK_BYTES 4096
 
 /* ---------- atomics on words other ranks write ---------- */
 
@@ -42,6 +46,10 @@ static inline void asap_store_i64(void *p, int64_t v) {
 }
 
 static inline void asap_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+/* The compiler may not move memory accesses across this, nor reuse a value loaded
+ * before it: what was copied before is read from the copy after. */
+static inline void asap_compiler_barrier(void) { __asm__ __volatile__("" ::: "memory"); }
 
 /* ---------- copying an update out for other ranks ---------- */
 
@@ -136,6 +144,17 @@ static inline void asap_backoff(long polls, long yield_polls, long max_sleep_us,
 
 /* ---------- checksum ---------- */
 
+/* The widest vector unit the CPU has, chosen at load time (GCC's target_clones: one
+ * copy of the reduce per target and an ifunc resolver), so one build runs everywhere
+ * and uses AVX-512 or AVX2 where they exist.  The order of operations is the same in
+ * every copy (no FMA: -ffp-contract=off), so every copy gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASAP_NO_CLONES)
+#define ASAP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ASAP_CLONES
+#endif
+
+
 typedef struct {
   uint64_t a[ASAP_CKSUM_LANES];
   uint64_t b[ASAP_CKSUM_LANES];
@@ -146,6 +165,15 @@ static inline void asap_cksum_init(asap_cksum_t *c) { memset(c, 0, sizeof(*c)); 
 /* A 64-bit word that may sit at any address (a float32 buffer need not be 8-aligned). */
 typedef uint64_t asap_u64_any __attribute__((aligned(1), may_alias));
 
+/* A word as the checksum adds it: xor-shifted, so that its high bits reach its low ones,
+ * then multiplied by an odd constant (a bijection).  Sums modulo 2^64 drop the top bits
+ * of 2^m equal terms; floating-point words carry their information there (0.0 and 0.5
+ * differ in the exponent only), so unmixed, a buffer of zeros and one half 0.5 had the
+ * same checksum and a torn read between them passed. */
+static inline uint64_t asap_cksum_mix(uint64_t w) {
+  return (w ^ (w >> 29)) * 0xbf58476d1ce4e5b9ULL;
+}
+
 /* Feed n bytes (n a multiple of 8*ASAP_CKSUM_LANES; p of any alignment). */
 static inline void asap_cksum_feed(asap_cksum_t *restrict c, const void *restrict p, size_t n) {
   const asap_u64_any *w = (const asap_u64_any *)p;
@@ -154,7 +182,7 @@ static inline void asap_cksum_feed(asap_cksum_t *restrict c, const void *restric
   for (int l = 0; l < ASAP_CKSUM_LANES; l++) { a[l] = c->a[l]; b[l] = c->b[l]; }
   for (size_t i = 0; i + ASAP_CKSUM_LANES <= words; i += ASAP_CKSUM_LANES) {
     for (int l = 0; l < ASAP_CKSUM_LANES; l++) {
-      a[l] += w[i + l];
+      a[l] += asap_cksum_mix(w[i + l]);
       b[l] += a[l];
     }
   }
@@ -191,15 +219,6 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
 
 /* ---------- fused weighted reduce ---------- */
 
-/* The widest vector unit the CPU has, chosen at load time (GCC's target_clones: one
- * copy of the reduce per target and an ifunc resolver), so one build runs everywhere
- * and uses AVX-512 or AVX2 where they exist.  The order of operations is the same in
- * every copy (no FMA: -ffp-contract=off), so every copy gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASAP_NO_CLONES)
-#define ASAP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ASAP_CLONES
-#endif
 
 /* One pass over m elements folding up to four inputs into d, left to right:
  * d = (((start + w1*x1) + w2*x2) + w3*x3) + w4*x4, where start is w0*own (first pass;
@@ -253,26 +272,52 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
       NAME##_fold(acc, own, w0, i == 0, x, ws + i, k, m);                                \
     }                                                                                    \
   }                                                                                      \
+  /* The checksummed reduce: every input block is copied once into a private buffer   \
+   * (a compiler barrier after the copies), then checksummed and summed from that copy,  \
+   * so the sum and the checksum see the same bytes.  Reading the slot twice, once to   \
+   * sum and once to checksum, would let a payload that becomes visible late (RDMA      \
+   * visibility lag, a weakly ordered CPU) be summed old and checksummed new, and pass. \
+   * Blocks are smaller here so that four copies stay in L1. */                          \
+  ASAP_CLONES static void NAME##_checked(T *out, const T *own, T w0, const T *const *ins, \
+                                         const T *ws, int n_in, size_t n,                \
+                                         asap_cksum_t *cks) {                            \
+    const size_t blk = ASAP_CHECKED_BLOCK_BYTES / sizeof(T);                             \
+    T copy[4][ASAP_CHECKED_BLOCK_BYTES / sizeof(T)] __attribute__((aligned(64)));        \
+    const T *x[4];                                                                       \
+    for (size_t s = 0; s < n; s += blk) {                                                \
+      size_t m = n - s < blk ? n - s : blk;                                              \
+      for (int i = 0; i < n_in; i += 4) {                                                \
+        int k = n_in - i < 4 ? n_in - i : 4;                                             \
+        for (int q = 0; q < k; q++) memcpy(copy[q], ins[i + q] + s, m * sizeof(T));      \
+        asap_compiler_barrier();                                                         \
+        for (int q = 0; q < k; q++) {                                                    \
+          if (s + m < n) asap_cksum_feed(&cks[i + q], copy[q], m * sizeof(T));           \
+          else asap_cksum_feed_tail(&cks[i + q], copy[q], m * sizeof(T));                \
+          x[q] = copy[q];                                                                \
+        }                                                                                \
+        NAME##_fold(out + s, own + s, w0, i == 0, x, ws + i, k, m);                      \
+      }                                                                                  \
+    }                                                                                    \
+  }                                                                                      \
   /* out = w0*own + sum_i ws[i]*ins[i]; out may equal own; if cks is not NULL the bytes \
-   * of every input are checksummed in the same pass (inputs padded to 32 bytes).  A    \
-   * large out that is not own (a double-buffered exchange) is summed block by block in \
-   * a cache-resident scratch and streamed out: no read-for-ownership of out, which    \
-   * would add a fourth of the traffic to a reduce of two inputs. */                    \
+   * of every input are checksummed in the same pass (inputs padded to 32 bytes), from  \
+   * the very bytes summed (NAME##_checked).  A large out that is not own (a           \
+   * double-buffered exchange) is summed block by block in a cache-resident scratch and \
+   * streamed out: no read-for-ownership of out, which would add a fourth of the        \
+   * traffic to a reduce of two inputs. */                                               \
   static void NAME(T *out, const T *own, T w0, const T *const *ins, const T *ws,         \
                    int n_in, size_t n, asap_cksum_t *cks) {                              \
     const size_t blk = ASAP_BLOCK_BYTES / sizeof(T);                                     \
     T scratch[ASAP_BLOCK_BYTES / sizeof(T)] __attribute__((aligned(64)));                \
     const int stream = out != own && ASAP_CAN_STREAM(out, n * sizeof(T));                \
+    if (cks && n_in > 0) {                                                               \
+      NAME##_checked(out, own, w0, ins, ws, n_in, n, cks);                               \
+      return;                                                                            \
+    }                                                                                    \
     for (size_t s = 0; s < n; s += blk) {                                                \
       size_t m = n - s < blk ? n - s : blk;                                              \
       T *acc = stream ? scratch : out + s;                                               \
       NAME##_block(acc, own + s, w0, ins, ws, n_in, s, m);                               \
-      if (cks) {                                                                         \
-        for (int i = 0; i < n_in; i++) {                                                 \
-          if (s + m < n) asap_cksum_feed(&cks[i], ins[i] + s, m * sizeof(T));            \
-          else asap_cksum_feed_tail(&cks[i], ins[i] + s, m * sizeof(T));                 \
-        }                                                                                \
-      }                                                                                  \
       if (stream) asap_stream(out + s, scratch, m * sizeof(T));                          \
     }                                                                                    \
     if (stream) asap_fence();                                                            \
