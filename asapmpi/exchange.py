@@ -694,6 +694,10 @@ class Exchange:
         self._iteration_started()
         self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
         self._sending = True
+        if self.double_buffered:
+            # the out-neighbours read this slot in place until they acknowledge it: a
+            # write through ex.buffer now fails here instead of tearing their reduce
+            self.buffer.flags.writeable = False
 
     def receive(self):
         """The second half of step(): wait for the neighbours, reduce into the buffer.

@@ -296,3 +296,42 @@ def test_wait_words_waits_for_every_word_and_names_the_writers_that_lag(name):
         assert caught.value.ranks == [0]
         with pytest.raises(ConfigError, match="1 to 2 words"):
             win.wait_words(disps + disps, 1, 1.0, [0, 0, 0, 0])
+
+
+def test_double_buffered_slot_stops_verifying_before_the_reduce_rewrites_it():
+    # Issue 15, point 4: a double-buffered Exchange reduces into the own slot that
+    # still holds version k - 1 (acknowledged by every reader).  A reader that ignores
+    # acks, or reads late, must find it TORN from then on, not header == footer == k-1
+    # over bytes that change under it.
+    from asapmpi import _core
+    from asapmpi.transports import make_transport
+
+    layout = _core.Layout(1, 1, 2, N * 8, 0, 0, True)
+    segment = bytearray(layout.segment_bytes)
+    _, win = _window(_core.SharedWindow, depth=2, outbox=True,
+                     outboxes=(segment, [segment]))
+    slots = [np.frombuffer(segment, np.float64, N, layout.segment_payload(s))
+             for s in (0, 1)]
+    transport = make_transport("shared", win, double_buffered=True)
+    with win:
+        slots[1][:] = 1.0           # version 1 is computed in slot 1
+        transport.send(slots[1], 1, 10.0, False)
+        transport.wait(1, 10.0)
+        win.reduce(slots[0], 0.5, np.array([0.5]), 1, 1, 1, require_all=True,
+                   own=slots[1])
+        transport.release(1, False)
+        # version 2 lives in slot 0; the reduce of step 2 will rewrite slot 1
+        transport.send(slots[0], 2, 10.0, False)
+        transport.wait(2, 10.0)
+        late = np.zeros(N)
+        assert win.reduce(late, 0.5, np.array([0.5]), 1, 1, 1, seqlock=True) == 0
+        assert win.last_status() == [_core.TORN]
+        win.reduce(slots[1], 0.5, np.array([0.5]), 2, 2, 2, require_all=True,
+                   own=slots[0])
+        transport.release(2, False)
+        # once version 3 is sent from it, the slot verifies again
+        transport.send(slots[1], 3, 10.0, False)
+        transport.wait(3, 10.0)
+        out = np.zeros(N)
+        win.reduce(out, 0.0, np.array([1.0]), 3, 3, 3, require_all=True)
+        np.testing.assert_array_equal(out, slots[1])

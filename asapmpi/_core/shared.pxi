@@ -43,6 +43,21 @@ cdef class SharedWindow(SlotWindow):
     cdef void _release(self) noexcept:
         self._release_segments()
 
+    def begin_rewrite(self, int64_t version):
+        """This rank's own slot of `version` is about to be rewritten in place (a
+        double-buffered Exchange reduces into it what it will send as `version`, while
+        the slot still holds version - 2, acknowledged by every reader): mark its header
+        so that a reader that ignores acks, or reads late, finds header != footer (TORN)
+        instead of a stable header == footer over bytes that change.  put() of
+        `version` then writes header, payload and footer in the seqlock order."""
+        cdef char *hdr
+        self._check_alive()
+        self._check_version(version)
+        hdr = self.out_slots + (version % self.depth) * self.slot_stride
+        with nogil:
+            asap_store_i64(hdr, -version)
+            asap_fence()        # the mark is visible before any byte of the payload
+
     cdef char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
         return self.in_slots[i] + slot * self.slot_stride
 
@@ -119,8 +134,11 @@ cdef class SharedWindow(SlotWindow):
             return 0
         asap_store_i64(ftr + 8, <int64_t>asap_checksum(src, self.nbytes) if checksum else 0)
         asap_store_i64(ftr, version)
-        # the standard's memory barrier between these stores and the notifies
-        CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+        # The footer is in this rank's segment, not in window memory: MPI_Win_sync
+        # promises nothing for it (and is progress only on Open MPI's osc rdma).  The
+        # fence orders the footer before the notify's atomic, whichever CPU or NIC
+        # performs it (_sync: MPI_Win_sync, then the fence).
+        self._sync()
         if notify:
             self._notify(version, slot)
         return 0

@@ -895,11 +895,13 @@ cdef class SlotWindow:
     # ------------------------------------------------------------------ waiting
 
     cdef int _sync(self) except -1 nogil:
-        """Order this process's loads and stores of its window memory with what MPI
-        wrote there: MPI_Win_sync on a window; a fence where the memory is only ever
-        written by this process (rma False)."""
+        """Order this process's loads and stores of its memory with what MPI and other
+        processes wrote there: MPI_Win_sync on a window (the standard's call for window
+        memory), then a full fence.  The fence is what orders: Open MPI's osc rdma
+        implements MPI_Win_sync as progress alone, and the shared transport's slots are
+        not window memory at all (docs/PROTOCOL.md, section 4)."""
         if self.rma:
-            return CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
+            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
         asap_fence()
         return 0
 

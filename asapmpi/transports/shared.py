@@ -26,9 +26,11 @@ class SharedTransport(PutTransport):
             super().send(buf, version, timeout, checksum)
 
     def wait(self, version: int, timeout: float) -> None:
-        """The notifies of `version`; double-buffered, then the acks of version - 1:
-        a neighbour may have acknowledged k already, so at least k - 1 (read
-        atomically), not exactly."""
+        """The notifies of `version`; double-buffered, then the acks of version - 1
+        (a neighbour may have acknowledged k already, so at least k - 1, read
+        atomically, not exactly), and the slot the reduce writes next, (k + 1) % 2, is
+        marked as being rewritten: what it holds (version k - 1) stops verifying."""
         self.window.wait_notifies(version, timeout)
         if self.double_buffered:
             self.window.wait_acks(version - 1, timeout, at_least=True)
+            self.window.begin_rewrite(version + 1)

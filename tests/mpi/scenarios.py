@@ -858,6 +858,17 @@ def double_buffer_keeps_shape(comm):
             pass
         else:
             raise AssertionError("the slot neighbours may be reading was writable")
+        # between send() and receive() the slot being sent is read in place by the
+        # neighbours: a write through ex.buffer fails instead of tearing their reduce
+        ex.send()
+        try:
+            y[0, 0] = 5.0
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("the slot being sent was writable before receive()")
+        y = ex.receive()
+        assert y.flags.writeable
         assert np.all(original == rank), "the original changed before free()"
     np.testing.assert_allclose(original, (size - 1) / 2 + 1.0)
     assert np.array_equal(original, y), "free() did not copy the result back"
