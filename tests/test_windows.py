@@ -313,25 +313,29 @@ def test_double_buffered_slot_stops_verifying_before_the_reduce_rewrites_it():
     slots = [np.frombuffer(segment, np.float64, N, layout.segment_payload(s))
              for s in (0, 1)]
     transport = make_transport("shared", win, double_buffered=True)
+
+    def send_and_wait(k):
+        # version k was computed in slot k % 2; the reduce of step k writes the other
+        transport.send(slots[k % 2], k, 10.0, False)
+        transport.wait(k, 10.0)
+
+    def reduce_and_release(k):
+        win.reduce(slots[(k + 1) % 2], 0.5, np.array([0.5]), k, k, k, require_all=True,
+                   own=slots[k % 2])
+        transport.release(k, False)
+
     with win:
-        slots[1][:] = 1.0           # version 1 is computed in slot 1
-        transport.send(slots[1], 1, 10.0, False)
-        transport.wait(1, 10.0)
-        win.reduce(slots[0], 0.5, np.array([0.5]), 1, 1, 1, require_all=True,
-                   own=slots[1])
-        transport.release(1, False)
-        # version 2 lives in slot 0; the reduce of step 2 will rewrite slot 1
-        transport.send(slots[0], 2, 10.0, False)
-        transport.wait(2, 10.0)
+        slots[1][:] = 1.0
+        send_and_wait(1)
+        reduce_and_release(1)
+        send_and_wait(2)
+        # slot 1 still holds version 1, and the reduce of step 2 rewrites it next
         late = np.zeros(N)
         assert win.reduce(late, 0.5, np.array([0.5]), 1, 1, 1, seqlock=True) == 0
         assert win.last_status() == [_core.TORN]
-        win.reduce(slots[1], 0.5, np.array([0.5]), 2, 2, 2, require_all=True,
-                   own=slots[0])
-        transport.release(2, False)
+        reduce_and_release(2)
         # once version 3 is sent from it, the slot verifies again
-        transport.send(slots[1], 3, 10.0, False)
-        transport.wait(3, 10.0)
+        send_and_wait(3)
         out = np.zeros(N)
         win.reduce(out, 0.0, np.array([1.0]), 3, 3, 3, require_all=True)
         np.testing.assert_array_equal(out, slots[1])
