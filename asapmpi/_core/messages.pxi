@@ -132,9 +132,15 @@ cdef class MessageWindow(SlotWindow):
             if checksum:
                 self.ftr[1] = <int64_t>asap_checksum(self._send_view.buf, self.nbytes)
             for j in range(self.n_out):
-                CHKERR(MPI_Isend(self._send_view.buf, <int>self.nbytes, MPI_BYTE, self._out[j],
-                                 <int>(version % TAG_MODULUS), self.msg_comm,
-                                 &self.send_reqs[2 * j]), "MPI_Isend")
+                # Synchronous: the send completes only once the reader's receive of
+                # `version` matched it, i.e. once the reader reduced version - 1, and
+                # wait_updates waits for that.  A standard send below the eager limit
+                # completes at once: on a directed ring of n ranks a writer then ran up
+                # to n - 1 versions ahead of its reader, its messages queued
+                # unexpected there (and tags, versions modulo 32768, could alias).
+                CHKERR(MPI_Issend(self._send_view.buf, <int>self.nbytes, MPI_BYTE,
+                                  self._out[j], <int>(version % TAG_MODULUS), self.msg_comm,
+                                  &self.send_reqs[2 * j]), "MPI_Issend")
                 if checksum:
                     CHKERR(MPI_Isend(&self.ftr[1], 1, MPI_INT64_T, self._out[j],
                                      <int>(version % TAG_MODULUS), self.msg_comm,
@@ -143,8 +149,9 @@ cdef class MessageWindow(SlotWindow):
 
     def wait_updates(self, int64_t version, double timeout):
         """Wait until `version` arrived from every in-neighbour (its slot stamped with
-        it) and this rank's own sends of `version` completed; NeighbourTimeoutError
-        naming the ranks after `timeout` seconds."""
+        it) and this rank's own sends of `version` completed (each matched by its
+        reader's receive: no writer is more than one version ahead of its reader);
+        NeighbourTimeoutError naming the ranks after `timeout` seconds."""
         cdef long polls = 0
         cdef double t0, t
         cdef int got_in = 0, got_out = 0

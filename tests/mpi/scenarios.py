@@ -956,3 +956,22 @@ def transport_choice(comm):
             out[label] = {"transport": ex.transport, "report": ex.transport_report}
             ex.free()
     return out
+
+
+def ring_run_ahead(comm, iters=10, n=64, slow=2, pause=1.0):
+    """NOTIFY-ACK by messages on the directed ring (i -> i + 1), updates small enough to
+    go eagerly: rank `slow` pauses `pause` seconds after its step 2.  Returns when each
+    step completed on this rank and when `slow` woke (CLOCK_MONOTONIC is one clock
+    for every process of the host), so the test can count how far each writer got
+    ahead of its reader meanwhile."""
+    buf = np.full(n, float(comm.rank))
+    done, woke = [], None
+    with asapmpi.Exchange(buf, graph="ring", sync="notify_ack", comm=comm, timeout=60,
+                          transport="messages") as ex:
+        for k in range(1, iters + 1):
+            ex.step()
+            done.append(time.monotonic())
+            if comm.rank == slow and k == 2:
+                time.sleep(pause)
+                woke = time.monotonic()
+    return {"done": done, "woke": woke}
