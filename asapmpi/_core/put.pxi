@@ -110,7 +110,9 @@ cdef class PutWindow(SlotWindow):
         turns, so a pull reading the newest finds it unchanged while the next publish
         writes the other) for others to pull: header, flush, payload, flush, footer with
         the payload's checksum, flush.  Puts to self: every access stays an MPI RMA
-        operation."""
+        operation.  The flushes order these writes in this rank's memory, not with
+        another rank's concurrent MPI_Rget (MPI orders nothing between them): a pull
+        verifies what it read by the checksum instead (docs/PROTOCOL.md 2f)."""
         cdef Py_buffer view
         cdef MPI_Aint d
         self._check_alive()
@@ -146,13 +148,15 @@ cdef class PutWindow(SlotWindow):
 
     def pull(self, int target, Py_ssize_t disp, out):
         """Read `target`'s published slots (the first header at `disp` in its window)
-        into `out`: one MPI_Rget of all of them, polled with back-off, no work by the
-        target's code (its MPI progress serves the get).  A slot counts only if it verifies:
-        header == footer, its size, and the checksum of the payload as read, which a
-        read overlapping a publish of that slot fails (self-verifying, as Pilaf's
-        one-sided reads).  Returns the newest verified version (its payload in `out`),
-        or 0 if no slot verified: none published yet, or every slot was being written
-        (`out` then unchanged)."""
+        into `out`: one MPI_Rget of all of them (in pieces of max_transfer), polled with
+        back-off.  No code of the target takes part, but its MPI progress serves the get:
+        without RDMA hardware (osc pt2pt, MPICH's active messages, osc ucx over TCP) the
+        get completes only when the target next calls MPI.  A slot counts only if it
+        verifies: header == footer, its size, and the checksum of the payload as read,
+        which a read overlapping a publish of that slot fails but for a 64-bit collision
+        (self-verifying, as Pilaf's one-sided reads).  Returns the newest verified
+        version (its payload in `out`), or 0 if no slot verified: none published yet, or
+        every slot was being written (`out` then unchanged)."""
         cdef Py_buffer view
         cdef Py_ssize_t span = self._n_pub * self.slot_stride
         cdef int s

@@ -136,8 +136,12 @@ cdef class SlotWindow:
     (_send, or its own calls), says where a slot is (_slot), drives its progress
     (_pump, _progress) and drains what is in flight before the window is freed
     (_drain); the base calls these hooks and nothing else of it.  Collective over
-    `comm` on creation and on free().  Notifies and acks complete lazily (_lazy_word):
-    by the next flush, wait or collective of this process.
+    `comm` on creation and on free().  A PutWindow's put() returns once its bytes
+    are complete at every target (one MPI_Win_flush_all), but notifies and acks (put,
+    shared) are issued lazily (_lazy_word) and complete only by the next
+    MPI_Win_flush_all of the window (the next put, or a word issued while LAZY_WORDS
+    are pending), by any wait of this process once it has lasted poll_yields polls
+    (_settle_pending), before asapmpi's collectives (settle_all) and at free().
     """
 
     cdef MPI_Win win
@@ -634,11 +638,15 @@ cdef class SlotWindow:
     cdef int64_t *_lazy_word(self, int64_t value) except NULL nogil:
         # Notifies and acks are not flushed: a flush is a round trip to the neighbours,
         # and on the network path it waits for their CPUs (MPICH's active-message RMA),
-        # even a local flush.  The payload was flushed before its notify was issued,
-        # which is all the ordering the protocol needs.  Each word gets its own origin
-        # buffer, untouched until completion; completion comes with the next flush_all
-        # (the next put), or in _idle as soon as this rank has to wait for anyone, so
-        # no rank waits on a neighbour while holding an incomplete word of its own.
+        # even a local flush.  The payload was complete (put: flushed; shared: stored
+        # and fenced) before its notify was issued, which is all the ordering the
+        # protocol needs.  Each word gets its own origin buffer, untouched until
+        # completion; completion comes with the next flush_all (the next put, or a
+        # word issued while LAZY_WORDS are pending, below), with any wait of this
+        # process once it has lasted poll_yields polls (_settle_pending), before
+        # asapmpi's collectives (settle_all) or at free(): a rank that waits on a
+        # neighbour for longer than poll_yields polls holds no incomplete word of its
+        # own.
         # The words are written with MPI_Fetch_and_op(MPI_REPLACE), not MPI_Accumulate:
         # both are atomic and ordered alike (accumulate_ordering), but MPICH 5.0.2 keeps
         # 128 bytes per MPI_Accumulate on its shared-memory path for the life of the
@@ -656,7 +664,8 @@ cdef class SlotWindow:
         return &self.lazy_words[self.n_lazy - 1]
 
     def notify(self, int64_t version):
-        """Publish `version` in every out-neighbour's notify word for slot version % depth."""
+        """Publish `version` in every out-neighbour's notify word for slot version % depth
+        (issued lazily: see _lazy_word)."""
         self._check_alive()
         self._check_rma("notify()", -1)
         self._check_version(version)
@@ -665,7 +674,8 @@ cdef class SlotWindow:
             self._notify(version, version % self.depth)
 
     def ack(self, int64_t version):
-        """Tell every in-neighbour that its `version` was consumed (its slot is free)."""
+        """Tell every in-neighbour that its `version` was consumed (its slot is free);
+        issued lazily, not flushed before this returns (see _lazy_word)."""
         cdef int i
         cdef int64_t *word
         self._check_alive()
@@ -899,7 +909,7 @@ cdef class SlotWindow:
         processes wrote there: MPI_Win_sync on a window (the standard's call for window
         memory), then a full fence.  The fence is what orders: Open MPI's osc rdma
         implements MPI_Win_sync as progress alone, and the shared transport's slots are
-        not window memory at all (docs/PROTOCOL.md, section 4)."""
+        not window memory at all (docs/PROTOCOL.md, section 8, A6 and A7)."""
         if self.rma:
             CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
         asap_fence()
@@ -1182,12 +1192,14 @@ cdef class SlotWindow:
         sender against `expected`.  With `renormalize` the weights of usable inputs are
         scaled to keep their sum.  seqlock: the slots may be written during the read.
         With seqlock or checksum, an input that changed during the read or fails its
-        checksum is dropped and the reduce recomputed from a copy of buf; otherwise a slot
-        whose header moved during the read raises ProtocolError (buf then holds that
-        input's contribution: in ordered mode that check is best effort, a checksum is
-        the full one).  require_all: if any input is not usable, raise ProtocolError
-        before buf is touched.  only_notified: inputs whose notify word for this slot is not
-        `expected` are not read at all (counted stale): their sender may be writing them.
+        checksum is dropped and the reduce recomputed from a copy of buf (also with
+        require_all: no error); otherwise a slot whose header moved during the read
+        raises ProtocolError (buf then holds that input's contribution: in ordered mode
+        that check is best effort; a checksum finds a payload torn under an unchanged
+        header, up to 64-bit collisions).  require_all: if any input is not usable
+        before the pass, raise ProtocolError before buf is touched.  only_notified:
+        inputs whose notify word for this slot is not `expected` are not read at all
+        (counted stale): their sender may be writing them.
         own: this rank's own input, when it is not buf (buf = w_self*own + ...: a
         double-buffered Exchange reduces its current slot into the other one).
         Returns the number of inputs reduced.
@@ -1346,8 +1358,8 @@ cdef class SlotWindow:
         cdef char *ftr
         cdef bint changed
         cdef const char *own = own_in
-        # MPI_Win_sync: the standard's way to make remote updates of this window visible
-        # to local loads (a memory barrier on MPICH)
+        # _sync: MPI_Win_sync (the standard's call to make remote updates of this
+        # window visible to local loads), then the full fence that orders the loads
         self._sync()
         for i in range(self.n_in):
             expected = self.exp_v[i]

@@ -3,9 +3,11 @@
 
 Every rank publishes its model in its own window, into two slots that take turns.
 Every T iterations a rank publishes, picks one peer, pulls the peer's newest published
-model (one MPI_Get of both slots and one flush: no work by the peer's code; each slot
+model (one MPI_Rget of both slots, polled with back-off: no code of the peer takes
+part, but without RDMA hardware its MPI serves the get in its next MPI call; each slot
 verified by header, footer and the checksum of the payload read, so a slot that a
-publish was writing is never taken; retried only if both were) and averages:
+publish was writing is never taken but for a 64-bit collision; retried only if both
+were) and averages:
 w = (w + w_peer) / 2.
 
 Peer choice: uniformly at random; or, during the first `warmup` iterations, with
@@ -31,8 +33,9 @@ that avoids it, eq. (2): `policy.report`.
 
 Bandwidth emulation (asapmpi.links.LinkModel, options wide_mbps, narrow_mbps, narrow,
 latency_ms): a pull from j takes at least links.seconds(i, j, bytes); the serving
-node's link is reserved in a "busy until" word of its window (compare-and-swap), so
-pulls from a narrow node queue as on a congested link.
+node's link is reserved in a "busy until" word of its window (MPI_Fetch_and_op: MAX
+to raise it to now, then SUM to take the transfer's time), so pulls from a narrow node
+queue as on a congested link.
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 """Hop (ASPLOS'19, sections 4 and 6): update queues, token queues and backup workers.
 
-Update queues: every sender has depth = max_gap + 1 slots at each receiver; the update of
-iteration k goes into slot k mod depth (Hop 6.1), written with the ordered sequence and
-a notify, with no ACK.
+Update queues: every sender has depth = max_gap + 1 (+ staleness s) slots at each
+receiver; the update of iteration k goes into slot k mod depth (Hop 6.1), written with
+the ordered sequence and a notify, with no ACK.
 
 Token queues (Hop 4.2) as counters: a worker publishes the number of iterations it has
-completed into the ack word it owns at each in-neighbour (MPI_Accumulate REPLACE); to
+completed into the ack word it owns at each in-neighbour (MPI_Fetch_and_op REPLACE,
+issued lazily like every notify and ack; a token message on a mailbox); to
 enter iteration k+1 it waits, reading its own words atomically, until every
 out-neighbour has completed at least k - max_gap iterations.  The token count
 TokenQ(j -> i).size() = Iter(j) - Iter(i) + max_gap of the paper is exactly

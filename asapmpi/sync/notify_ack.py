@@ -5,24 +5,30 @@ Step k on every rank:
   2. put version k into every out-neighbour's slot, complete it, then notify;
   3. wait for the notify of version k from every in-neighbour;
   4. reduce all in-neighbours' version k (verified) into the buffer;
-  5. acknowledge version k to every in-neighbour.
-Every rank sends (2) before it waits (3), so cyclic graphs cannot deadlock: the acks of
-step k-1 only need the notifies of step k-1, which were all sent before anyone waited.
+  5. acknowledge version k to every in-neighbour (issued lazily: completed by the next
+     put, by a wait that lasts poll_yields polls, or by a collective or free()).
+No wait deadlocks, on any graph, although step 1 waits before step 2 sends: every wait
+of step k needs only what every rank issues in step k-1 (the acks of k-1) or what it
+issues in step k after waiting only on those (the notifies of k), so by induction on k
+every rank completes step k (docs/PROTOCOL.md section 5).
 
 Double buffering (the shared transport with Exchange(double_buffer=True)): version k
 is computed in own slot k % 2 and the reduce writes slot (k+1) % 2, so the step's
 order becomes: notify k (nothing to copy, nothing to wait for: slot k % 2 was last read
 as version k-2, acknowledged before the reduce of step k-1 wrote it), wait for the
 notifies of k, wait for acks >= k-1 (the out-neighbours are done reading slot
-(k+1) % 2; having notified k, this rank may see an ack of k already), reduce into it,
-acknowledge k.  Sends still precede every wait.
+(k+1) % 2; having notified k, this rank may see an ack of k already), mark slot
+(k+1) % 2 as being rewritten (header -(k+1): a late reader finds it torn), reduce into
+it, acknowledge k.  Here the send precedes every wait of the step.
 
-The message transport (Exchange(transport="messages"), the default on network paths):
-send is one message of version k per out-neighbour; receive waits until the messages of
-k arrived in the slots and its own sends completed, reduces, and posts the receives of
-k+1, which is the ack: a sender's message can only land in a receive its reader posted
-after it reduced k.  Every rank posts its receives of k before it sends k, so no send
-waits on a receive that needs that send.
+The message transport (Exchange(transport="messages"); "auto" measures it against the
+window words and takes it where it is faster, as on network paths without RDMA):
+send is one synchronous message (MPI_Issend) of version k per out-neighbour; receive
+waits until the messages of k arrived in the slots and its own sends completed (each
+matched by its reader's receive of k, so no writer runs more than one version ahead),
+reduces, and posts the receives of k+1, which is the ack: a sender's message can only
+land in a receive its reader posted after it reduced k.  Every rank posts its receives
+of k before it sends k, so no send waits on a receive that needs that send.
 """
 from __future__ import annotations
 
@@ -86,8 +92,12 @@ class NotifyAckIgnoringAcks(NotifyAck):
     """A DELIBERATELY BROKEN NOTIFY-ACK for the consistency harness: writers do not wait
     for acks, so they may overwrite a slot while it is read.  Readers wait for a notify
     of at least version k, read with the seqlock discipline and reduce the whole
-    version-k inputs they find, counting the rest (torn: caught by the checks; ahead:
-    already overwritten by k+1).  Never train with it."""
+    version-k inputs they find, counting the rest (torn; ahead: already overwritten by
+    k+1).  The writes are ordered (one flush), not seqlock: the readers' checks catch
+    every overlap only where the MPI makes header, payload and footer visible in issue
+    order (a shared-memory path that copies at the call does); elsewhere only
+    checksum=True catches a payload torn under an unchanged header and footer
+    (docs/PROTOCOL.md section 5).  Never train with it."""
 
     name = "notify_ack_ignore_acks"
     setting = None      # no bound holds for a broken protocol
