@@ -19,6 +19,7 @@ cdef class MessageWindow(SlotWindow):
     cdef bint _send_held
     cdef bint _msg_checksum
     cdef int64_t _posted            # version the receives are posted for (0: none)
+    cdef int64_t _last_posted       # the newest version whose receives were posted
     cdef int64_t _sent              # version of the last send_update (0: none)
 
     def __cinit__(self):
@@ -81,12 +82,6 @@ cdef class MessageWindow(SlotWindow):
             free(sent)
         return 0
 
-    # message per out-neighbour, received straight into the reader's slot.  The receive
-    # posted for k is the ack of k-1 (the slot is free again), its completion the notify
-    # of k; on arrival the reader stamps the slot's header and footer with k, so the
-    # verified reduce checks it like any other.  MPI matching keeps versions apart: a
-    # receive takes only the tag of the version it expects.
-
     def post_receives(self, int64_t version, bint checksum=False):
         """Post the receives of `version` into every in-neighbour's slot version % depth
         (the slots must not be read again until wait_updates(version))."""
@@ -108,7 +103,7 @@ cdef class MessageWindow(SlotWindow):
                     CHKERR(MPI_Irecv(&self.recv_cksum[i], 1, MPI_INT64_T, self._in[i],
                                      <int>(version % TAG_MODULUS), self.msg_comm,
                                      &self.recv_reqs[2 * i + 1]), "MPI_Irecv")
-        self._posted = version
+        self._posted = self._last_posted = version
         self._msg_checksum = checksum
 
     def send_update(self, buf, int64_t version, bint checksum=False):
@@ -236,16 +231,32 @@ cdef class MessageWindow(SlotWindow):
         # whose sender did send that version is completed, the others cancelled, and this
         # rank's own sends completed: no message outlives the communicator (a message
         # left in flight could match a receive of a later one that reuses its context).
+        # A writer is at most one version past the newest receive p its reader posted
+        # (it sent p + 1 only after its synchronous send of p matched that receive), so
+        # a writer that stopped with its send of p + 1 in flight (the reader never got
+        # to post p + 1: a timeout, an error) is matched here by one more receive, into
+        # a slot that free() discards, and its send completes.
         cdef int i, k
+        cdef int64_t p = self._last_posted
+        cdef char *hdr
         if self.recv_reqs == NULL:
             return 0
         for i in range(self.n_in):
             for k in range(2 * i, 2 * i + 2):
                 if self.recv_reqs[k] == MPI_REQUEST_NULL:
                     continue
-                if sent[self._in[i]] != self._posted:
+                if sent[self._in[i]] < self._posted:
                     CHKERR(MPI_Cancel(&self.recv_reqs[k]), "MPI_Cancel")
                 CHKERR(MPI_Wait(&self.recv_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
+            if sent[self._in[i]] > p:
+                hdr = self._slot(i, (p + 1) % self.depth)
+                CHKERR(MPI_Recv(hdr + HEADER_BYTES, <int>self.nbytes, MPI_BYTE, self._in[i],
+                                <int>((p + 1) % TAG_MODULUS), self.msg_comm,
+                                MPI_STATUS_IGNORE), "MPI_Recv")
+                if self._msg_checksum:
+                    CHKERR(MPI_Recv(&self.recv_cksum[i], 1, MPI_INT64_T, self._in[i],
+                                    <int>((p + 1) % TAG_MODULUS), self.msg_comm,
+                                    MPI_STATUS_IGNORE), "MPI_Recv")
         for k in range(2 * self.n_out):
             if self.send_reqs[k] != MPI_REQUEST_NULL:
                 CHKERR(MPI_Wait(&self.send_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
