@@ -411,13 +411,14 @@ class Exchange:
         Open MPI's need the target's progress, while two-sided messages are their
         fastest path).  For hop and bsp the window becomes a mailbox: their updates
         and tokens travel as messages that the reader's waits complete into the same
-        slots and words (docs/PROTOCOL.md 2d).  notify_ack, hop and bsp only.  "auto"
-        (default): for those, by measurement at creation: the window words of "shared"
+        slots and words (docs/PROTOCOL.md 2d); async, backup_ps and elastic run on a
+        mailbox of newest versions (2e); gossip pulls one-sidedly ("put").  "auto"
+        (default): by measurement at creation: the window words of "shared"
         (notify_ack, every rank on one host, the network path not forced) or else
         "put", against messages, each timed over the graph's edges per neighbour class
-        (same host, other host); messages win when faster (by 2x against "shared",
-        which reads in place).  ex.transport_report says what was chosen and why.
-        "put" for every other policy.
+        (same host, other host); messages win when faster (against "shared", which
+        reads in place, the message probe carries the update itself; docs/PROTOCOL.md
+        2g).  ex.transport_report says what was chosen and why.
     double_buffer: with the shared transport, keep the buffer in two slots of this
         rank's shared memory, computed on in place and reduced from one into the other:
         no copy at all per step (the reduce moves only its own inputs and output, the

@@ -339,3 +339,24 @@ def test_double_buffered_slot_stops_verifying_before_the_reduce_rewrites_it():
         out = np.zeros(N)
         win.reduce(out, 0.0, np.array([1.0]), 3, 3, 3, require_all=True)
         np.testing.assert_array_equal(out, slots[1])
+
+
+def test_a_promised_input_that_fails_its_checksum_raises_and_leaves_the_buffer():
+    # require_all (NOTIFY-ACK, Hop's standard mode): an input whose payload fails its
+    # checksum after the pass must raise ProtocolError with the buffer as it was, not
+    # be left out of a sum whose weights then add up to 0.5
+    from asapmpi import _core
+    from asapmpi._core.layout import HEADER_BYTES
+    from asapmpi.errors import ProtocolError
+
+    layout, win = _window(_core.PutWindow)
+    with win:
+        win.put(np.full(N, 2.0), 1, 1, checksum=True)
+        win.wait_notifies(1, 10.0)
+        # a payload torn under an unchanged header and footer (only the checksum sees it)
+        win.debug_store_word(layout.slot_disp(0) + HEADER_BYTES + 8 * 5, 12345)
+        out = np.ones(N)
+        with pytest.raises(ProtocolError, match="not usable"):
+            win.reduce(out, 0.5, np.array([0.5]), 1, 1, 1, checksum=True, require_all=True)
+        np.testing.assert_array_equal(out, np.ones(N))
+        assert win.last_status() == [_core.TORN]

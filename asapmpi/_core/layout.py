@@ -48,7 +48,7 @@ class Layout:
     depth: int
     nbytes: int
     n_user: int = 0
-    #: slots a rank publishes for others to read with MPI_Get (pull gossip): 0 or 1
+    #: slots a rank publishes for others to pull with MPI_Rget (gossip: 2, taking turns)
     n_publish: int = 0
     #: the slots hold this rank's own updates for its out-neighbours to read in place
     outbox: bool = False

@@ -1192,12 +1192,13 @@ cdef class SlotWindow:
         sender against `expected`.  With `renormalize` the weights of usable inputs are
         scaled to keep their sum.  seqlock: the slots may be written during the read.
         With seqlock or checksum, an input that changed during the read or fails its
-        checksum is dropped and the reduce recomputed from a copy of buf (also with
-        require_all: no error); otherwise a slot whose header moved during the read
-        raises ProtocolError (buf then holds that input's contribution: in ordered mode
-        that check is best effort; a checksum finds a payload torn under an unchanged
-        header, up to 64-bit collisions).  require_all: if any input is not usable
-        before the pass, raise ProtocolError before buf is touched.  only_notified:
+        checksum is dropped and the reduce recomputed from a copy of buf; otherwise a
+        slot whose header moved during the read raises ProtocolError (buf then holds
+        that input's contribution: in ordered mode that check is best effort; a checksum
+        finds a payload torn under an unchanged header, up to 64-bit collisions).
+        require_all: if any input is not usable, before the pass or (seqlock, checksum)
+        after it, raise ProtocolError with buf as it was (restored from the copy when
+        the failure was found after the pass).  only_notified:
         inputs whose notify word for this slot is not `expected` are not read at all
         (counted stale): their sender may be writing them.
         own: this rank's own input, when it is not buf (buf = w_self*own + ...: a
@@ -1424,6 +1425,14 @@ cdef class SlotWindow:
             if not (seqlock or checksum):
                 self._count()
                 return -1
+            if require_all:
+                # every input was promised: one that failed after the pass (it changed,
+                # or its checksum) is a broken protocol, not an input to leave out of a
+                # sum whose weights would no longer add up
+                if own_in == out:
+                    memcpy(out, self.own_copy, self.nbytes)
+                self._count()
+                return -3
         self._count()
         return n_used
 

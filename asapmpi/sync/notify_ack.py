@@ -93,11 +93,10 @@ class NotifyAckIgnoringAcks(NotifyAck):
     for acks, so they may overwrite a slot while it is read.  Readers wait for a notify
     of at least version k, read with the seqlock discipline and reduce the whole
     version-k inputs they find, counting the rest (torn; ahead: already overwritten by
-    k+1).  The writes are ordered (one flush), not seqlock: the readers' checks catch
-    every overlap only where the MPI makes header, payload and footer visible in issue
-    order (a shared-memory path that copies at the call does); elsewhere only
-    checksum=True catches a payload torn under an unchanged header and footer
-    (docs/PROTOCOL.md section 5).  Never train with it."""
+    k+1).  The writes are seqlock writes (header, flush, payload, flush, footer,
+    flush, then the notify), so the readers' checks catch an overlapping write on any
+    MPI path, not only where header, payload and footer become visible in issue order
+    (docs/PROTOCOL.md sections 3 and 5).  Never train with it."""
 
     name = "notify_ack_ignore_acks"
     setting = None      # no bound holds for a broken protocol
@@ -109,7 +108,7 @@ class NotifyAckIgnoringAcks(NotifyAck):
         return {}
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        win.put(buf, version, version, checksum=ctx.checksum)
+        win.put(buf, version, version, seqlock=True, checksum=ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         win.wait_notifies(version, ctx.timeout, at_least=True)
