@@ -144,17 +144,6 @@ static inline void asap_backoff(long polls, long yield_polls, long max_sleep_us,
 
 /* ---------- checksum ---------- */
 
-/* The widest vector unit the CPU has, chosen at load time (GCC's target_clones: one
- * copy of the reduce per target and an ifunc resolver), so one build runs everywhere
- * and uses AVX-512 or AVX2 where they exist.  The order of operations is the same in
- * every copy (no FMA: -ffp-contract=off), so every copy gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASAP_NO_CLONES)
-#define ASAP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ASAP_CLONES
-#endif
-
-
 typedef struct {
   uint64_t a[ASAP_CKSUM_LANES];
   uint64_t b[ASAP_CKSUM_LANES];
@@ -219,6 +208,15 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
 
 /* ---------- fused weighted reduce ---------- */
 
+/* The widest vector unit the CPU has, chosen at load time (GCC's target_clones: one
+ * copy of the reduce per target and an ifunc resolver), so one build runs everywhere
+ * and uses AVX-512 or AVX2 where they exist.  The order of operations is the same in
+ * every copy (no FMA: -ffp-contract=off), so every copy gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASAP_NO_CLONES)
+#define ASAP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ASAP_CLONES
+#endif
 
 /* One pass over m elements folding up to four inputs into d, left to right:
  * d = (((start + w1*x1) + w2*x2) + w3*x3) + w4*x4, where start is w0*own (first pass;

@@ -1198,9 +1198,9 @@ cdef class SlotWindow:
         finds a payload torn under an unchanged header, up to 64-bit collisions).
         require_all: if any input is not usable, before the pass or (seqlock, checksum)
         after it, raise ProtocolError with buf as it was (restored from the copy when
-        the failure was found after the pass).  only_notified:
-        inputs whose notify word for this slot is not `expected` are not read at all
-        (counted stale): their sender may be writing them.
+        the failure was found after the pass).  only_notified: inputs whose notify word
+        for this slot is not `expected` are not read at all (counted stale): their
+        sender may be writing them.
         own: this rank's own input, when it is not buf (buf = w_self*own + ...: a
         double-buffered Exchange reduces its current slot into the other one).
         Returns the number of inputs reduced.
