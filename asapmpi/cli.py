@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import soak as bench_soak
     from .bench import stragglers as bench_stragglers
     from .bench import zipline as bench_zipline
+    from .modelcheck import cli as modelcheck_cli
     from .train import cli as train_cli
 
     parser = OneLineErrorParser(prog="asapmpi", description=__doc__.splitlines()[0])
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_trace = sub.add_parser("trace", help="check or draw iteration traces of hop runs")
     trace_cli.add_arguments(p_trace)
+
+    p_check = sub.add_parser("check-protocol", help="model-check the slot protocols on "
+                                                    "small graphs (docs/MODELCHECK.md)")
+    modelcheck_cli.add_arguments(p_check)
 
     p_bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
@@ -140,6 +145,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from . import doctor
 
             return doctor.run(args)
+        if args.command == "check-protocol":
+            from .modelcheck import cli as modelcheck_cli
+
+            return modelcheck_cli.run(args)     # one process, no MPI
     except ConfigError as exc:
         if _is_rank_zero():     # every rank raised the same error: say it once
             print(f"asapmpi: error: {exc}", file=sys.stderr)

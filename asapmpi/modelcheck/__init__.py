@@ -1,0 +1,1 @@
+"""Explicit-state model checking of the slot protocols (docs/MODELCHECK.md)."""

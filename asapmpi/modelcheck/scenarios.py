@@ -1,0 +1,275 @@
+"""The scenarios: protocol x graph x bounds x variant, each with the verdict it must get.
+
+`quick` scenarios are the test suite's bounded run (tests/test_modelcheck.py, seconds);
+`asapmpi check-protocol` runs the full list (minutes).  Expected verdicts:
+
+  ok         every reachable state explored, no property broken
+  violation  the named property is broken, with a trace (the broken variants)
+  bounded    a directed search that stops at max_states without a violation (a
+             configuration too large to explore in full: the runs it covers are real,
+             the verdict is no proof)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Tuple
+
+from ..errors import ConfigError
+from .explorer import SEARCHES, Result, explore
+from .graphs import make_graph
+from .hop import HopModel
+from .model import PROPERTIES
+from .notify_ack_messages import NotifyAckMessages
+from .notify_ack_put import NotifyAckPut
+from .notify_ack_shared import NotifyAckShared
+
+#: the five protocol variants of issue 15
+PROTOCOLS = ("notify-ack-put", "notify-ack-shared", "notify-ack-shared-db",
+             "notify-ack-messages", "hop")
+NA = ("overlap", "version", "gap", "deadlock")       # NOTIFY-ACK: gap = lockstep (1)
+MSG = ("overlap", "version", "ahead", "alias", "deadlock")
+HOP = ("overlap", "version", "gap", "deadlock")
+VERDICTS = ("ok", "violation", "bounded")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One model-checking run and the verdict it must get."""
+
+    protocol: str
+    graph: str                      # a spec of asapmpi.modelcheck.graphs
+    iterations: int
+    variant: str = "correct"
+    options: Tuple[Tuple[str, object], ...] = ()    # the model's keyword options
+    properties: Tuple[str, ...] = NA
+    expect: str = "ok"
+    prop: Optional[str] = None      # the property a "violation" must break
+    search: str = "bfs"
+    straggler: Optional[int] = None     # a rank slowed without bound (Model.straggler)
+    max_states: Optional[int] = None    # the budget of a "bounded" search
+    quick: bool = False
+    broken: bool = False            # a deliberately broken or defective variant
+    note: str = ""
+
+    def label(self) -> str:
+        """The variant and its options, as the table shows them."""
+        opts = " ".join(f"{k}={v}" for k, v in self.options)
+        extra = f" straggler={self.straggler}" if self.straggler is not None else ""
+        return " ".join(x for x in (self.variant, opts) if x) + extra
+
+    def as_dict(self) -> Dict[str, object]:
+        """The scenario as plain data (the --json report)."""
+        return {"protocol": self.protocol, "graph": self.graph,
+                "iterations": self.iterations, "variant": self.variant,
+                "options": dict(self.options), "properties": list(self.properties),
+                "expect": self.expect, "expect_property": self.prop,
+                "search": self.search, "straggler": self.straggler, "note": self.note}
+
+
+def _s(protocol, graph, iterations, variant="correct", quick=False, **kw) -> Scenario:
+    """Shorthand: model options as keywords, Scenario fields by name."""
+    fields = {k: kw.pop(k) for k in list(kw) if k in Scenario.__dataclass_fields__}
+    return Scenario(protocol, graph, iterations, variant, tuple(sorted(kw.items())),
+                    quick=quick, **fields)
+
+
+BROKEN = {"broken": True, "expect": "violation"}
+
+SCENARIOS: List[Scenario] = [
+    # ---- NOTIFY-ACK, put transport
+    _s("notify-ack-put", "ring:3", 2, quick=True, landings="spontaneous",
+       note="every lazy word and put part lands on its own: cross-checks 'demand'"),
+    _s("notify-ack-put", "complete:3", 3, quick=True),
+    _s("notify-ack-put", "ring:4", 3, quick=True),
+    _s("notify-ack-put", "offsets:6:1,4", 2, quick=True),
+    _s("notify-ack-put", "ring:3", 3, landings="spontaneous"),
+    _s("notify-ack-put", "ring:4", 4),
+    _s("notify-ack-put", "complete:4", 4),
+    _s("notify-ack-put", "offsets:6:1,4", 3),
+    _s("notify-ack-put", "complete:2", 3, "ignore-acks", quick=True,
+       properties=("overlap", "version", "deadlock"), prop="overlap",
+       note="NotifyAckIgnoringAcks: a writer overwrites a slot being read", **BROKEN),
+    _s("notify-ack-put", "complete:2", 3, "ignore-acks", quick=True, broken=True,
+       properties=("version", "deadlock"),
+       note="its seqlock writes and reads catch every overlap: no torn input is reduced"),
+    _s("notify-ack-put", "complete:3", 3, "ignore-acks", broken=True,
+       properties=("version", "deadlock")),
+    _s("notify-ack-put", "complete:2", 3, "ignore-acks-ordered", quick=True,
+       properties=("version", "deadlock"), prop="version",
+       note="the harness before b4bb560: with one flush for header, payload and footer "
+            "its seqlock reduce takes a torn payload for whole", **BROKEN),
+    _s("notify-ack-put", "complete:2", 2, "no-settle", quick=True, prop="deadlock",
+       note="a wait that never flushes its own lazy notify", **BROKEN),
+    # ---- NOTIFY-ACK, shared-memory transport (single buffer)
+    _s("notify-ack-shared", "complete:3", 3, quick=True),
+    _s("notify-ack-shared", "ring:4", 3, quick=True),
+    _s("notify-ack-shared", "complete:4", 4),
+    _s("notify-ack-shared", "offsets:6:1,4", 2),
+    _s("notify-ack-shared", "complete:2", 2, "no-settle", quick=True, prop="deadlock",
+       **BROKEN),
+    # ---- NOTIFY-ACK, shared-memory transport, double buffered
+    _s("notify-ack-shared-db", "ring:3", 3, quick=True),
+    _s("notify-ack-shared-db", "complete:3", 3, quick=True, parts=False),
+    _s("notify-ack-shared-db", "ring:4", 3),
+    _s("notify-ack-shared-db", "complete:4", 2),
+    _s("notify-ack-shared-db", "ring:3", 3, "no-ack-wait", quick=True,
+       properties=("overlap", "version", "deadlock"), prop="overlap",
+       note="the reduce rewrites a slot an out-neighbour still reads", **BROKEN),
+    # ---- NOTIFY-ACK, message transport
+    _s("notify-ack-messages", "ring:4", 4, "sync", quick=True, tag_modulus=2,
+       properties=MSG, note="MPI_Issend: one version ahead at most, tags mod 2 suffice"),
+    _s("notify-ack-messages", "complete:3", 3, "sync", quick=True, tag_modulus=2,
+       properties=MSG),
+    _s("notify-ack-messages", "ring:3", 3, "sync", quick=True, tag_modulus=1,
+       checksum=True, properties=("overlap", "version", "ahead", "deadlock"),
+       note="payload and checksum messages, every tag equal: posting order matches them"),
+    _s("notify-ack-messages", "ring:4", 4, "sync", tag_modulus=2, checksum=True,
+       properties=MSG),
+    _s("notify-ack-messages", "complete:4", 4, "sync", tag_modulus=2, properties=MSG),
+    _s("notify-ack-messages", "offsets:6:1,4", 4, "sync", tag_modulus=2,
+       properties=MSG),
+    _s("notify-ack-messages", "ring:4", 4, "eager", quick=True,
+       properties=MSG, prop="ahead",
+       note="buffered sends: a sender runs n-1 versions ahead on a directed ring",
+       **BROKEN),
+    _s("notify-ack-messages", "ring:3", 4, "eager", quick=True, tag_modulus=2,
+       properties=("alias",), prop="alias",
+       note="three versions in flight on one channel: two share a tag mod 2", **BROKEN),
+    _s("notify-ack-messages", "ring:4", 6, "eager", quick=True, tag_modulus=2,
+       properties=("overlap", "version", "deadlock"),
+       note="aliased tags still match the right version: MPI does not overtake"),
+    _s("notify-ack-messages", "ring:4", 5, "eager", tag_modulus=1, checksum=True,
+       properties=("overlap", "version", "deadlock")),
+    # ---- Hop
+    _s("hop", "ring:3", 3, quick=True, max_gap=1),
+    _s("hop", "ring:4", 3, quick=True, max_gap=2),
+    _s("hop", "complete:3", 3, quick=True, max_gap=1, parts=True),
+    _s("hop", "complete:4", 2, quick=True, max_gap=1),
+    _s("hop", "ring:3", 4, max_gap=1, parts=True, landings="spontaneous"),
+    _s("hop", "ring:4", 4, max_gap=2),
+    _s("hop", "complete:4", 3, max_gap=1),
+    _s("hop", "offsets:6:1,4", 2, max_gap=1),
+    _s("hop", "complete:3", 2, quick=True, max_gap=1, backup=1),
+    _s("hop", "complete:3", 3, max_gap=1, backup=1),
+    _s("hop", "complete:3", 2, quick=True, max_gap=2, backup=1, skip_trigger=1,
+       max_jump=3, note="jumps of 2 iterations happen"),
+    _s("hop", "complete:3", 3, max_gap=2, backup=1, skip_trigger=2, max_jump=3),
+    _s("hop", "ring:3", 3, quick=True, max_gap=1, staleness=1),
+    _s("hop", "ring:3", 3, quick=True, max_gap=1, staleness=1, skip_trigger=1, max_jump=2,
+       note="bounded staleness with jumps of 2"),
+    _s("hop", "complete:3", 3, max_gap=1, staleness=1),
+    _s("hop", "ring:3", 3, max_gap=1, staleness=1, parts=True),
+    _s("hop", "offsets:6:1,4", 4, max_gap=2, backup=1, skip_trigger=1, max_jump=4,
+       search="drift", straggler=0, expect="bounded", max_states=100_000,
+       note="the search that finds skip-uncapped's deadlock, on the capped jump"),
+    _s("hop", "ring:3", 3, "shallow", quick=True, max_gap=1, prop="overlap",
+       note="depth max_gap instead of max_gap + 1", **BROKEN),
+    _s("hop", "complete:2", 2, "no-settle", quick=True, max_gap=1, prop="deadlock",
+       **BROKEN),
+    _s("hop", "complete:2", 2, "no-settle", quick=True, max_gap=1, staleness=0,
+       prop="deadlock", note="wait_newest without _settle_pending (fixed in 5bde6b8)",
+       **BROKEN),
+    _s("hop", "ring:3", 3, "shallow", quick=True, max_gap=1, staleness=1, prop="overlap",
+       note="depth max_gap + s: the writer reaches the slot of v - s", **BROKEN),
+    _s("hop", "offsets:6:1,4", 4, "skip-uncapped", quick=True, max_gap=2, backup=1,
+       skip_trigger=1, max_jump=4, search="drift", straggler=0, prop="deadlock",
+       note="a jump past max_gap + 1 waits for an update its in-neighbours cannot send",
+       **BROKEN),
+]
+
+
+def select(protocols=None, broken: bool = False, quick: bool = False) -> List[Scenario]:
+    """The scenarios of `protocols` (None: all), the broken variants too if `broken`,
+    only the quick ones if `quick`."""
+    chosen = []
+    for sc in SCENARIOS:
+        if protocols and sc.protocol not in protocols:
+            continue
+        if (sc.broken and not broken) or (quick and not sc.quick):
+            continue
+        chosen.append(sc)
+    return chosen
+
+
+def override(sc: Scenario, iterations: Optional[int] = None, graph: Optional[str] = None,
+             ranks: Optional[int] = None) -> Scenario:
+    """The scenario with other bounds: iterations, graph (a family such as "complete"
+    or "offsets:1,4", or a full spec such as "complete:4") and rank count."""
+    family, _, rest = sc.graph.partition(":")
+    n, _, extra = rest.partition(":")
+    if graph:
+        family, _, rest = graph.partition(":")
+        first, _, tail = rest.partition(":")
+        if first.isdigit():         # a full spec: NAME:N[:extra]
+            n, extra = first, tail
+        else:                       # a family, maybe with its extra field
+            extra = rest
+    if ranks is not None:
+        n = str(ranks)
+    spec = ":".join(x for x in (family, n, extra) if x)
+    return replace(sc, graph=spec, iterations=iterations or sc.iterations)
+
+
+def build(sc: Scenario):
+    """The model of scenario `sc` (ConfigError for options that do not fit it)."""
+    if sc.iterations < 1:
+        raise ConfigError(f"iterations must be at least 1, got {sc.iterations}")
+    if sc.search not in SEARCHES:
+        raise ConfigError(f"search {sc.search!r} not in {SEARCHES}")
+    unknown = set(sc.properties) - set(PROPERTIES)
+    if unknown:
+        raise ConfigError(f"unknown properties {sorted(unknown)}")
+    g = make_graph(sc.graph)
+    opts = dict(sc.options)
+    try:
+        if sc.protocol == "notify-ack-put":
+            model = NotifyAckPut(g, sc.iterations, sc.variant, properties=sc.properties,
+                                 **opts)
+        elif sc.protocol in ("notify-ack-shared", "notify-ack-shared-db"):
+            model = NotifyAckShared(g, sc.iterations, sc.protocol.endswith("-db"),
+                                    sc.variant, properties=sc.properties, **opts)
+        elif sc.protocol == "notify-ack-messages":
+            # the variant is how a send completes: sync (MPI_Issend) or eager
+            model = NotifyAckMessages(g, sc.iterations, sc.variant,
+                                      properties=sc.properties, **opts)
+        elif sc.protocol == "hop":
+            model = HopModel(g, sc.iterations, variant=sc.variant,
+                             properties=sc.properties, **opts)
+        else:
+            raise ConfigError(f"unknown protocol {sc.protocol!r}; choose from "
+                              f"{', '.join(PROTOCOLS)}")
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{sc.protocol} on {sc.graph}: {exc}") from None
+    if sc.straggler is not None:
+        if not 0 <= sc.straggler < g.n:
+            raise ConfigError(f"straggler rank {sc.straggler} outside 0..{g.n - 1}")
+        if not hasattr(model, "words"):
+            raise ConfigError(f"{sc.protocol} has no straggler schedule")
+        model.straggler = sc.straggler
+    return model
+
+
+@dataclass
+class Outcome:
+    """A scenario, what the explorer found and whether that is what was expected."""
+
+    scenario: Scenario
+    result: Result
+    verdict: str = field(init=False)
+    matches: bool = field(init=False)
+
+    def __post_init__(self):
+        r, sc = self.result, self.scenario
+        self.verdict = "bounded" if r.verdict == "limit" else r.verdict
+        self.matches = self.verdict == sc.expect and (
+            sc.expect != "violation" or sc.prop is None or r.prop == sc.prop)
+
+
+def run(sc: Scenario, max_states: Optional[int] = None) -> Outcome:
+    """Build and explore scenario `sc` (at most max_states states, or the scenario's
+    own budget)."""
+    model = build(sc)
+    budget = sc.max_states if sc.max_states is not None else max_states
+    return Outcome(sc, explore(model, budget, sc.search))

@@ -1,0 +1,259 @@
+"""Serial tests: the explicit-state model checker of the slot protocols (no MPI).
+
+The suite runs the quick scenarios of asapmpi.modelcheck.scenarios: every correct
+variant must verify over more states than a vacuous model would have, every broken
+variant must be found with a trace whose last state breaks the named property.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from asapmpi.errors import ConfigError
+from asapmpi.modelcheck.explorer import explore
+from asapmpi.modelcheck.graphs import make_graph
+from asapmpi.modelcheck.hop import HopModel
+from asapmpi.modelcheck.model import Model
+from asapmpi.modelcheck.notify_ack_messages import NotifyAckMessages
+from asapmpi.modelcheck.notify_ack_put import NotifyAckPut
+from asapmpi.modelcheck.notify_ack_shared import NotifyAckShared
+from asapmpi.modelcheck.scenarios import PROTOCOLS, build, override, run, select
+
+QUICK = select(broken=True, quick=True)
+CORRECT = [sc for sc in QUICK if sc.expect == "ok"]
+BROKEN = [sc for sc in QUICK if sc.expect == "violation"]
+
+
+def name(sc):
+    return f"{sc.protocol}-{sc.graph}-{sc.iterations}-{sc.label()}".replace(" ", "_")
+
+
+def deadlocked(model, state):
+    """No transition the code guarantees is enabled, and the run is not over."""
+    return not model.finished(state) and not any(
+        forced for _, _, forced in model.successors(state))
+
+
+def test_every_protocol_has_correct_and_broken_quick_scenarios():
+    assert {sc.protocol for sc in CORRECT} == set(PROTOCOLS)
+    assert {sc.protocol for sc in BROKEN} == set(PROTOCOLS)
+    assert all(sc.broken for sc in BROKEN) and set(QUICK) == set(CORRECT + BROKEN)
+
+
+@pytest.mark.parametrize("sc", CORRECT, ids=name)
+def test_correct_variant_verifies(sc):
+    out = run(sc)
+    r = out.result
+    assert r.verdict == "ok", (r.prop, r.detail, r.trace)
+    # a model that did nothing (or blocked at once) would have a handful of states; a
+    # verified run also reached the end: every rank did every iteration
+    n = make_graph(sc.graph).n
+    assert r.states >= 100 and r.max_depth >= 2 * n * sc.iterations, (r.states,
+                                                                     r.max_depth)
+    assert out.matches
+
+
+@pytest.mark.parametrize("sc", BROKEN, ids=name)
+def test_broken_variant_is_found_with_a_trace(sc):
+    out = run(sc)
+    r = out.result
+    assert r.verdict == "violation" and r.prop == sc.prop, (r.verdict, r.prop, r.detail)
+    assert r.trace and all(isinstance(a, str) and a for a in r.trace)
+    model = build(sc)
+    if sc.prop == "deadlock":
+        assert deadlocked(model, r.last_state)
+    else:
+        assert model.violation(r.last_state)[0] == sc.prop
+    assert out.matches
+
+
+def test_ignoring_acks_overwrites_a_slot_being_read():
+    model = NotifyAckPut(make_graph("complete:2"), 3, "ignore-acks",
+                         properties=("overlap", "version", "deadlock"))
+    r = explore(model)
+    assert r.prop == "overlap"
+    assert "version 2" in r.trace[-1] and "put of version 2" in r.detail
+    # the same protocol with acks never does
+    assert explore(NotifyAckPut(make_graph("complete:2"), 3)).verdict == "ok"
+
+
+def test_the_ack_ignoring_harness_detects_every_tear_since_its_writes_are_seqlock():
+    # header, payload and footer flushed one after the other: a read that overlaps a
+    # write always sees the header move
+    seqlock = explore(NotifyAckPut(make_graph("complete:3"), 3, "ignore-acks",
+                                   properties=("version", "deadlock")))
+    assert seqlock.verdict == "ok" and seqlock.states > 1000
+    # one flush for all three (the harness before b4bb560): header == footer == 1 over
+    # a payload half of version 2, reduced as version 1
+    ordered = explore(NotifyAckPut(make_graph("complete:2"), 3, "ignore-acks-ordered",
+                                   properties=("version", "deadlock")))
+    assert ordered.prop == "version" and "silently reduced" in ordered.detail
+    assert "MPI lands the payload half" in ordered.trace[-1]
+
+
+def test_eager_sends_run_ahead_on_a_directed_ring_and_issend_does_not():
+    ring = make_graph("ring:4")
+    props = ("overlap", "version", "deadlock")
+    eager = explore(NotifyAckMessages(ring, 6, "eager", 2, props))
+    sync = explore(NotifyAckMessages(ring, 6, "sync", 2, (*props, "ahead", "alias")))
+    # buffered sends: a sender n-1 = 3 versions ahead, 4 messages on one channel, yet
+    # every receive takes the version it expects (MPI does not overtake)
+    assert eager.verdict == "ok" and eager.measures == {"ahead": 3, "in flight": 4}
+    assert sync.verdict == "ok" and sync.measures == {"ahead": 1, "in flight": 1}
+    found = explore(NotifyAckMessages(ring, 4, "eager", 2, ("ahead",)))
+    assert found.prop == "ahead" and "iteration 3" in found.detail
+    # with the checksum's second message and a single tag for every version, the
+    # receives still take their own message (posting order, non-overtaking)
+    one_tag = explore(NotifyAckMessages(ring, 5, "sync", 1, (*props, "ahead"),
+                                        checksum=True))
+    assert one_tag.verdict == "ok" and one_tag.measures["in flight"] == 2
+
+
+@pytest.mark.parametrize("model", [
+    NotifyAckPut(make_graph("complete:2"), 2, "no-settle"),
+    NotifyAckShared(make_graph("complete:2"), 2, variant="no-settle"),
+    HopModel(make_graph("complete:2"), 2, variant="no-settle"),
+], ids=["put", "shared", "hop"])
+def test_lazy_words_never_flushed_deadlock(model):
+    r = explore(model)
+    assert r.prop == "deadlock" and deadlocked(model, r.last_state)
+    assert "its own words still in flight" in r.detail or "waits for the notifies" in \
+        r.detail
+
+
+@pytest.mark.parametrize("make", [
+    lambda landings: NotifyAckPut(make_graph("ring:3"), 2, landings=landings),
+    lambda landings: NotifyAckPut(make_graph("complete:2"), 3, "ignore-acks-ordered",
+                                  properties=("version", "deadlock"), landings=landings),
+    lambda landings: NotifyAckPut(make_graph("ring:3"), 3, "ignore-acks",
+                                  properties=("version", "deadlock"), landings=landings),
+    lambda landings: NotifyAckShared(make_graph("ring:3"), 2, True, landings=landings),
+    lambda landings: HopModel(make_graph("ring:3"), 3, 1, parts=True, landings=landings),
+    lambda landings: HopModel(make_graph("ring:3"), 3, 1, variant="shallow",
+                              landings=landings),
+], ids=["put", "put-silent-tear", "put-seqlock", "shared-db", "hop", "hop-shallow"])
+def test_landing_on_demand_gives_the_verdicts_of_spontaneous_landings(make):
+    demand, spont = explore(make("demand")), explore(make("spontaneous"))
+    assert (demand.verdict, demand.prop) == (spont.verdict, spont.prop)
+    assert demand.states <= spont.states
+
+
+@pytest.mark.parametrize("make", [
+    lambda sym: NotifyAckPut(make_graph("complete:3"), 2, symmetry=sym),
+    lambda sym: NotifyAckMessages(make_graph("ring:3"), 3, "sync", 2, symmetry=sym),
+    lambda sym: HopModel(make_graph("complete:3"), 2, 1, symmetry=sym),
+    lambda sym: NotifyAckPut(make_graph("ring:3"), 3, "ignore-acks", symmetry=sym,
+                             properties=("overlap",)),
+], ids=["put", "messages", "hop", "put-broken"])
+def test_symmetry_reduction_keeps_verdicts_and_trace_lengths(make):
+    reduced, full = explore(make(True)), explore(make(False))
+    assert (reduced.verdict, reduced.prop) == (full.verdict, full.prop)
+    assert len(reduced.trace) == len(full.trace)
+    assert reduced.states < full.states
+
+
+def test_skipping_jumps_and_the_uncapped_jump_deadlocks():
+    jumps = run(next(sc for sc in CORRECT if dict(sc.options).get("skip_trigger")))
+    assert jumps.result.verdict == "ok" and jumps.result.measures["jump"] == 2
+    broken = run(next(sc for sc in BROKEN if sc.variant == "skip-uncapped"))
+    assert broken.result.prop == "deadlock"
+    assert "jump to iteration 5, Rec(4) first" in "\n".join(broken.result.trace)
+
+
+class Counter(Model):
+    """Two ranks that each count to `n`; rank 1 may only pass 1 once rank 0 did."""
+
+    name = "counter"
+
+    def __init__(self, n, bad_at=None):
+        from asapmpi.reduce.graphs import complete
+        super().__init__(complete(2), n, ("version", "deadlock"))
+        self.k = [self.cells.add("k", (r,)) for r in range(2)]
+        self.bad_at = bad_at
+        self.symmetry = False
+
+    def finished(self, state):
+        return all(state[p] == self.iterations for p in self.k)
+
+    def successors(self, state):
+        out = []
+        for r in range(2):
+            k = state[self.k[r]]
+            if k < self.iterations and (r == 0 or k < 1 or state[self.k[0]] > 1):
+                s = list(state)
+                s[self.k[r]] = k + 1
+                if (k + 1, r) == self.bad_at:
+                    self.flag(s, self.BAD, "version", "bad")
+                out.append((f"rank {r}: {k + 1}", tuple(s), True))
+        return out
+
+
+def test_explorer_counts_finds_shortest_traces_and_deadlocks():
+    r = explore(Counter(3))
+    # (a, b) with b <= 1 until a >= 2: 2 + 2 + 4 + 4 states, 6 steps to the end
+    assert r.verdict == "ok" and r.states == 12 and r.max_depth == 6
+    r = explore(Counter(3, bad_at=(2, 1)))
+    assert r.prop == "version" and len(r.trace) == 4 and r.trace[-1] == "rank 1: 2"
+    assert explore(Counter(3), max_states=5).verdict == "limit"
+    stuck = Counter(3)
+    stuck.finished = lambda state: False
+    r = explore(stuck)
+    assert r.prop == "deadlock" and len(r.trace) == 6
+
+
+def test_graph_specs_and_overrides():
+    assert make_graph("offsets:6:1,4").out_neighbours(0) == [1, 4]
+    assert make_graph("ring:3").out_neighbours(2) == [0]
+    sc = next(sc for sc in CORRECT if sc.graph == "complete:3")
+    assert override(sc, 5, "offsets:1,4", 6).graph == "offsets:6:1,4"
+    assert override(sc, None, "complete:4").graph == "complete:4"
+    assert override(sc, 2, None, 4).iterations == 2
+    for bad in ("ring", "ring:x", "ring:1", "ring:9", "nope:3", "offsets:4",
+                "chain:3:1"):
+        with pytest.raises(ConfigError):
+            make_graph(bad)
+    with pytest.raises(ConfigError, match="backup"):
+        build(override(next(sc for sc in CORRECT if dict(sc.options).get("backup")),
+                       graph="ring"))
+
+
+CLI = [sys.executable, "-m", "asapmpi", "check-protocol"]
+
+
+def test_cli_runs_quick_scenarios_and_reports(tmp_path):
+    out = tmp_path / "mc.json"
+    proc = subprocess.run([*CLI, "--protocol", "notify-ack-messages", "--quick", "--broken",
+                           "--json", str(out)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["protocol", "graph", "iters"]
+    assert "violation: ahead" in proc.stdout and "violation: alias" in proc.stdout
+    assert "every verdict as expected" in lines[-1]
+    assert "   1. rank 0: MPI_Isend (eager) version 1" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["all_expected"] and all(row["matches"] for row in data["scenarios"])
+    assert {row["verdict"] for row in data["scenarios"]} == {"ok", "violation"}
+
+
+def test_cli_exit_code_1_when_a_verdict_is_unexpected():
+    # ignoring acks cannot go wrong with a single iteration: "violation" not found
+    proc = subprocess.run([*CLI, "--protocol", "notify-ack-put", "--quick", "--broken",
+                           "--max-iters", "1"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 1
+    assert "UNEXPECTED: expected violation: overlap" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-iters", "0"], "--max-iters must be at least 1"),
+    (["--graph", "nope"], "graph 'nope"),
+    (["--ranks", "12"], "--ranks must be 2 to 8"),
+    (["--protocol", "hop", "--graph", "ring"], "backup must be smaller"),
+])
+def test_cli_bad_input_is_one_line(args, message):
+    proc = subprocess.run([*CLI, "--quick", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
