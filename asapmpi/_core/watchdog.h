@@ -77,6 +77,11 @@ static void *asap_watchdog_main(void *unused) {
             "enters MPI); ending the job\n", seconds);
     fflush(stderr);
     asap_wd_reported = 1;     /* MPI_Abort may call exit(): no second report */
+    /* The launcher forwards this rank's stderr through a pipe and kills every rank on
+     * MPI_Abort: on a loaded host hydra ended the job before it forwarded the line
+     * above, and the user saw exit code 70 and no reason.  A moment first. */
+    struct timespec forward = {0, 200000000};
+    nanosleep(&forward, NULL);
     if (asap_wd.can_abort) MPI_Abort(asap_wd.comm, 70);
     _exit(70);
   }
