@@ -61,12 +61,9 @@ def scenarios(args: argparse.Namespace) -> List[Scenario]:
         raise ConfigError(f"--max-states must be at least 1, got {args.max_states}")
     chosen = select(args.protocol, broken=args.broken, quick=args.quick)
     chosen = [override(sc, args.max_iters, args.graph, args.ranks) for sc in chosen]
-    if args.graph or args.ranks:
-        # one run per distinct bound: scenarios that differed only by their graph
-        unique = {}
-        for sc in chosen:
-            unique.setdefault(sc, None)
-        chosen = list(unique)
+    # one run per distinct scenario: with --graph or --ranks, scenarios that differed
+    # only by their graph become the same
+    chosen = list(dict.fromkeys(chosen))
     for sc in chosen:
         build(sc)       # every bad option is refused before the first (long) run
     return chosen
@@ -84,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     print(_row(COLUMNS), flush=True)
     outcomes: List[Outcome] = []
-    for sc in chosen:
-        out = run_scenario(sc, args.max_states)
+    for chosen_sc in chosen:
+        out = run_scenario(chosen_sc, args.max_states)
         outcomes.append(out)
-        r = out.result
+        r, sc = out.result, out.scenario    # (the scenario as run: see scenarios.run)
         print(_row((sc.protocol, sc.graph, sc.iterations, sc.label(), r.states,
                     r.transitions, f"{r.seconds:.2f}", _verdict(out))), flush=True)
     for out in outcomes:
@@ -106,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _row(cells) -> str:
     protocol, graph, iters, variant, states, transitions, seconds, verdict = cells
-    return (f"{protocol:<21} {graph:<14} {iters!s:>5}  {variant:<48.48} {states!s:>9} "
+    return (f"{protocol:<21} {graph:<14} {iters!s:>5}  {variant:<56.56} {states!s:>9} "
             f"{transitions!s:>11} {seconds!s:>8}  {verdict}")
 
 

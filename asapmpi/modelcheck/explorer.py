@@ -1,10 +1,11 @@
-"""The generic explicit-state explorer: breadth-first search over a model's states.
+"""The generic explicit-state explorer: every reachable state of a model, once each.
 
 A model (asapmpi.modelcheck.model.Model) gives an initial state, the transitions
 enabled in a state and the properties a state must keep.  `explore` visits every state
 reachable from the initial one, once each (a visited set of canonical state tuples),
-breadth first, so the first violation it meets is one of the shortest, and rebuilds the
-sequence of actions that leads there by replaying the model from the initial state.
+breadth first by default, so the first violation it meets is one of the shortest, and
+rebuilds the sequence of actions that leads there by replaying the model from the
+initial state.
 
 A transition is *forced* when the code guarantees that it happens eventually (a rank's
 next statement, a flush it performs, MPI matching a posted receive its owner polls);
@@ -33,7 +34,8 @@ class Result:
     verdict: "ok" (every reachable state explored, no violation), "violation" (prop and
     detail say which, trace how: one action per entry from the initial state) or
     "limit" (max_states reached first: no verdict).  last_state is the state the trace
-    ends in (the violating one).
+    ends in (the violating one); measures the largest value of each of the model's
+    measures (model.measure, e.g. the widest gap) over the states explored.
     """
 
     verdict: str
@@ -102,6 +104,8 @@ def explore(model, max_states: Optional[int] = None, search: str = "bfs") -> Res
                 break
             at = heapq.heappop(heap)[2]
         state = states[at]
+        if model.halted(state):     # a run that raised: nothing follows (unchecked)
+            continue
         if measure is not None:
             for name, value in measure(state).items():
                 if value > best.get(name, value - 1):

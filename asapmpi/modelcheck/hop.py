@@ -1,5 +1,6 @@
 """Hop on the put transport (asapmpi/sync/hop.py, docs/HOP.md): rotating slots, token
-counters, backup workers, skipping iterations and suppressed late updates.
+counters, backup workers, bounded staleness, skipping iterations and suppressed late
+updates.
 
 Rank r in iteration k (entered at creation for k = 1):
 
@@ -16,10 +17,10 @@ Rank r in iteration k (entered at creation for k = 1):
          of its slots (the newest <= v is taken)
   READ   the verified reduce of v (standard: require_all; backup: only_notified, the
          inputs whose notify is v when the reduce starts; staleness: reduce_versions of
-         the newest versions, seqlock).  After the reduce of k the
-         jump decision reads the token words: behind = min_j completed(j) + 1 - k; at
-         least skip_trigger: T = k + max(1, min(max_jump, behind, max_gap + 1)) and Rec
-         (T-1) follows; else T = k + 1
+         the newest versions, seqlock).  After the reduce of k the jump decision reads
+         the token words: behind = min_j completed(j) + 1 - k; at least skip_trigger:
+         T = k + max(1, min(max_jump, behind, max_gap + 1)) and Rec(T-1) follows; else
+         T = k + 1
   ENTER  wait until every token word >= T - 1 - max_gap (read atomically), then publish
          T - 1 completed iterations into the word r owns at every in-neighbour, lazily;
          iteration T is entered
@@ -54,7 +55,7 @@ class HopModel(OneSidedModel):
                  staleness: Optional[int] = None,
                  skip_trigger: Optional[int] = None, max_jump: int = 1,
                  suppress_late: bool = True, variant: str = "correct", parts: bool = False,
-                 properties=("overlap", "version", "gap", "deadlock"),
+                 properties=("overlap", "version", "error", "gap", "deadlock"),
                  symmetry: bool = True, landings: str = "demand"):
         if variant not in VARIANTS:
             raise ValueError(f"variant {variant!r} not in {VARIANTS}")
@@ -67,8 +68,13 @@ class HopModel(OneSidedModel):
         super().__init__(graph, iterations, properties, symmetry, landings,
                          settle=variant != "no-settle")
         self.max_gap, self.backup, self.staleness = max_gap, backup, staleness
-        # hop.py _useless_after: an out-neighbour that completed k + this cannot use k
-        self.useless = 0 if backup else staleness if staleness is not None else None
+        # hop.py _useless_after: an out-neighbour that completed k + this cannot use
+        # update k (None: standard Hop, every update is used)
+        self.useless = None
+        if backup:
+            self.useless = 0
+        elif staleness is not None:
+            self.useless = staleness
         self.skip_trigger, self.max_jump = skip_trigger, max_jump
         self.suppress_late, self.variant = suppress_late, variant
         self.depth = max_gap + 1 + (staleness or 0) - (variant == "shallow")
@@ -120,14 +126,20 @@ class HopModel(OneSidedModel):
         pc, k, v, t = (state[self.pc[r]], state[self.k[r]], state[self.v[r]],
                        state[self.t[r]])
         if pc == RECV:
-            return (f"rank {r} (iteration {k}) waits for the notifies of version {v} (seen: "
-                    + ", ".join(f"rank {i} = {state[self.notify[i, r, v % self.depth][0]]}"
-                                for i in self.ins[r]) + ")")
-        if pc == ENTER:
-            return (f"rank {r} waits for tokens >= {t - 1 - self.max_gap} to enter "
+            what = (f"rank {r} (iteration {k}) waits for the notifies of version {v} "
+                    f"(seen: " + ", ".join(
+                        f"rank {i} = {state[self.notify[i, r, v % self.depth][0]]}"
+                        for i in self.ins[r]) + ")")
+        elif pc == ENTER:
+            what = (f"rank {r} waits for tokens >= {t - 1 - self.max_gap} to enter "
                     f"iteration {t} (seen: " + ", ".join(
-                        f"rank {j} = {state[self.token[r, j][0]]}" for j in self.outs[r]) + ")")
-        return f"rank {r} {PHASES[pc]} iteration {k}"
+                        f"rank {j} = {state[self.token[r, j][0]]}" for j in self.outs[r])
+                    + ")")
+        else:
+            what = f"rank {r} {PHASES[pc]} iteration {k}"
+        if self.words.pending(state, r):
+            what += ", its own words still in flight"
+        return what
 
     # ------------------------------------------------------------------ transitions
 
@@ -227,10 +239,9 @@ class HopModel(OneSidedModel):
             if not ok:
                 refused.append(f"rank {i}: {why}")
         if refused:
-            self.flag(s, self.BAD, "version", f"rank {r}: version {v} not usable from "
-                                              + "; ".join(refused)
-                                              + (" (notified, so it must be whole)"
-                                                 if self.backup else " (ProtocolError)"))
+            why = " (notified, so it must be whole)" if self.backup else " (ProtocolError)"
+            self.flag(s, self.BAD, "error", f"rank {r}: version {v} not usable from "
+                                            + "; ".join(refused) + why)
         s[self.pc[r]] = READ
         return (f"rank {r}: reduce version {v} begins, inputs from ranks "
                 f"{_names(arrived if self.backup else self.ins[r])}", tuple(s), True)
@@ -250,8 +261,8 @@ class HopModel(OneSidedModel):
             if not ok:
                 refused.append(f"rank {i}: {why}")
         if refused:
-            self.flag(s, self.BAD, "version", f"rank {r}: notified versions not whole: "
-                                              + "; ".join(refused))
+            self.flag(s, self.BAD, "error", f"rank {r}: notified versions not whole: "
+                                            + "; ".join(refused))
         s[self.pc[r]] = READ
         return [(f"rank {r}: reduce of iteration {v} begins with versions "
                  + ", ".join(f"{vi} of rank {i}" for i, vi in versions.items()),
@@ -266,7 +277,7 @@ class HopModel(OneSidedModel):
                                    self.use[i, r], f"rank {i}", r)
                 # reduce_versions is a seqlock reduce: it drops a torn input
                 if found and not (found[0] and self.staleness is not None):
-                    self.flag(s, self.BAD, "version", found[1])
+                    self.flag(s, self.BAD, "error" if found[0] else "version", found[1])
         label = f"rank {r}: reduce version {v} ends"
         if v != k:      # the reduce of T - 1 after a jump
             s[self.pc[r]] = ENTER

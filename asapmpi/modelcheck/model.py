@@ -22,10 +22,13 @@ Key = Tuple[str, Tuple[int, ...], Tuple[int, ...]]
 Violation = Tuple[str, str]
 
 #: the properties a model can check, in the order they are reported
-PROPERTIES = ("overlap", "version", "gap", "ahead", "alias", "deadlock")
+PROPERTIES = ("overlap", "version", "error", "gap", "ahead", "alias", "deadlock")
 DESCRIPTIONS = {
     "overlap": "no reduce reads a slot its writer may be writing",
-    "version": "every reduced input is the version the policy claims",
+    "version": "every reduced input is the version the policy claims (never a torn or "
+               "other version, silently)",
+    "error": "no reduce finds an input it needs torn or missing (ProtocolError, or an "
+             "input announced whole that is not)",
     "gap": "the iteration gap bound holds on every edge",
     "ahead": "a sender is at most one version ahead of its reader",
     "alias": "no two messages in flight on one channel share a tag",
@@ -166,6 +169,11 @@ class Model:
     def successors(self, state: tuple) -> list:
         """The transitions enabled in `state`: (label, next state, forced)."""
         raise NotImplementedError
+
+    def halted(self, state: tuple) -> bool:
+        """Whether the run stopped: a reduce raised ProtocolError (or broke a property
+        that is not checked): nothing happens after it in this run."""
+        return bool(state[self.BAD])
 
     def violation(self, state: tuple) -> Optional[Violation]:
         """The first checked property `state` breaks, or None."""

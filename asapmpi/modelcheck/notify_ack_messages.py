@@ -41,7 +41,8 @@ class NotifyAckMessages(Model):
 
     def __init__(self, graph: Graph, iterations: int, send: str = "sync",
                  tag_modulus: int = 32768,
-                 properties=("overlap", "version", "ahead", "alias", "deadlock"),
+                 properties=("overlap", "version", "error", "gap", "ahead", "alias",
+                             "deadlock"),
                  symmetry: bool = True, checksum: bool = False):
         if send not in SENDS:
             raise ValueError(f"send {send!r} not in {SENDS}")
@@ -77,7 +78,8 @@ class NotifyAckMessages(Model):
             if "overlap" in props and state[use] and state[self.recv[s, r]]:
                 return ("overlap", f"rank {r} reads version {state[use]} from its slot for "
                                    f"rank {s} while a receive into it is posted")
-        bad = super().violation(state)
+        bad = super().violation(state) or self.gap_violation(state, self.k, 1,
+                                                               both_ways=True)
         if bad:
             return bad
         if "ahead" in props:

@@ -44,7 +44,8 @@ class NotifyAckPut(OneSidedModel):
     name = "notify-ack-put"
 
     def __init__(self, graph: Graph, iterations: int, variant: str = "correct",
-                 parts: bool = True, properties=("overlap", "version", "gap", "deadlock"),
+                 parts: bool = True,
+                 properties=("overlap", "version", "error", "gap", "deadlock"),
                  symmetry: bool = True, landings: str = "demand"):
         if variant not in VARIANTS:
             raise ValueError(f"variant {variant!r} not in {VARIANTS}")
@@ -130,9 +131,11 @@ class NotifyAckPut(OneSidedModel):
                      + f"version {k} into the slots at ranks {_names(self.outs[r])}",
                      tuple(s), True)]
         if pc in (SEQ_H, SEQ_P):
-            # the seqlock write: each part complete before the next is issued
+            # the seqlock write: each part complete before the next is issued (the
+            # flush_all completes r's lazy words too)
             s = list(state)
             self.puts.flush(s, r, HEADER if pc == SEQ_H else HALF_A | HALF_B, done=False)
+            self.words.settle(s, r)
             for j in self.outs[r]:
                 self.puts.issue(s, self.slot[r, j], k,
                                 HALF_A | HALF_B if pc == SEQ_H else FOOTER)
@@ -174,8 +177,8 @@ class NotifyAckPut(OneSidedModel):
                 refused.append(f"rank {i}: {why}")
         if refused and not self.ignores_acks:
             # require_all: ProtocolError before the buffer is touched
-            self.flag(s, self.BAD, "version", f"rank {r}: ProtocolError, version {k} not "
-                                              f"usable from " + "; ".join(refused))
+            self.flag(s, self.BAD, "error", f"rank {r}: ProtocolError, version {k} not "
+                                            f"usable from " + "; ".join(refused))
         s[self.pc[r]] = READ
         return (f"rank {r}: reduce version {k} begins (footers and headers of ranks "
                 f"{_names(self.ins[r])} loaded)", tuple(s), True)
@@ -186,9 +189,9 @@ class NotifyAckPut(OneSidedModel):
             if not state[self.use[i, r]]:
                 continue
             found = verify.end(state, s, self.slot[i, r], self.use[i, r], f"rank {i}", r)
-            # seqlock mode (ignore-acks) drops an input whose header moved
+            # detected: ProtocolError; seqlock mode (ignore-acks) drops the input
             if found and not (found[0] and self.ignores_acks):
-                self.flag(s, self.BAD, "version", found[1])
+                self.flag(s, self.BAD, "error" if found[0] else "version", found[1])
         for i in self.ins[r]:
             self.words.issue(s, self.ack[i, r][1], k)
         if k == self.iterations:

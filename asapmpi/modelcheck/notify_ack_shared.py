@@ -8,17 +8,19 @@ Single buffering, step k of rank r:
 
   SEND    wait_acks(k-1) (== k-1), then store header.version = k, fence
   COPY    copy the buffer into the slot (the two payload halves in either order), fence
-  FOOTER  store footer k, MPI_Win_sync, notify k to every out-neighbour (lazy)
+  FOOTER  store footer k, _sync() (MPI_Win_sync, full fence), notify k to every
+          out-neighbour (lazy)
   RECV    wait_notifies(k)
   READ    verified reduce reading every in-neighbour's slot in place; ack k (lazy)
 
 Double buffering (Exchange(double_buffer=True)): the buffer is slot k % 2.  Step k:
 
   PUT_H   store header k of slot k % 2 (its payload was computed there), fence
-  PUT_F   store footer k, MPI_Win_sync, notify k (lazy)
+  PUT_F   store footer k, _sync(), notify k (lazy)
   RECV_N  wait_notifies(k)
   RECV_A  wait_acks(k-1, at_least): out-neighbours are done with slot (k+1) % 2
-  INVAL   header of slot (k+1) % 2 := -(k+1): nobody may take it for whole any more
+  INVAL   begin_rewrite(k+1): header of slot (k+1) % 2 := -(k+1), fence: nobody may
+          take it for whole any more (invalidate=False: no mark, as before 7cfbf52)
   BEGIN   the reduce loads its inputs (the in-neighbours' slots k % 2) and starts
           writing slot (k+1) % 2 (the two halves, in either order)
   END     the reduce checks its inputs again; ack k (lazy); then the caller computes on
@@ -55,8 +57,8 @@ class NotifyAckShared(OneSidedModel):
 
     def __init__(self, graph: Graph, iterations: int, double_buffer: bool = False,
                  variant: str = "correct", parts: bool = True, invalidate: bool = True,
-                 properties=("overlap", "version", "gap", "deadlock"), symmetry: bool = True,
-                 landings: str = "demand"):
+                 properties=("overlap", "version", "error", "gap", "deadlock"),
+                 symmetry: bool = True, landings: str = "demand"):
         if variant not in VARIANTS or (variant == "no-ack-wait" and not double_buffer):
             raise ValueError(f"variant {variant!r}: not one of {VARIANTS} for this model")
         super().__init__(graph, iterations, properties, symmetry, landings,
@@ -262,8 +264,8 @@ class NotifyAckShared(OneSidedModel):
             if not ok:
                 refused.append(f"rank {i}: {why}")
         if refused:
-            self.flag(s, self.BAD, "version", f"rank {r}: ProtocolError, version {k} not "
-                                              f"usable from " + "; ".join(refused))
+            self.flag(s, self.BAD, "error", f"rank {r}: ProtocolError, version {k} not "
+                                            f"usable from " + "; ".join(refused))
 
     def _end(self, state, s: list, r: int, k: int) -> tuple:
         for i in self.ins[r]:
@@ -271,7 +273,7 @@ class NotifyAckShared(OneSidedModel):
                 slot = self.slots[i][k % len(self.slots[i])]
                 found = verify.end(state, s, slot, self.use[i, r], f"rank {i}", r)
                 if found:
-                    self.flag(s, self.BAD, "version", found[1])
+                    self.flag(s, self.BAD, "error" if found[0] else "version", found[1])
         for i in self.ins[r]:
             self.words.issue(s, self.ack[i, r][1], k)
         if k == self.iterations:

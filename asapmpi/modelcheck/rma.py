@@ -81,9 +81,10 @@ class Words:
 
 
 class Slot(NamedTuple):
-    """The cells of one receive slot written by puts: header, the payload's two halves,
-    footer (versions), the version of the put in flight into it (0: none) and, in parts
-    mode, the parts of that put not yet landed."""
+    """The cells of one slot: header, the payload's two halves, footer (versions), the
+    version of the write in flight into it (0: none; a put not yet completed by its
+    writer's flush, or a shared-memory store sequence) and, in parts mode, the parts of
+    that put not yet landed."""
 
     header: int
     half_a: int
@@ -155,9 +156,3 @@ class Puts:
                               (HALF_B, slot.half_b), (FOOTER, slot.footer)):
                 if mask & bit:
                     yield slot, cell, bit, state[slot.put], f"{PART_NAMES[bit]} of {label}"
-
-    @staticmethod
-    def read(state: tuple, slot: Slot) -> Tuple[int, int, int, int]:
-        """What a reader loads from the slot: (footer, header, half a, half b)."""
-        return (state[slot.footer], state[slot.header], state[slot.half_a],
-                state[slot.half_b])

@@ -6,8 +6,10 @@ finally loads the header again; a header that moved is a torn read (ordered mode
 ProtocolError; seqlock mode: the input is dropped and the reduce redone without it).
 The models make the beginning and the end two actions, so that anything may happen in
 between, and record per input what the beginning saw in a "use" cell: (expected, F,
-half a, half b) - the payload as loaded at the beginning stands for the whole pass,
-which is exact as long as nobody writes the slot during it (the overlap property).
+half a, half b).  The payload as loaded at the beginning, compared with the payload at
+the end, stands for the whole pass: exact while nobody writes the slot during it (the
+overlap property); otherwise a payload that changed while the header did not is taken as
+read torn, which some timing of the pass does read.
 """
 from __future__ import annotations
 
