@@ -242,8 +242,12 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
   }
 
 #define ASAP_DEFINE_WSUM(NAME, T)                                                        \
-  static inline void NAME##_fold(T *d, const T *own, T w0, int first,                   \
-                                 const T *const *x, const T *w, int k, size_t m) {       \
+  /* always inlined: it is called from two target_clones functions (the block and the \
+   * checksummed reduce), and left to itself GCC emitted it once, out of line, for the  \
+   * baseline target: the AVX2 reduce then ran scalar code, 12x the instructions. */     \
+  static inline __attribute__((always_inline)) void NAME##_fold(                         \
+      T *d, const T *own, T w0, int first, const T *const *x, const T *w, int k,         \
+      size_t m) {                                                                        \
     if (!first) {                                                                        \
       ASAP_FOLD(T, d[j])                                                                 \
     } else if (w0 == (T)0) {                                                             \
