@@ -49,6 +49,8 @@ VARIANTS = ("correct", "no-settle", "skip-uncapped", "shallow")
 class HopModel(OneSidedModel):
     """Hop's queue-based protocol over lazy words and unordered puts."""
 
+    final_pc = EXIT
+
     name = "hop"
 
     def __init__(self, graph: Graph, iterations: int, max_gap: int = 1, backup: int = 0,
@@ -99,9 +101,6 @@ class HopModel(OneSidedModel):
                 self.slot[s, r, d] = self.puts.add(s, r, (d,))
 
     # ------------------------------------------------------------------ properties
-
-    def finished(self, state) -> bool:
-        return all(state[p] == EXIT for p in self.pc)
 
     def violation(self, state) -> Optional[Violation]:
         if "overlap" in self.properties:

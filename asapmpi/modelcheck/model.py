@@ -162,9 +162,13 @@ class Model:
         a relabelling of the state does not rename)."""
         return (*state[:self.BAD], (), *state[self.BAD + 1:])
 
+    #: the program counter of a rank that has completed its iterations (and settled
+    #: what it owed); every model keeps its ranks' counters in self.pc
+    final_pc: int = -1
+
     def finished(self, state: tuple) -> bool:
         """Every rank has completed its iterations (and settled what it owed)."""
-        raise NotImplementedError
+        return all(state[p] == self.final_pc for p in self.pc)
 
     def successors(self, state: tuple) -> list:
         """The transitions enabled in `state`: (label, next state, forced)."""

@@ -37,6 +37,8 @@ KINDS = ("payload", "checksum")
 class NotifyAckMessages(Model):
     """NOTIFY-ACK by two-sided messages with tags modulo `tag_modulus`."""
 
+    final_pc = DONE
+
     name = "notify-ack-messages"
 
     def __init__(self, graph: Graph, iterations: int, send: str = "sync",
@@ -68,9 +70,6 @@ class NotifyAckMessages(Model):
             self.use[s, r] = c.add("use", (s, r))
 
     # ------------------------------------------------------------------ properties
-
-    def finished(self, state) -> bool:
-        return all(state[p] == DONE for p in self.pc)
 
     def violation(self, state) -> Optional[Violation]:
         props = self.properties

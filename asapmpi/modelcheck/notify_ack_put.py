@@ -41,6 +41,8 @@ VARIANTS = ("correct", "ignore-acks", "ignore-acks-ordered", "no-settle")
 class NotifyAckPut(OneSidedModel):
     """NOTIFY-ACK with MPI_Put into the receivers' slots, lazy notify and ack words."""
 
+    final_pc = EXIT
+
     name = "notify-ack-put"
 
     def __init__(self, graph: Graph, iterations: int, variant: str = "correct",
@@ -67,9 +69,6 @@ class NotifyAckPut(OneSidedModel):
             self.use[s, r] = c.add("use", (s, r), default=())
 
     # ------------------------------------------------------------------ properties
-
-    def finished(self, state) -> bool:
-        return all(state[p] == EXIT for p in self.pc)
 
     def violation(self, state) -> Optional[Violation]:
         if "overlap" in self.properties:

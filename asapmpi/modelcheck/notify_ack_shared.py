@@ -55,6 +55,8 @@ VARIANTS = ("correct", "no-settle", "no-ack-wait")
 class NotifyAckShared(OneSidedModel):
     """NOTIFY-ACK with outbox slots in shared memory, single or double buffered."""
 
+    final_pc = EXIT
+
     def __init__(self, graph: Graph, iterations: int, double_buffer: bool = False,
                  variant: str = "correct", parts: bool = True, invalidate: bool = True,
                  properties=("overlap", "version", "error", "gap", "deadlock"),
@@ -93,9 +95,6 @@ class NotifyAckShared(OneSidedModel):
             self.use[s, r] = c.add("use", (s, r), default=())
 
     # ------------------------------------------------------------------ properties
-
-    def finished(self, state) -> bool:
-        return all(state[p] == EXIT for p in self.pc)
 
     def violation(self, state) -> Optional[Violation]:
         if "overlap" in self.properties:
