@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import reduce as bench_reduce
     from .bench import soak as bench_soak
     from .bench import stragglers as bench_stragglers
+    from .bench import training as bench_training
     from .bench import zipline as bench_zipline
     from .modelcheck import cli as modelcheck_cli
     from .train import cli as train_cli
@@ -106,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "descriptors, /dev/shm and step time over "
                                                "many steps, one job per policy")
     bench_soak.add_arguments(p_soak)
+    p_training = bench_sub.add_parser("training", help="time to target accuracy per policy "
+                                                       "under stragglers and narrow links, "
+                                                       "on emulated hosts with shaped links")
+    bench_training.add_arguments(p_training)
     return parser
 
 
@@ -131,6 +136,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .bench import soak as bench_soak
 
             return bench_soak.run(args)         # launches one job per run
+        if args.command == "bench" and args.bench == "training":
+            from .bench import training as bench_training
+
+            return bench_training.run(args)     # one job per scenario and seed
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
         if args.command == "graph":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -19,6 +18,8 @@ from typing import Optional
 
 import pytest
 
+from asapmpi.bench.hosts import emulation_unavailable
+
 from mpilaunch import RESULT_TAG, RUNNER, mpiexec, results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,21 +27,7 @@ NETNS_HOSTS = ROOT / "launch" / "netns-hosts"
 HOSTS = 3
 
 
-def _unavailable() -> Optional[str]:
-    """Why emulated hosts cannot be made here, or None."""
-    if os.geteuid() != 0:
-        return "emulated hosts need root (network namespaces)"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"emulated hosts need '{tool}'"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                           check=False, timeout=30)
-    if probe.returncode != 0:
-        return f"'ip netns' does not work here: {probe.stderr.strip()}"
-    return None
-
-
-SKIP = _unavailable()
+SKIP = emulation_unavailable()
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
 

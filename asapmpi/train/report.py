@@ -137,14 +137,37 @@ def write_h5(path: str, results: Sequence[RunResult]) -> None:
     """Per run and rank, every metric column; per run the config and summary (JSON)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with h5py.File(path, "w") as f:
+        f.attrs["order"] = json.dumps([res.label for res in results])
         for res in results:
             g = f.create_group(res.label.replace("/", "_"))
             g.attrs["config"] = json.dumps(res.config)
             g.attrs["summary"] = json.dumps(res.summary())
+            g.attrs["extra"] = json.dumps(res.extra)
+            g.attrs["label"] = res.label
             for r, log in enumerate(res.logs):
                 rg = g.create_group(f"rank_{r}")
                 for name, values in log.items():
                     rg.create_dataset(name, data=values)
+
+
+def read_h5(path: str) -> List[RunResult]:
+    """The runs write_h5 wrote, in the file's order of groups (the order of the runs)."""
+    with h5py.File(path, "r") as f:
+        results = []
+        for name in f:
+            g = f[name]
+            ranks = sorted((k for k in g if k.startswith("rank_")),
+                           key=lambda k: int(k.split("_")[1]))
+            logs = [{field: np.asarray(g[r][field]) for field in g[r]} for r in ranks]
+            config = json.loads(g.attrs["config"])
+            summary = json.loads(g.attrs["summary"])
+            results.append(RunResult(str(g.attrs.get("label", summary["label"])), config,
+                                     logs, float(summary["target_accuracy"]),
+                                     extra=json.loads(g.attrs.get("extra", "{}"))))
+        # h5py lists groups by name; the runs' order is the order they were written
+        order = {r: i for i, r in enumerate(json.loads(f.attrs["order"]))} \
+            if "order" in f.attrs else {}
+    return sorted(results, key=lambda r: order.get(r.label, 0))
 
 
 def plot(path: str, results: Sequence[RunResult], title: str) -> str:

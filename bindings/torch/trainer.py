@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import os
+import resource
 import signal
 import statistics
 import time
@@ -169,13 +170,23 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
             bar.close()
     _maybe_die(cfg, rank, "end")
     logs = collectives.gather(comm, log.arrays(), timeout, "the final gather of metrics")
+    # where each rank ran and the most memory it held (bench training reports both)
+    places = collectives.gather(comm, (MPI.Get_processor_name(), peak_rss_bytes()),
+                                timeout, "the final gather of hosts and memory")
     opt.free()
     if rank != 0:
         return None
     return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target,
                      extra={"sync": cfg.sync, "graph": opt.exchange.graph.name,
                             "model_bytes": opt.flat.nbytes,
-                            "policy_report": opt.exchange.report})
+                            "policy_report": opt.exchange.report,
+                            "hosts": [host for host, _ in places],
+                            "peak_rss_bytes": [peak for _, peak in places]})
+
+
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held so far (Linux: ru_maxrss in KB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _maybe_die(cfg: TrainConfig, rank: int, where: str) -> None:

@@ -1,0 +1,547 @@
+"""`asapmpi bench training`: when does decentralized training reach its target sooner?
+Time to target accuracy, final accuracy, iterations/s, bytes and waiting per policy,
+under stragglers and narrow links, on emulated hosts with shaped links.
+
+    asapmpi bench training [-n 8] [--hosts 4] [--bandwidth 1gbit] [--workload rcv1]
+                           [--scenarios homogeneous,straggler-host,random-6x,narrow-link]
+                           [--policies allreduce,notify_ack@ring,hop:backup=1,...]
+                           [--seeds 0,1,2] [--json F] [--h5 F] [--png F] [--one-host]
+
+Each (scenario, seed) is one mpiexec job of `asapmpi train` that runs every policy in
+turn (--compare), on `--hosts` network namespaces made by launch/netns-hosts: ranks of
+one host share memory, ranks of different hosts talk over veths shaped to --bandwidth
+(tc tbf).  Rank r is on host r % hosts.  Scenarios:
+
+  homogeneous      every rank computes at its own speed, every link at --bandwidth
+  straggler-host   the ranks of the last host compute 4x slower, always (Hop 7.3)
+  random-6x        each iteration each rank is 6x slower with probability 1/n (Hop 7.3)
+  narrow-link      the last host's link runs at --narrow-bandwidth (gossip's narrow node)
+
+Per scenario and policy the report gives the median over seeds and the spread (min-max)
+of: time to the workload's target accuracy (the latest rank's clock at the first
+evaluation where the mean replica accuracy reaches it), final accuracy (mean over
+replicas, and the worst replica), iterations per second, MB sent per rank, the share of
+time waiting, and the peak resident memory of a rank; and the ratios to allreduce in the
+same scenario.  Targets (issue 16) get PASS/FAIL.  Without root or `ip netns`, or with
+--one-host, every rank is on this host and the report says so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import AsapError, ConfigError
+from .core import publish
+from .hosts import EmulatedHosts, OneHost, check_rate, emulation_unavailable
+
+SCENARIOS = ("homogeneous", "straggler-host", "random-6x", "narrow-link")
+DEFAULT_POLICIES = ("allreduce,notify_ack@root-expander,notify_ack@ring,hop:backup=1,"
+                    "hop:staleness=3,hop:backup=1:skip_trigger=1:max_jump=4,gossip:every=4,"
+                    "backup_ps:backup=1")
+STRAGGLER_FACTOR = 4.0
+RANDOM_FACTOR = 6.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each run trains: `asapmpi train MODEL` with these settings."""
+
+    model: str
+    data: str
+    iters: int
+    batch_size: int
+    eval_every: int
+    target: float
+    lr: Optional[float] = None
+    data_options: Dict[str, Any] = field(default_factory=dict)
+    about: str = ""
+
+    def argv(self) -> List[str]:
+        """The `asapmpi train` arguments of this workload."""
+        out = [self.model, "--data", self.data, "--iters", str(self.iters),
+               "--batch-size", str(self.batch_size), "--eval-every", str(self.eval_every),
+               "--target", str(self.target)]
+        if self.lr is not None:
+            out += ["--lr", str(self.lr)]
+        for key, value in self.data_options.items():
+            out += ["--data-option", f"{key}={value}"]
+        return out
+
+
+WORKLOADS = {
+    # a sparse linear model of a million features (4 MB of parameters), RCV1-like rows
+    "rcv1": Workload("svm", "synthetic-rcv1", iters=3000, batch_size=64, eval_every=100,
+                     target=0.88, about="log-loss SVM, 1M features (4 MB), 76 "
+                                        "nonzeros per row"),
+    # the small SVM of the demos: seconds per run, for the demo and the tests
+    "small": Workload("svm", "synthetic-svm", iters=300, batch_size=32, eval_every=10,
+                      target=0.90, about="log-loss SVM, 2000 features (8 KB)"),
+}
+
+
+def _list(kind, what: str):
+    def convert(text: str) -> List[Any]:
+        try:
+            items = [kind(t.strip()) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{what}: a comma-separated list, got {text!r}") from None
+        if not items:
+            raise argparse.ArgumentTypeError(f"{what}: give at least one")
+        return items
+    return convert
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `asapmpi bench training`."""
+    parser.add_argument("-n", "--ranks", type=int, default=8, help="ranks (default 8)")
+    parser.add_argument("--hosts", type=int, default=4,
+                        help="emulated hosts the ranks are spread over (default 4)")
+    parser.add_argument("--bandwidth", default="1gbit",
+                        help="each host's link (tc rate, default 1gbit)")
+    parser.add_argument("--narrow-bandwidth", default="100mbit",
+                        help="narrow-link: the last host's link (default 100mbit)")
+    parser.add_argument("--one-host", action="store_true",
+                        help="no emulated hosts: every rank on this host")
+    parser.add_argument("--workload", default="rcv1", choices=sorted(WORKLOADS),
+                        help="; ".join(f"{k}: {w.about}" for k, w in WORKLOADS.items()))
+    parser.add_argument("--iters", type=int, help="iterations per run (workload default)")
+    parser.add_argument("--target", type=float, help="target test accuracy (workload "
+                                                     "default)")
+    parser.add_argument("--scenarios", type=_list(str, "--scenarios"),
+                        default=list(SCENARIOS), help=f"of {','.join(SCENARIOS)}")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help="runs as in `asapmpi train --compare` (default "
+                             f"{DEFAULT_POLICIES})")
+    parser.add_argument("--seeds", type=_list(int, "--seeds"), default=[0, 1, 2],
+                        help="seeds of the runs (default 0,1,2)")
+    parser.add_argument("--timeout", type=float, default=120,
+                        help="seconds any wait on a neighbour may take (default 120)")
+    parser.add_argument("--job-timeout", type=float, default=3600,
+                        help="seconds one (scenario, seed) job may take (default 3600)")
+    parser.add_argument("--json", metavar="FILE", help="the report as JSON")
+    parser.add_argument("--h5", metavar="FILE", help="every run's curves and summary")
+    parser.add_argument("--png", metavar="FILE", help="accuracy over wall time, one "
+                                                      "panel per scenario")
+    parser.add_argument("--keep", metavar="DIR", help="keep each job's outputs here")
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    """The workload with the command line's overrides."""
+    w = WORKLOADS[args.workload]
+    changes = {}
+    if args.iters is not None:
+        changes["iters"] = args.iters
+        changes["eval_every"] = min(w.eval_every, max(1, args.iters // 20))
+    if args.target is not None:
+        changes["target"] = args.target
+    return Workload(**{**w.__dict__, **changes})
+
+
+def check(args: argparse.Namespace) -> List[str]:
+    """ConfigError before anything starts; the runs' labels."""
+    from ..reduce import graph as make_graph
+    from ..sync import policy as make_policy
+    from ..train.config import parse_run_spec
+
+    if args.ranks < 2:
+        raise ConfigError(f"-n must be at least 2, got {args.ranks}")
+    unknown = [s for s in args.scenarios if s not in SCENARIOS]
+    if unknown:
+        raise ConfigError(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+    if any(s < 0 for s in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+        raise ConfigError(f"--seeds must be distinct integers >= 0, got {args.seeds}")
+    if args.iters is not None and args.iters < 1:
+        raise ConfigError(f"--iters must be >= 1, got {args.iters}")
+    if args.target is not None and not 0 < args.target <= 1:
+        raise ConfigError(f"--target is an accuracy in (0, 1], got {args.target}")
+    for flag in ("timeout", "job_timeout"):
+        if not 0 < getattr(args, flag) < math.inf:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive number of "
+                              f"seconds")
+    args.bandwidth = check_rate("--bandwidth", args.bandwidth)
+    args.narrow_bandwidth = check_rate("--narrow-bandwidth", args.narrow_bandwidth)
+    if not args.one_host and not 2 <= args.hosts <= args.ranks:
+        raise ConfigError(f"--hosts must be 2..{args.ranks} (-n), got {args.hosts}; or "
+                          f"pass --one-host")
+    labels = []
+    for spec in args.policies.split(","):
+        sync, graph_name, options, label = parse_run_spec(spec, "root-expander")
+        make_policy(sync, **options)
+        if sync not in ("allreduce", "backup_ps", "elastic", "bsp", "async"):
+            g = make_graph(graph_name, args.ranks)
+            if not g.is_strongly_connected():
+                raise ConfigError(f"graph {graph_name!r} does not connect {args.ranks} "
+                                  f"ranks; change it in {spec!r}")
+        labels.append(label)
+    if "allreduce" not in labels:
+        raise ConfigError("--policies must include allreduce: every ratio is to it")
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--policies lists a run twice: {args.policies}")
+    for flag in ("json", "h5", "png", "keep"):
+        path = getattr(args, flag)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise ConfigError(f"--{flag} {path}: folder {folder} does not exist")
+    return labels
+
+
+# ---------------------------------------------------------------------- running
+
+def scenario_argv(scenario: str, hosts, ranks: int) -> List[str]:
+    """The slowdown options of `scenario` (`asapmpi train`)."""
+    if scenario == "straggler-host":
+        slow = hosts.ranks_of(hosts.hosts - 1, ranks) if hosts.emulated else [ranks - 1]
+        return ["--slowdown", "deterministic", "--slow-factor", str(STRAGGLER_FACTOR),
+                "--slow-ranks", *map(str, slow)]
+    if scenario == "random-6x":
+        return ["--slowdown", "random", "--slow-factor", str(RANDOM_FACTOR)]
+    return []
+
+
+def describe_scenario(scenario: str, hosts, ranks: int, narrow: str) -> str:
+    """What `scenario` does, in words, for the report."""
+    if scenario == "straggler-host":
+        slow = hosts.ranks_of(hosts.hosts - 1, ranks) if hosts.emulated else [ranks - 1]
+        where = f"host {hosts.hosts - 1}" if hosts.emulated else "one rank"
+        return (f"{where} {STRAGGLER_FACTOR:g}x slower (ranks "
+                f"{', '.join(map(str, slow))})")
+    if scenario == "random-6x":
+        return f"each rank {RANDOM_FACTOR:g}x slower with probability 1/{ranks} per iteration"
+    if scenario == "narrow-link":
+        return (f"host {hosts.hosts - 1}'s link at {narrow}" if hosts.emulated
+                else "narrow link (needs emulated hosts: same as homogeneous here)")
+    return "no slowdown"
+
+
+def _say(text: str) -> None:
+    print(f"[bench training] {text}", file=sys.stderr, flush=True)
+
+
+def run_jobs(args: argparse.Namespace, work: Workload, hosts, folder: str,
+             links: List[str]) -> List[Dict[str, Any]]:
+    """One `asapmpi train --compare` job per (scenario, seed); the runs they report.
+    The links measured before each scenario go to `links`."""
+    from ..train import report
+
+    runs = []
+    for scenario in args.scenarios:
+        if hosts.emulated:
+            hosts.shape({hosts.hosts - 1: args.narrow_bandwidth}
+                        if scenario == "narrow-link" else {})
+            measured = hosts.measure(0, hosts.hosts - 1)
+            links.append(f"{scenario}: {measured}")
+            _say(f"{scenario}: {hosts.describe()}; {measured}")
+        for seed in args.seeds:
+            name = f"{scenario}-seed{seed}"
+            out = os.path.join(folder, name)
+            program = [sys.executable, "-m", "asapmpi", "train", *work.argv(),
+                       "--compare", args.policies, "--seed", str(seed),
+                       "--timeout", str(args.timeout), "--no-progress", "--out", out,
+                       "--json", out + ".json", "--h5", out + ".h5",
+                       *scenario_argv(scenario, hosts, args.ranks)]
+            _say(f"{name}: {args.ranks} ranks, {work.iters} iterations "
+                f"of each of {args.policies}")
+            code = hosts.run(args.ranks, program, args.job_timeout)
+            if code != 0 or not os.path.exists(out + ".h5"):
+                raise AsapError(f"the {name} job failed (exit code {code}); its errors "
+                                f"are above")
+            for result in report.read_h5(out + ".h5"):
+                curve = result.curve()
+                runs.append({"scenario": scenario, "seed": seed, "label": result.label,
+                             "summary": result.summary(),
+                             "curve": {k: v.tolist() for k, v in curve.items()}})
+    return runs
+
+
+# ---------------------------------------------------------------------- analysis
+
+def _spread(values: Sequence[Optional[float]]) -> Dict[str, Any]:
+    """Median, min and max of the values that exist (None: not reached), and how many
+    did not.  A median over runs some of which never reached is None unless most did."""
+    have = sorted(v for v in values if v is not None)
+    missing = len(values) - len(have)
+    # runs that never reached count as later than every run that did
+    ordered = have + [math.inf] * missing
+    med = float(np.median(ordered)) if ordered else None
+    return {"median": None if med is None or math.isinf(med) else med,
+            "min": have[0] if have else None, "max": have[-1] if have else None,
+            "missing": missing, "n": len(values)}
+
+
+METRICS = {
+    "time_to_target_s": lambda s: s["time_to_target_s"],
+    "final_accuracy": lambda s: s["final_test_accuracy"],
+    "worst_replica_accuracy": lambda s: s["final_test_accuracy_min"],
+    "iters_per_s": lambda s: s["iters_per_s"],
+    "mb_sent_per_rank": lambda s: s["bytes_sent_per_rank"] / 1e6,
+    "wait_fraction": lambda s: s["wait_fraction"],
+    "peak_rss_mb": lambda s: max(s["peak_rss_bytes"]) / 2**20
+    if s.get("peak_rss_bytes") else None,
+}
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def analyze(runs: Sequence[Dict[str, Any]], scenarios: Sequence[str],
+            labels: Sequence[str]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """{scenario: {label: {metric: spread, ...ratios}}} over the seeds."""
+    table: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    for scenario in scenarios:
+        rows = {}
+        for label in labels:
+            mine = [r["summary"] for r in runs
+                    if r["scenario"] == scenario and r["label"] == label]
+            rows[label] = {m: _spread([get(s) for s in mine]) for m, get in METRICS.items()}
+        base = rows.get("allreduce")
+        for row in rows.values():
+            ttt = row["time_to_target_s"]["median"]
+            row["sooner_than_allreduce"] = _ratio(base["time_to_target_s"]["median"], ttt) \
+                if base else None
+            row["iters_per_s_vs_allreduce"] = _ratio(row["iters_per_s"]["median"],
+                                                     base["iters_per_s"]["median"]) \
+                if base else None
+        table[scenario] = rows
+    return table
+
+
+def _verdict(ok: Optional[bool]) -> str:
+    return "N/A" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def _best(rows: Dict[str, Dict[str, Any]]):
+    """The decentralized run that reached the target soonest against allreduce:
+    (label, row), or (None, None) when none did."""
+    others = {k: v for k, v in rows.items()
+              if k != "allreduce" and v["sooner_than_allreduce"] is not None}
+    if not others:
+        return None, None
+    label = max(others, key=lambda k: others[k]["sooner_than_allreduce"])
+    return label, others[label]
+
+
+def targets(table: Dict[str, Dict[str, Dict[str, Any]]], seeds: int,
+            emulated: bool) -> List[Dict[str, Any]]:
+    """Issue 16's targets, each with its measured figures and verdict.  A verdict from
+    fewer than 3 seeds or from one host says so: the issue counts neither."""
+    out = []
+    note = "" if seeds >= 3 and emulated else \
+        " (not counted: needs >= 3 seeds on emulated hosts)"
+
+    def add(target: str, ok: Optional[bool], measured: str) -> None:
+        out.append({"target": target, "measured": measured + note, "verdict": _verdict(ok)})
+
+    rows = table.get("straggler-host")
+    if rows:
+        label, row = _best(rows)
+        base_acc = rows["allreduce"]["final_accuracy"]["median"]
+        if row is None or base_acc is None:
+            add("straggler host: the best policy >= 2x sooner than allreduce, accuracy "
+                "within 0.5 points", False, "allreduce or every other policy missed "
+                                            "the target")
+        else:
+            gap = 100 * (row["final_accuracy"]["median"] - base_acc)
+            add("straggler host: the best policy >= 2x sooner than allreduce, accuracy "
+                "within 0.5 points", row["sooner_than_allreduce"] >= 2.0 and gap >= -0.5,
+                f"{label} {row['sooner_than_allreduce']:.2f}x sooner, final accuracy "
+                f"{gap:+.2f} points against allreduce")
+    rows = table.get("homogeneous")
+    if rows:
+        label, row = _best(rows)
+        if row is None:
+            add("homogeneous: the best policy <= 1.1x allreduce's time to target", False,
+                "allreduce or every other policy missed the target")
+        else:
+            slower = 1.0 / row["sooner_than_allreduce"]
+            add("homogeneous: the best policy <= 1.1x allreduce's time to target",
+                slower <= 1.1, f"{label} at {slower:.2f}x allreduce's time")
+    rows = table.get("random-6x")
+    if rows:
+        hop = {k: v for k, v in rows.items() if k.startswith("hop") and "backup=" in k
+               and "backup=0" not in k}
+        what = "random 6x: hop with backup workers >= 1.8x allreduce's iterations/s " \
+               "and >= 1.5x sooner"
+        if not hop:
+            add(what, None, "no hop run with backup workers")
+        else:
+            label = max(hop, key=lambda k: hop[k]["iters_per_s_vs_allreduce"] or 0)
+            its = hop[label]["iters_per_s_vs_allreduce"] or 0.0
+            sooner = hop[label]["sooner_than_allreduce"]
+            add(what, its >= 1.8 and sooner is not None and sooner >= 1.5,
+                f"{label}: {its:.2f}x the iterations/s, "
+                + (f"{sooner:.2f}x sooner" if sooner else "time to target not comparable"))
+    peaks = [row["peak_rss_mb"]["max"] for rows in table.values() for row in rows.values()
+             if row["peak_rss_mb"]["max"] is not None]
+    if peaks:
+        add("peak memory per rank reported", True,
+            f"largest peak resident memory of a rank {max(peaks):.0f} MB")
+    return out
+
+
+# ---------------------------------------------------------------------- output
+
+def _cell(spread: Dict[str, Any], spec: str, scale: float = 1.0,
+          missing: str = "-") -> str:
+    """"median [min-max]" of a spread; `missing` when no run has the value."""
+    med = spread["median"]
+    if med is None:
+        return missing if spread["missing"] == spread["n"] and missing == "-" else \
+            f"{missing} ({spread['missing']}/{spread['n']})"
+    text = format(scale * med, spec)
+    if spread["n"] > 1 and spread["min"] is not None:
+        text += f" [{format(scale * spread['min'], spec)}-{format(scale * spread['max'], spec)}]"
+    if spread["missing"]:
+        text += f" ({spread['missing']} of {spread['n']} never)"
+    return text
+
+
+def _x(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def scenario_table(rows: Dict[str, Dict[str, Any]]) -> str:
+    """One scenario's table: a row per policy."""
+    head = ("policy", "to target s", "sooner", "it/s", "vs allreduce", "final acc %",
+            "worst replica %", "MB/rank", "wait %", "peak MB")
+    lines = [head]
+    for label, r in rows.items():
+        lines.append((label, _cell(r["time_to_target_s"], ".2f", missing="not reached"),
+                      _x(r["sooner_than_allreduce"]), _cell(r["iters_per_s"], ".1f"),
+                      _x(r["iters_per_s_vs_allreduce"]),
+                      _cell(r["final_accuracy"], ".2f", 100),
+                      _cell(r["worst_replica_accuracy"], ".2f", 100),
+                      _cell(r["mb_sent_per_rank"], ".0f"),
+                      _cell(r["wait_fraction"], ".0f", 100),
+                      _cell(r["peak_rss_mb"], ".0f")))
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))) for row in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def reading(report: Dict[str, Any]) -> str:
+    """One line that says what the first scenario shows: the policy that reached the
+    target soonest against allreduce."""
+    scenario = report["scenarios"][0]
+    rows = report["table"][scenario]
+    target = 100 * report["workload"]["target"]
+    base = rows["allreduce"]["time_to_target_s"]["median"]
+    reached = {k: v for k, v in rows.items() if k != "allreduce"
+               and v["time_to_target_s"]["median"] is not None}
+    where = report["scenario_text"][scenario]
+    if not reached:
+        return f"{scenario} ({where}): no decentralized policy reached {target:.1f}%"
+    label = min(reached, key=lambda k: reached[k]["time_to_target_s"]["median"])
+    t = reached[label]["time_to_target_s"]["median"]
+    if base is None:
+        return (f"{scenario} ({where}): {label} reached {target:.1f}% in {t:.1f} s; "
+                f"allreduce did not reach it")
+    ratio = base / t
+    how = f"{ratio:.1f}x sooner than" if ratio >= 1 else f"{1 / ratio:.1f}x later than"
+    return f"{scenario} ({where}): {label} reached {target:.1f}% {how} allreduce " \
+           f"({t:.1f} s against {base:.1f} s)"
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    """The text the benchmark prints."""
+    w = report["workload"]
+    lines = [f"training benchmark: {report['ranks']} ranks on {report['hosts_text']}; "
+             f"{w['about']}, {w['iters']} iterations, batch {w['batch_size']} per rank, "
+             f"target {100 * w['target']:.1f}%; seeds {report['seeds']} (median "
+             f"[min-max])"]
+    for note in report.get("links", []):
+        lines.append(f"  link: {note}")
+    for scenario in report["scenarios"]:
+        lines += ["", f"{scenario}: {report['scenario_text'][scenario]}",
+                  scenario_table(report["table"][scenario])]
+    lines += ["", "targets:"]
+    for t in report["targets"]:
+        lines.append(f"  {t['verdict']:4s}  {t['target']}: {t['measured']}")
+    lines += ["", reading(report)]
+    return "\n".join(lines)
+
+
+def write_h5(path: str, report: Dict[str, Any], runs: Sequence[Dict[str, Any]]) -> None:
+    """/SCENARIO/seed_S/LABEL/{time_s,accuracy,iteration,bytes_sent} with the run's
+    summary as an attribute; the report (JSON) on the root."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["report"] = json.dumps(report)
+        for run in runs:
+            g = f.require_group(f"{run['scenario']}/seed_{run['seed']}").create_group(
+                run["label"].replace("/", "_"))
+            g.attrs["summary"] = json.dumps(run["summary"])
+            for key, values in run["curve"].items():
+                g.create_dataset(key, data=np.asarray(values))
+
+
+def draw(report: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str) -> str:
+    """Accuracy over wall time, one panel per scenario, one line per policy: the run of
+    the seed whose time to target is the policy's median (the first seed if none
+    reached)."""
+    from ..plot.lines import line_panels
+
+    panels = []
+    for scenario in report["scenarios"]:
+        series = {}
+        for label in report["labels"]:
+            mine = [r for r in runs if r["scenario"] == scenario and r["label"] == label]
+            if not mine:
+                continue
+            med = report["table"][scenario][label]["time_to_target_s"]["median"]
+            chosen = min(mine, key=lambda r: abs((r["summary"]["time_to_target_s"]
+                                                  or math.inf) - (med or math.inf))
+                         if med is not None else 0)
+            series[label] = (chosen["curve"]["time_s"],
+                             100 * np.asarray(chosen["curve"]["accuracy"]))
+        panels.append((series, f"{scenario}: wall time (s)"))
+    return line_panels(panels, path, title=f"time to {100 * report['workload']['target']:.1f}%"
+                       f" test accuracy, {report['ranks']} ranks on {report['hosts_text']}",
+                       ylabel="test accuracy (%)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check, set up the hosts, run every job, report."""
+    labels = check(args)
+    work = workload_of(args)
+    why_not = None if args.one_host else emulation_unavailable()
+    if why_not:
+        print(f"[bench training] no emulated hosts ({why_not}): every rank on this host",
+              file=sys.stderr, flush=True)
+    hosts = OneHost() if args.one_host or why_not else \
+        EmulatedHosts(args.hosts, args.bandwidth)
+    links: List[str] = []
+    with tempfile.TemporaryDirectory(prefix="asapmpi-bench-training-") as tmp:
+        folder = args.keep or tmp
+        with hosts:
+            runs = run_jobs(args, work, hosts, folder, links)
+            hosts_text = hosts.describe() if not hosts.emulated else \
+                f"{hosts.hosts} emulated hosts, links {args.bandwidth}"
+    table = analyze(runs, args.scenarios, labels)
+    report = {"ranks": args.ranks, "hosts": hosts.hosts, "emulated": hosts.emulated,
+              "hosts_text": hosts_text, "bandwidth": args.bandwidth,
+              "narrow_bandwidth": args.narrow_bandwidth, "workload": dict(work.__dict__),
+              "scenarios": list(args.scenarios), "labels": labels, "seeds": args.seeds,
+              "scenario_text": {s: describe_scenario(s, hosts, args.ranks,
+                                                     args.narrow_bandwidth)
+                                for s in args.scenarios},
+              "links": links, "table": table,
+              "targets": targets(table, len(args.seeds), hosts.emulated)}
+    publish(report, format_report(report), args.json)
+    if args.h5:
+        write_h5(args.h5, report, runs)
+    if args.png:
+        draw(report, runs, args.png)
+    return 0

@@ -1,0 +1,152 @@
+"""`asapmpi bench training`: bad input is refused before anything starts; the statistics
+over seeds and the targets' verdicts on made-up runs; a short run end to end on one
+host, and one on two emulated hosts with shaped links (root and `ip netns` only)."""
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+from asapmpi.bench import training
+from asapmpi.bench.hosts import emulation_unavailable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "asapmpi", "bench", "training", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          check=False)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--policies", "notify_ack,hop:backup=1"], "must include allreduce"),
+    (["--bandwidth", "fast"], "rate like 1gbit"),
+    (["--narrow-bandwidth", "10"], "rate like 1gbit"),
+    (["--scenarios", "homogeneous,stormy"], "unknown scenario"),
+    (["--seeds", "1,1"], "distinct"),
+    (["--hosts", "9", "-n", "8"], "--hosts must be 2..8"),
+    (["--policies", "allreduce,hop:bakcup=1"], "bakcup"),
+    (["--policies", "allreduce,notify_ack,notify_ack"], "twice"),
+    (["--json", "/no/such/folder/r.json"], "does not exist"),
+    (["--iters", "0"], "--iters"),
+])
+def test_bad_input_is_one_line_before_any_job(args, words):
+    proc = _bench(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+    assert "[bench training]" not in proc.stderr      # no job, no hosts were started
+
+
+def _summary(ttt, acc=0.9, its=100.0):
+    return {"time_to_target_s": ttt, "final_test_accuracy": acc,
+            "final_test_accuracy_min": acc - 0.01, "iters_per_s": its,
+            "bytes_sent_per_rank": 4e6, "wait_fraction": 0.2,
+            "peak_rss_bytes": [300 * 2**20, 310 * 2**20]}
+
+
+def _runs(scenario, per_label):
+    return [{"scenario": scenario, "seed": seed, "label": label, "summary": s}
+            for label, summaries in per_label.items() for seed, s in enumerate(summaries)]
+
+
+def test_a_run_that_never_reached_counts_as_later_than_every_run_that_did():
+    spread = training._spread([4.0, None, 5.0])
+    assert spread["median"] == 5.0 and (spread["min"], spread["max"]) == (4.0, 5.0)
+    assert spread["missing"] == 1
+    assert training._spread([4.0, None, None])["median"] is None
+    assert training._spread([3.0, 1.0, 2.0])["median"] == 2.0
+
+
+def test_ratios_and_verdicts_follow_the_medians():
+    runs = _runs("straggler-host", {
+        "allreduce": [_summary(10.0), _summary(12.0), _summary(11.0)],
+        "hop:backup=1": [_summary(4.0, its=250), _summary(None), _summary(5.0, its=260)],
+        "gossip:every=4": [_summary(9.0, acc=0.85)] * 3})
+    runs += _runs("random-6x", {
+        "allreduce": [_summary(10.0, its=100)] * 3,
+        "hop:backup=1": [_summary(6.0, its=190)] * 3})
+    runs += _runs("homogeneous", {
+        "allreduce": [_summary(10.0)] * 3,
+        "hop:backup=1": [_summary(11.5)] * 3})
+    labels = ["allreduce", "hop:backup=1", "gossip:every=4"]
+    table = training.analyze(runs, ["straggler-host", "random-6x", "homogeneous"], labels)
+    hop = table["straggler-host"]["hop:backup=1"]
+    assert hop["time_to_target_s"]["median"] == 5.0           # [4, 5, never]
+    assert hop["sooner_than_allreduce"] == pytest.approx(11.0 / 5.0)
+    assert hop["iters_per_s_vs_allreduce"] == pytest.approx(250 / 100)
+    assert table["straggler-host"]["allreduce"]["peak_rss_mb"]["max"] == 310
+    verdicts = {t["target"].split(":")[0]: t["verdict"]
+                for t in training.targets(table, seeds=3, emulated=True)}
+    assert verdicts == {"straggler host": "PASS", "random 6x": "PASS",
+                        "homogeneous": "FAIL", "peak memory per rank reported": "PASS"}
+    # a policy 2.2x sooner that loses a point of accuracy does not pass
+    for run in runs:
+        if run["label"] == "hop:backup=1" and run["scenario"] == "straggler-host" \
+                and run["summary"]["time_to_target_s"]:
+            run["summary"] = dict(run["summary"], final_test_accuracy=0.89)
+    table = training.analyze(runs, ["straggler-host"], labels)
+    (t1,) = [t for t in training.targets(table, 3, True) if "straggler" in t["target"]]
+    assert t1["verdict"] == "FAIL" and "-1.00 points" in t1["measured"]
+    # fewer than 3 seeds, or one host: the verdict says it does not count
+    assert all("not counted" in t["measured"] for t in training.targets(table, 2, True))
+    assert all("not counted" in t["measured"] for t in training.targets(table, 3, False))
+
+
+def _check_report(report, labels, scenarios):
+    assert report["labels"] == labels and report["scenarios"] == scenarios
+    for scenario in scenarios:
+        for label in labels:
+            row = report["table"][scenario][label]
+            assert row["iters_per_s"]["median"] > 0
+            assert 0.5 < row["final_accuracy"]["median"] <= 1.0
+            assert row["peak_rss_mb"]["median"] > 10       # a Python process with torch
+            assert row["mb_sent_per_rank"]["median"] > 0
+
+
+@pytest.mark.mpi
+def test_a_short_run_on_one_host_writes_its_report(tmp_path):
+    labels = ["allreduce", "hop:backup=1"]
+    scenarios = ["homogeneous", "straggler-host"]
+    out = tmp_path / "r"
+    proc = _bench("--one-host", "--workload", "small", "-n", "4", "--iters", "60",
+                  "--scenarios", ",".join(scenarios), "--seeds", "0",
+                  "--policies", ",".join(labels), "--json", f"{out}.json",
+                  "--h5", f"{out}.h5", "--png", f"{out}.png", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    _check_report(report, labels, scenarios)
+    assert not report["emulated"] and "one host" in report["hosts_text"]
+    assert report["scenario_text"]["straggler-host"].endswith("(ranks 3)")
+    with h5py.File(f"{out}.h5") as f:
+        assert sorted(f) == sorted(scenarios)
+        curve = f["straggler-host/seed_0/hop:backup=1"]
+        assert len(curve["accuracy"]) == len(curve["time_s"]) >= 2
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+    # the last line reads the first scenario's table
+    assert proc.stdout.strip().splitlines()[-1].startswith("homogeneous (no slowdown): ")
+
+
+NO_HOSTS = emulation_unavailable()
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(NO_HOSTS is not None, reason=NO_HOSTS or "")
+def test_emulated_hosts_shape_the_narrow_link_and_measure_it(tmp_path):
+    labels = ["allreduce", "notify_ack@ring"]
+    scenarios = ["homogeneous", "narrow-link"]
+    proc = _bench("-n", "4", "--hosts", "2", "--bandwidth", "200mbit",
+                  "--narrow-bandwidth", "20mbit", "--workload", "small", "--iters", "40",
+                  "--scenarios", ",".join(scenarios), "--seeds", "0",
+                  "--policies", ",".join(labels), "--json", f"{tmp_path}/r.json",
+                  timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    _check_report(report, labels, scenarios)
+    assert report["emulated"] and report["hosts"] == 2
+    assert report["scenario_text"]["narrow-link"] == "host 1's link at 20mbit"
+    homogeneous, narrow = report["links"]
+    assert "200mbit" in homogeneous and "20mbit" in narrow
