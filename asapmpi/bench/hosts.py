@@ -146,7 +146,11 @@ class EmulatedHosts:
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
+        from ..ranks import find_mpiexec
+
         job_env = dict(os.environ, **(env or {}))
+        # the launcher of the MPI mpi4py uses, not the first mpiexec on PATH
+        job_env.setdefault("MPIEXEC", find_mpiexec())
         if timeout:
             job_env["MPIEXEC_TIMEOUT"] = str(int(timeout))
         # MPICH between hosts: RMA as active messages over libfabric's tcp provider, as

@@ -186,7 +186,7 @@ def check(args: argparse.Namespace) -> List[str]:
         raise ConfigError("--policies must include allreduce: every ratio is to it")
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--policies lists a run twice: {args.policies}")
-    for flag in ("json", "h5", "png", "keep"):
+    for flag in ("json", "h5", "png"):
         path = getattr(args, flag)
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.path.isdir(folder):
@@ -525,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
     links: List[str] = []
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-training-") as tmp:
         folder = args.keep or tmp
+        os.makedirs(folder, exist_ok=True)
         with hosts:
             runs = run_jobs(args, work, hosts, folder, links)
             hosts_text = hosts.describe() if not hosts.emulated else \
