@@ -186,6 +186,9 @@ def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
     proc = train("svm", "-n", "2", "--data-option", "n_train=abc", "--out", str(tmp_path))
     assert proc.returncode == 2 and "bad option value" in proc.stderr
     assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
+    proc = train("svm", "-n", "2", "--data-option", "rank=1", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--data-option rank: every rank loads" in proc.stderr
+    assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
 
 
 def test_training_on_the_network_path(tmp_path):
@@ -250,3 +253,15 @@ def test_backup_ps_elastic_and_gossip_train(tmp_path):
     assert runs["backup_ps"]["final_test_accuracy_min"] == \
         runs["backup_ps"]["final_test_accuracy_max"]
     assert "congestion condition (gossip eq. 1) at T=2" in proc.stdout
+
+
+def test_the_million_feature_workload_runs_with_its_own_defaults(tmp_path):
+    # each rank generates only its shard; the preset brings its step size and target
+    proc = train("svm", "-n", "2", "--data", "synthetic-rcv1", "--data-option",
+                 "n_train=8192", "--iters", "20", "--eval-every", "10", "--out",
+                 str(tmp_path), "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["target_accuracy"] == 0.885 and s["iterations"] == 20
+    assert s["model_bytes"] == 4 * (1000000 + 16)        # weights, bias padded to 64 B
+    assert s["final_test_accuracy"] > 0.5

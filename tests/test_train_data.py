@@ -141,6 +141,108 @@ def test_libsvm_split_with_and_without_test_file(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
+# LIBSVM by byte ranges
+# ------------------------------------------------------------------------------------------
+
+def _ranged_file(path):
+    """A plain LIBSVM file of CRLF and LF lines, comments and blank lines whose second
+    half starts exactly at byte S/2 (so rank 1 of 2 starts on a line start)."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(60):
+        cols = np.sort(rng.choice(np.arange(1, 40 + i), size=3, replace=False))
+        pairs = " ".join(f"{c}:{rng.random():.3f}" for c in cols)
+        lines.append(f"{'+1' if rng.random() < 0.5 else '-1'} {pairs}" +
+                     (" # note" if i % 7 == 0 else "") + ("\r\n" if i % 3 else "\n"))
+        if i % 11 == 0:
+            lines.append("# a comment line\n" if i % 2 else "\r\n")
+    lines.append("+1 1:1 99:1\r\n")                   # the widest row, the last
+    first, second = "".join(lines[:len(lines) // 2]), "".join(lines[len(lines) // 2:])
+    pad = len(second) - len(first)
+    if pad > 0:
+        first += "#" * (pad - 1) + "\n"                # a comment line
+    second += "\n" * (len(first) - len(second))        # blank lines
+    path.write_bytes((first + second).encode())
+    assert len(first) == len(second) and first.endswith("\n")
+    return path
+
+
+def test_libsvm_byte_ranges_concatenate_to_the_whole_file(tmp_path):
+    train = _ranged_file(tmp_path / "ranged.svm")
+    test = _write(tmp_path / "ranged.t", "-1 2:1\n+1 3:0.5\n")
+    whole = load(str(train), test_path=str(test))
+    assert whole.shape == (99,)
+    for size in (1, 2, 3, 5, 8, 13):
+        parts = [load(str(train), rank=r, size=size, test_path=str(test))
+                 for r in range(size)]
+        # later rows are wider: the parts' columns differ until they agree
+        assert size == 1 or parts[0].shape < whole.shape
+        summaries = [data.shard_summary(p) for p in parts]
+        parts = [data.conform(p, summaries) for p in parts]
+        x, y = _concat_train(parts)
+        assert _same_csr(x, whole.x_train) and np.array_equal(y, whole.y_train), size
+        for part in parts:
+            assert part.shape == whole.shape and part.train_rows_total == 61
+            assert _same_csr(part.x_test, whole.x_test)
+    spans = [data._byte_span(str(train), r, 2) for r in range(2)]
+    size_bytes = train.stat().st_size
+    assert spans == [(0, size_bytes // 2), (size_bytes // 2, size_bytes)]  # on a line start
+
+
+def test_libsvm_byte_ranges_agree_on_labels_a_rank_lacks(tmp_path):
+    # labels {1, 2}: a rank whose part only has 2s maps them to 0 alone, to 1 with all
+    lines = "".join(f"2 {i % 5 + 1}:1\n" for i in range(20)) + \
+        "".join(f"{1 + i % 2} {i % 5 + 1}:1\n" for i in range(20))
+    train = _write(tmp_path / "labels.svm", lines)
+    test = _write(tmp_path / "labels.t", "2 1:1\n")
+    whole = load(str(train), test_path=str(test))
+    parts = [load(str(train), rank=r, size=2, test_path=str(test)) for r in range(2)]
+    assert parts[0].y_train.tolist() == [0] * 20 and parts[0].label_values == (2.0,)
+    summaries = [data.shard_summary(p) for p in parts]
+    parts = [data.conform(p, summaries) for p in parts]
+    _, y = _concat_train(parts)
+    assert np.array_equal(y, whole.y_train) and parts[0].y_test.tolist() == [1]
+    # two labels in each part, three in the file
+    three = _write(tmp_path / "three.svm", "1 1:1\n2 1:1\n" + "3 1:1\n3 1:1\n")
+    one = _write(tmp_path / "one.t", "1 1:1\n")
+    parts = [load(str(three), rank=r, size=2, test_path=str(one)) for r in range(2)]
+    with pytest.raises(ConfigError, match="has 3 distinct labels"):
+        data.conform(parts[0], [data.shard_summary(p) for p in parts])
+
+
+def test_libsvm_byte_range_errors_name_the_files_line(tmp_path):
+    good = "".join(f"+1 {i + 1}:1\n" for i in range(10))
+    train = _write(tmp_path / "late.svm", good + good + "-1 3:x\n" + good)
+    test = _write(tmp_path / "late.t", "+1 1:1\n")
+    load(str(train), rank=0, size=2, test_path=str(test))            # its part is fine
+    with pytest.raises(ConfigError, match=r"late\.svm, line 21: "):
+        load(str(train), rank=1, size=2, test_path=str(test))
+    wide = _write(tmp_path / "wide.svm", good + good + "-1 30:1\n" + good)
+    with pytest.raises(ConfigError, match=r"wide\.svm, line 21: feature index 30 > "):
+        load(str(wide), rank=1, size=2, test_path=str(test), n_features=20)
+    tiny = _write(tmp_path / "tiny.svm", "+1 1:1\n-1 2:1\n")
+    with pytest.raises(ConfigError, match=r"no examples in bytes .* use fewer ranks"):
+        load(str(tiny), rank=1, size=8, test_path=str(test))
+
+
+@pytest.mark.parametrize("name,with_test", [("whole.svm.gz", True), ("whole.svm", False)])
+def test_libsvm_without_byte_ranges_keeps_the_strided_shard(tmp_path, name, with_test):
+    # compressed files, and hold-outs shuffled over the whole file, are read whole
+    lines = "".join(f"{1 if i % 3 else -1} {i % 7 + 1}:{i}\n" for i in range(50))
+    train = _write(tmp_path / name, lines)
+    options = {"test_path": str(_write(tmp_path / "t.svm", "+1 1:1\n"))} if with_test \
+        else {"seed": 3}
+    whole = load(str(train), **options)
+    for rank in range(3):
+        part = load(str(train), rank=rank, size=3, **options)
+        mine = shard(len(whole.y_train), rank, 3)
+        assert _same_csr(part.x_train, whole.x_train[mine])
+        assert np.array_equal(part.y_train, whole.y_train[mine])
+        assert _same_csr(part.x_test, whole.x_test)
+        assert part.train_rows_total == len(whole.y_train)
+
+
+# ------------------------------------------------------------------------------------------
 # Synthetic sparse problem
 # ------------------------------------------------------------------------------------------
 
@@ -181,7 +283,7 @@ def _sparse_ops(x):
 def test_synthetic_svm_is_learnable_by_a_linear_model():
     d = synthetic_svm()
     assert d.x_train.shape == (16384, 2000) and d.x_test.shape == (4096, 2000)
-    assert 18 <= d.x_train.nnz / d.x_train.shape[0] <= 60  # about density * n_features per row
+    assert (np.diff(d.x_train.indptr) == 40).all()        # nnz_per_row's default
     constant = max(d.y_test.mean(), 1 - d.y_test.mean())
     assert constant <= 0.60
     # Logistic regression by full-batch gradient descent (rows are unit-norm: a big step
@@ -195,6 +297,125 @@ def test_synthetic_svm_is_learnable_by_a_linear_model():
     test_matvec, _ = _sparse_ops(d.x_test)
     accuracy = ((test_matvec(w) + b > 0) == d.y_test).mean()
     assert accuracy >= 0.80
+
+
+# ------------------------------------------------------------------------------------------
+# Per-rank loading: each rank generates or reads only its shard
+# ------------------------------------------------------------------------------------------
+
+def _concat_train(parts):
+    """The training rows of shards in rank order, as one CSR matrix and one label array."""
+    return (sparse.vstack([p.x_train for p in parts], format="csr"),
+            np.concatenate([p.y_train for p in parts]))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 8])
+def test_synthetic_shards_concatenate_to_the_whole_set(monkeypatch, size):
+    # small blocks: the 1003 rows span 11 of them, cut anywhere by the shards
+    monkeypatch.setattr(data, "_BLOCK_ROWS", 100)
+    options = {"n_train": 1003, "n_test": 150, "n_features": 400, "nnz_per_row": 12, "seed": 4}
+    whole = synthetic_svm(**options)
+    parts = [synthetic_svm(**options, rank=r, size=size) for r in range(size)]
+    x, y = _concat_train(parts)
+    assert _same_csr(x, whole.x_train) and np.array_equal(y, whole.y_train)
+    for r, part in enumerate(parts):
+        assert part.shard == (r, size) and part.train_rows_total == 1003
+        assert abs(len(part.y_train) - 1003 / size) < 1          # balanced
+        assert _same_csr(part.x_test, whole.x_test)              # the whole test set
+        assert np.array_equal(part.y_test, whole.y_test)
+
+
+def test_a_shard_alone_is_its_slice_of_the_whole_set():
+    # real block size: shard 3 of 8 of 10000 rows (3750..4999) crosses a block boundary
+    options = {"n_train": 10000, "n_test": 100, "n_features": 3000, "seed": 1}
+    mine = load("synthetic-svm", rank=3, size=8, **options)
+    whole = load("synthetic-svm", **options)
+    assert _same_csr(mine.x_train, whole.x_train[3750:5000])
+    assert np.array_equal(mine.y_train, whole.y_train[3750:5000])
+    rcv1 = load("synthetic-rcv1", rank=1, size=3, n_train=5000, n_test=50)
+    assert rcv1.name == "synthetic-rcv1" and rcv1.shape == (1000000,)
+    assert rcv1.x_train.shape[0] == 5000 * 2 // 3 - 5000 // 3
+
+
+@pytest.mark.parametrize(("options", "per_row"), [
+    ({"n_features": 2000}, 40), ({"n_features": 50}, 25), ({"n_features": 60,
+                                                             "nnz_per_row": 30}, 30),
+    ({"n_features": 1000, "density": 0.013}, 13), ({"n_features": 7, "nnz_per_row": 3}, 3),
+])
+def test_every_row_has_exactly_nnz_per_row_distinct_terms(options, per_row):
+    d = synthetic_svm(n_train=500, n_test=40, seed=2, **options)
+    for x in (d.x_train, d.x_test):
+        assert (np.diff(x.indptr) == per_row).all()
+        cols = x.indices.reshape(-1, per_row)
+        assert (np.diff(cols, axis=1) > 0).all()              # ascending, distinct
+        assert (x.data > 0).all()
+        norms = np.sqrt((x.data.astype(np.float64).reshape(-1, per_row) ** 2).sum(1))
+        np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+
+
+def test_labels_are_balanced_without_a_global_pass():
+    # the threshold is the median score of a calibration sample, not of the data set
+    d = synthetic_svm(n_train=4000, n_test=2000, noise=0.0, seed=8)
+    assert abs(d.y_train.mean() - 0.5) < 0.04 and abs(d.y_test.mean() - 0.5) < 0.04
+
+
+def test_one_ranks_shard_of_a_million_features_is_small_in_memory():
+    tracemalloc = pytest.importorskip("tracemalloc")
+    n_train, size, n_features = 262144, 8, 1000000
+    tracemalloc.start()
+    try:
+        mine = data.synthetic_rcv1(n_train=n_train, n_features=n_features, rank=3,
+                                   size=size)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    x = mine.x_train
+    shard_bytes = x.data.nbytes + x.indices.nbytes + x.indptr.nbytes
+    whole_bytes = shard_bytes * size
+    # O(shard + n_features): the shard, the test set and a few arrays of n_features
+    # (w*, popularity, their cdf), far below all the rows (160 MB here)
+    assert peak < 2 * shard_bytes + 64 * n_features, (peak, shard_bytes)
+    assert peak < whole_bytes, (peak, whole_bytes)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"nnz_per_row": 10, "density": 0.01}, "nnz_per_row=10 and density=0.01: pass one"),
+    ({"nnz_per_row": 1001}, "nnz_per_row=1001 with n_features=2000: pass at most 1000"),
+    ({"nnz_per_row": 0}, "nnz_per_row=0: pass a positive number"),
+    ({"density": 0.7}, r"density=0.7: pass a fraction of non-zeros in \(0, 0.5\]"),
+    ({"vocabulary": 3000}, "vocabulary=3000 > n_features=2000"),
+    ({"support": 0.0}, r"support=0.0: pass the fraction"),
+    ({"topic_share": 1.0}, r"topic_share=1.0: pass a fraction of topic terms in \[0, 1\)"),
+    ({"idf": "maybe"}, "idf='maybe': pass true or false"),
+    ({"n_features": 2 ** 31}, "fewer than 2\\*\\*31"),
+    ({"nnz_per_row": "many"}, "bad option value"),
+    ({"n_train": 5, "size": 8, "rank": 0}, "5 examples cannot be shared by 8 ranks"),
+    ({"rank": 8, "size": 8}, "rank 8 of 8: pass 0 <= rank < size"),
+])
+def test_bad_synthetic_options_are_one_clear_line(options, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load("synthetic-svm", **options)
+    assert "\n" not in str(info.value)
+
+
+def test_loaders_without_native_shards_keep_the_strided_shard():
+    whole = load("synthetic-images", n_train=50, n_test=10, seed=1)
+    for rank in range(3):
+        part = load("synthetic-images", rank=rank, size=3, n_train=50, n_test=10, seed=1)
+        mine = shard(50, rank, 3)
+        assert np.array_equal(part.x_train, whole.x_train[mine])
+        assert np.array_equal(part.y_train, whole.y_train[mine])
+        assert np.array_equal(part.x_test, whole.x_test)
+        assert part.shard == (rank, 3) and part.train_rows_total == 50
+
+
+def test_conform_leaves_generated_shards_alone_but_for_the_total():
+    parts = [synthetic_svm(n_train=90, n_test=10, n_features=50, rank=r, size=3)
+             for r in range(3)]
+    summaries = [data.shard_summary(p) for p in parts]
+    after = data.conform(parts[1], summaries)
+    assert after.train_rows_total == 90 and after.shape == (50,)
+    assert after.x_train is parts[1].x_train and after.y_train is parts[1].y_train
 
 
 # ------------------------------------------------------------------------------------------

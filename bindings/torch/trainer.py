@@ -66,24 +66,38 @@ def learning_rate(cfg: TrainConfig, iteration: int) -> float:
 
 
 class _Data:
-    """A rank's view of the dataset: its shard of the training set, the test set."""
+    """A rank's view of the dataset: its shard of the training set (all it loads or
+    generates: datasets.load), the test set."""
 
     def __init__(self, cfg: TrainConfig, rank: int, size: int):
         options = dict(cfg.data_options)
         if cfg.test_data:
             options["test_path"] = cfg.test_data
-        self.ds = datasets.load(cfg.data, **options)
+        for key in ("rank", "size"):
+            if key in options:
+                raise ConfigError(f"--data-option {key}: every rank loads its own shard of "
+                                  f"the job's ranks; drop the option")
+        self.ds = datasets.load(cfg.data, rank=rank, size=size, **options)
         if cfg.model == "svm" and self.ds.n_classes != 2:
             raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
                               f"{self.ds.n_classes} classes; use `asapmpi train cnn`")
         if cfg.model == "cnn" and len(self.ds.shape) != 3:
             raise ConfigError(f"the CNN demo needs images (C, H, W), but {cfg.data} has "
                               f"examples of shape {self.ds.shape}; use `asapmpi train svm`")
-        self.shard = datasets.shard(len(self.ds.y_train), rank, size)
+        # positions in this rank's own rows: the data set holds no other training rows
+        self.shard = np.arange(len(self.ds.y_train))
         if cfg.batch_size > len(self.shard):
             raise ConfigError(f"--batch-size {cfg.batch_size} exceeds this rank's shard of "
                               f"{len(self.shard)} examples; use a smaller batch or fewer "
                               f"ranks")
+
+    def agree(self, comm: MPI.Comm, timeout: float) -> None:
+        """Collective, once every rank loaded its shard: the columns and labels all ranks
+        use (a rank's byte range of a LIBSVM file may lack the widest row or a label:
+        datasets.conform), then the test set as tensors."""
+        summaries = collectives.allgather(comm, datasets.shard_summary(self.ds), timeout,
+                                          "the shape of every rank's data")
+        self.ds = datasets.conform(self.ds, summaries)
         self.x_test = self._dense(self.ds.x_test, np.arange(len(self.ds.y_test)))
         self.y_test = torch.from_numpy(np.asarray(self.ds.y_test, dtype=np.int64))
 
@@ -127,7 +141,6 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     problem = None
     try:
         data = _Data(cfg, rank, size)
-        model = models.build(cfg.model, data.ds.shape, data.ds.n_classes)
         slow = from_options(cfg.slowdown, cfg.slow_factor, cfg.slow_probability,
                             cfg.slow_ranks, cfg.seed, size) if cfg.slowdown != "none" \
             else from_environment(size)       # asapmpi-run --slowdown
@@ -136,6 +149,9 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     # a file missing on one host must not leave the other ranks waiting in the Exchange;
     # reading the data may take a while on some ranks
     _agree(comm, problem, max(timeout, rc.timeout_startup), "the check of every rank's data")
+    # every rank passed the check: any ConfigError of the agreement is the same on all
+    data.agree(comm, max(timeout, rc.timeout_startup))
+    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes)
     # policies that average over everybody or fix their own topology take no graph
     policy = POLICIES[cfg.sync]
     fixed = not policy.uses_window or hasattr(policy, "topology")
