@@ -203,17 +203,22 @@ def test_training_on_the_network_path(tmp_path):
 
 
 @mpich_only     # the main job runs on the embedded MPICH: dev/demo.sh builds it in place
-def test_the_main_job_ends_with_the_summary_table(tmp_path):
+def test_the_main_job_ends_with_the_table_and_its_reading(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(["bash", os.path.join(root, "dev", "demo.sh"), "--iters", "60",
-                           "--no-progress", "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+                           "--json", str(tmp_path / "d.json"), "--png",
+                           str(tmp_path / "d.png"), "--keep", str(tmp_path / "jobs")],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    table = lines[lines.index(next(x for x in lines if x.startswith("run "))):]
-    assert [row.split()[0] for row in table[2:5]] == ["allreduce", "notify_ack",
-                                                       "hop:backup=1"]
-    assert lines[-1].startswith("metrics: ")
+    start = lines.index(next(x for x in lines if x.startswith("straggler-host: ")))
+    assert [row.split()[0] for row in lines[start + 3:start + 8]] == [
+        "allreduce", "notify_ack@ring", "hop:backup=1",
+        "hop:backup=1:skip_trigger=1:max_jump=4", "backup_ps:backup=2"]
+    assert lines[-1].startswith("straggler-host (") and "allreduce" in lines[-1]
+    report = json.loads((tmp_path / "d.json").read_text())
+    assert report["scenarios"] == ["straggler-host"] and report["ranks"] == 8
+    assert (tmp_path / "d.png").stat().st_size > 10_000
 
 
 def test_svm_on_a_wide_libsvm_file_uses_sparse_batches(tmp_path):

@@ -78,13 +78,15 @@ class Workload:
 
 
 WORKLOADS = {
-    # a sparse linear model of a million features (4 MB of parameters), RCV1-like rows
-    "rcv1": Workload("svm", "synthetic-rcv1", iters=3000, batch_size=64, eval_every=100,
+    # a sparse linear model of a million features (4 MB of parameters), RCV1-like rows;
+    # allreduce reaches 88% at about 60% of the run (lr and lam: the dataset's defaults)
+    "rcv1": Workload("svm", "synthetic-rcv1", iters=3000, batch_size=32, eval_every=100,
                      target=0.88, about="log-loss SVM, 1M features (4 MB), 76 "
                                         "nonzeros per row"),
-    # the small SVM of the demos: seconds per run, for the demo and the tests
+    # the small SVM of the demos (plateau about 90%): seconds per run, for the demo and
+    # the tests
     "small": Workload("svm", "synthetic-svm", iters=300, batch_size=32, eval_every=10,
-                      target=0.90, about="log-loss SVM, 2000 features (8 KB)"),
+                      target=0.88, about="log-loss SVM, 2000 features (8 KB)"),
 }
 
 
