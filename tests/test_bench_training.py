@@ -11,6 +11,7 @@ import pytest
 
 from asapmpi.bench import training
 from asapmpi.bench.hosts import emulation_unavailable
+from asapmpi.errors import AsapError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,6 +74,16 @@ def test_the_target_counts_when_three_evaluations_average_above_it():
     # fewer evaluations than the window: their mean
     short = training.smoothed({"accuracy": [0.5, 0.95], "time_s": [0, 1]}, 0.7)
     assert short["smoothed_time_to_target_s"] == 1
+
+
+def test_ranks_must_be_round_robin_over_the_emulated_hosts():
+    class Hosts:
+        emulated, hosts = True, 2
+
+    training.check_placement(["h0", "h1", "h0", "h1"], Hosts, "job")
+    for names in (["h0", "h0", "h1", "h1"], ["h0", "h1", "h0", "h2"], ["h0"] * 4):
+        with pytest.raises(AsapError, match="not round-robin"):
+            training.check_placement(names, Hosts, "job")
 
 
 def test_ratios_and_verdicts_follow_the_medians():

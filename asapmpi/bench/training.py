@@ -251,19 +251,31 @@ def run_jobs(args: argparse.Namespace, work: Workload, hosts, folder: str,
                        "--timeout", str(args.timeout), "--no-progress", "--out", out,
                        "--json", out + ".json", "--h5", out + ".h5",
                        *scenario_argv(scenario, hosts, args.ranks)]
-            _say(f"{name}: {args.ranks} ranks, {work.iters} iterations "
-                f"of each of {args.policies}")
+            _say(f"{name}: {args.ranks} ranks, {work.iters} iterations of each of "
+                 f"{args.policies}")
             code = hosts.run(args.ranks, program, args.job_timeout)
             if code != 0 or not os.path.exists(out + ".h5"):
                 raise AsapError(f"the {name} job failed (exit code {code}); its errors "
                                 f"are above")
             for result in report.read_h5(out + ".h5"):
+                check_placement(result.extra.get("hosts"), hosts, name)
                 curve = result.curve()
                 summary = dict(result.summary(), **smoothed(curve, work.target))
                 runs.append({"scenario": scenario, "seed": seed, "label": result.label,
                              "summary": summary,
                              "curve": {k: v.tolist() for k, v in curve.items()}})
     return runs
+
+
+def check_placement(names: Optional[Sequence[str]], hosts, job: str) -> None:
+    """AsapError unless rank r ran on the host of rank r % hosts, and there were that
+    many hosts: the scenarios slow or narrow the ranks they think are on one host."""
+    if not hosts.emulated or not names:
+        return
+    wrong = [r for r, name in enumerate(names) if name != names[r % hosts.hosts]]
+    if wrong or len(set(names)) != hosts.hosts:
+        raise AsapError(f"the {job} job placed its ranks on {names}, not round-robin over "
+                        f"{hosts.hosts} hosts; the scenarios would slow the wrong ranks")
 
 
 #: evaluations averaged for the time to target and the final accuracy

@@ -37,15 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `asapmpi train`."""
     parser.add_argument("model", choices=MODELS, help="svm: linear SVM with log loss; "
                                                       "cnn: a small CNN on 8x8 digits")
-    parser.add_argument("--data", help="svm: 'synthetic-svm' (default) or a LIBSVM file "
+    parser.add_argument("--data", help="svm: 'synthetic-svm' (default, 2000 features), "
+                                       "'synthetic-rcv1' (a million features, a 4 MB "
+                                       "model: run --iters 3000 or so) or a LIBSVM file "
                                        "(RCV1, webspam, splice-site; .bz2/.gz/.xz read "
                                        "as is); cnn: 'digits' (default, ships with "
-                                       "scikit-learn) or 'synthetic-images'")
+                                       "scikit-learn) or 'synthetic-images'.  Each rank "
+                                       "generates or reads only its own shard")
     parser.add_argument("--test-data", help="a LIBSVM test file (default: hold out 20%%)")
     parser.add_argument("--data-option", dest="data_options", action="append", default=[],
                         metavar="OPTION=VALUE",
                         help="an option of the dataset, e.g. n_features=1000000 "
-                             "density=0.0001 for synthetic-svm")
+                             "nnz_per_row=76 for synthetic-svm")
     parser.add_argument("--sync", default="notify_ack", choices=TRAINABLE)
     parser.add_argument("--graph", default="root-expander", choices=sorted(GRAPHS))
     parser.add_argument("--hop", "--option", dest="options", action="append", default=[],
