@@ -124,14 +124,16 @@ class Gossip(Policy):
         self._rng = None
         self._tmp = None
         self._comm_seconds = 0.0
+        self._uncounted_seconds = 0.0
         self.pulls = self.table("pulls")       # version, peer, got, seconds
 
     # ------------------------------------------------------------------ one iteration
 
     @property
     def extra_wait_seconds(self) -> float:
-        """Seconds spent pulling (emulated link time included): time not computing."""
-        return self._comm_seconds
+        """Seconds spent pulling (emulated link time included) that the window's own
+        wait_seconds does not count: time not computing."""
+        return self._uncounted_seconds
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """On a communication iteration: publish the model."""
@@ -154,10 +156,12 @@ class Gossip(Policy):
             self._congestion(win, ctx, version)
         peers = [r for r in range(n) if r != win.rank]
         peer = self._choose(peers, version)
-        start = time.monotonic()
+        counted, start = win.wait_seconds, time.monotonic()
         got = self._pull(win, peer, ctx)
         took = time.monotonic() - start
         self._comm_seconds += took
+        # the window counted its own polls of this pull in win.wait_seconds already
+        self._uncounted_seconds += max(0.0, took - (win.wait_seconds - counted))
         self._table[peer] = update_time(self._table[peer], took * 1e9, self.threshold)
         if version <= self.warmup:
             # UPDATE_TIMES: only the warm-up's choice reads the tables (after it the

@@ -733,9 +733,11 @@ def gossip_pulls_whole_models(comm, iters=60, n=20000, **options):
     buf = np.full(n, float(rank), dtype=np.float32)
     ex = asapmpi.Exchange(buf, sync="gossip", comm=comm, timeout=60, **options)
     torn = 0
+    started = time.perf_counter()
     for _ in range(iters):
         ex.step()
         torn += int(buf.max() != buf.min())
+    wall, waited = time.perf_counter() - started, ex.wait_seconds
     pulls = ex.trace.get("pulls", np.zeros((0, 4)))
     report = ex._policy.report
     got = ex.window.bytes_got
@@ -743,7 +745,7 @@ def gossip_pulls_whole_models(comm, iters=60, n=20000, **options):
                                                                          op=MPI_MIN)
     ex.free()
     return {"torn": torn, "pulls": pulls.tolist(), "report": report, "spread": spread,
-            "bytes_got": int(got)}
+            "bytes_got": int(got), "wall_s": wall, "wait_s": waited}
 
 
 def slow_rank_stall(comm, sync, options=None, stall_at=10, stall_s=1.5, iter_s=0.05,
