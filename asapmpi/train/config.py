@@ -173,6 +173,10 @@ class TrainConfig:
         if self.graph not in GRAPHS:
             raise ConfigError(f"unknown graph {self.graph!r}; choose one of {sorted(GRAPHS)}")
         make_policy(self.sync, **self.policy_options)    # option names and values
+        for key in ("rank", "size"):
+            if key in self.data_options:
+                raise ConfigError(f"--data-option {key}: every rank loads its own shard of "
+                                  f"the job's ranks; drop the option")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be an integer >= 0, got {self.seed!r}")
         if self.policy_options.get("skip_trigger") is not None and (

@@ -73,10 +73,6 @@ class _Data:
         options = dict(cfg.data_options)
         if cfg.test_data:
             options["test_path"] = cfg.test_data
-        for key in ("rank", "size"):
-            if key in options:
-                raise ConfigError(f"--data-option {key}: every rank loads its own shard of "
-                                  f"the job's ranks; drop the option")
         self.ds = datasets.load(cfg.data, rank=rank, size=size, **options)
         if cfg.model == "svm" and self.ds.n_classes != 2:
             raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
