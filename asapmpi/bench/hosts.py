@@ -7,9 +7,9 @@ or this one host.
         code = hosts.run(8, ["python", "-m", "asapmpi", "train", ...], timeout=900)
 
 Both kinds run a program on `ranks` ranks with `run()`; only EmulatedHosts has links to
-shape and measure.  With hydra or Open MPI's mpiexec on a hosts file, rank r lands on
-host r % hosts (netns-hosts places them round-robin, one per host in turn), so
-`ranks_of(h)` names the ranks of host h.
+shape and measure, and ranks on several hosts: with hydra or Open MPI's mpiexec on a
+hosts file, rank r lands on host r % hosts (netns-hosts places them round-robin, one per
+host in turn), so `ranks_of(h)` names the ranks of host h.
 """
 from __future__ import annotations
 
@@ -68,10 +68,6 @@ class OneHost:
     def describe(self) -> str:
         """One line for the report."""
         return "one host (no emulated links: every rank shares memory)"
-
-    def ranks_of(self, host: int, ranks: int) -> List[int]:
-        """The ranks on `host` (all of them)."""
-        return list(range(ranks))
 
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:

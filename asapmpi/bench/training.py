@@ -203,10 +203,15 @@ def check(args: argparse.Namespace) -> List[str]:
 
 # ---------------------------------------------------------------------- running
 
+def straggler_ranks(hosts, ranks: int) -> List[int]:
+    """The ranks straggler-host slows: those of the last host (the last rank on one)."""
+    return hosts.ranks_of(hosts.hosts - 1, ranks) if hosts.emulated else [ranks - 1]
+
+
 def scenario_argv(scenario: str, hosts, ranks: int) -> List[str]:
     """The slowdown options of `scenario` (`asapmpi train`)."""
     if scenario == "straggler-host":
-        slow = hosts.ranks_of(hosts.hosts - 1, ranks) if hosts.emulated else [ranks - 1]
+        slow = straggler_ranks(hosts, ranks)
         return ["--slowdown", "deterministic", "--slow-factor", str(STRAGGLER_FACTOR),
                 "--slow-ranks", *map(str, slow)]
     if scenario == "random-6x":
@@ -217,7 +222,7 @@ def scenario_argv(scenario: str, hosts, ranks: int) -> List[str]:
 def describe_scenario(scenario: str, hosts, ranks: int, narrow: str) -> str:
     """What `scenario` does, in words, for the report."""
     if scenario == "straggler-host":
-        slow = hosts.ranks_of(hosts.hosts - 1, ranks) if hosts.emulated else [ranks - 1]
+        slow = straggler_ranks(hosts, ranks)
         where = f"host {hosts.hosts - 1}" if hosts.emulated else "one rank"
         return (f"{where} {STRAGGLER_FACTOR:g}x slower (ranks "
                 f"{', '.join(map(str, slow))})")
