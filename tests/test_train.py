@@ -192,14 +192,26 @@ def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
 
 
 def test_training_on_the_network_path(tmp_path):
-    # 200 iterations: at 100, hop with a backup worker ended between 0.80 and 0.89 in
-    # four runs (0.799 in one CI run), which iterations it reduces depending on timing;
-    # at 200 it ended at 0.86-0.90 in four
+    # hop with a backup worker reduces whichever updates came first, so its curve is
+    # noisy near the plateau (about 0.89): its last evaluations swung 0.91 -> 0.79 within
+    # 40 iterations in runs whose loss was the same. So: the best mean of 3 consecutive
+    # evaluations (the benchmark's smoothing) reaches 0.85, the last one is far above
+    # chance (0.5), and the loss fell from log 2 to what 160 iterations reach (0.636-0.637
+    # at 200 in six runs of each policy)
+    from asapmpi.bench.training import SMOOTHING
+    from asapmpi.train.report import read_h5
+
     proc = train("svm", "-n", "4", "--network", "--iters", "200", "--out", str(tmp_path),
                  "--json", str(tmp_path / "s.json"), "--compare", "notify_ack,hop:backup=1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for r in json.loads((tmp_path / "s.json").read_text())["runs"]:
-        assert r["iterations"] == 200 and r["final_test_accuracy"] > 0.8
+    runs = json.loads((tmp_path / "s.json").read_text())["runs"]
+    assert [r["iterations"] for r in runs] == [200, 200]
+    assert all(r["final_test_accuracy"] > 0.7 for r in runs), runs
+    assert all(r["final_loss"] < 0.65 for r in runs), runs
+    for res in read_h5(str(tmp_path / "metrics.h5")):
+        acc = res.curve()["accuracy"]
+        best = np.convolve(acc, np.ones(SMOOTHING) / SMOOTHING, mode="valid").max()
+        assert best >= 0.85, (res.label, acc)
 
 
 @mpich_only     # the main job runs on the embedded MPICH: dev/demo.sh builds it in place
