@@ -73,6 +73,16 @@ class Slowdown:
         return delay
 
 
+def hold(seconds: float) -> None:
+    """Keep this core busy for `seconds` (a slowed worker's extra compute).  A sleep
+    would hand the core to the other ranks of an oversubscribed host, which then run
+    faster than they do beside a real slow host (its own CPU, busy); spinning takes only
+    this rank's share of the cores, as computing would."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def from_options(kind: str, factor: float, probability: float, ranks: Sequence[int],
                  seed: int, n: int) -> Slowdown:
     """A Slowdown from command-line style options; probability 0 means Hop's 1/n."""

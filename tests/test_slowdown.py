@@ -1,8 +1,10 @@
 """Slowdown injection: reproducible, the right rate, the right ranks, bad input refused."""
+import time
+
 import pytest
 
 from asapmpi.errors import ConfigError
-from asapmpi.slowdown import Slowdown, from_options, uniform
+from asapmpi.slowdown import Slowdown, from_options, hold, uniform
 
 
 def test_random_slowdown_is_reproducible_and_has_the_right_rate():
@@ -33,3 +35,15 @@ def test_deterministic_and_none():
 def test_bad_slowdowns(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Slowdown(**kwargs)
+
+
+def test_a_held_slowdown_keeps_the_core_busy_for_its_time():
+    # the trainer's extra compute of a slowed worker: it must take this rank's CPU share
+    # (a sleep would lend it to the other ranks of an oversubscribed host) and last as
+    # long as asked. CPU time: even with 8 other busy processes on 2 cores, a spin gets
+    # ~20% of its wall time; a sleep of 0.3 s costs microseconds
+    wall, cpu = time.perf_counter(), time.process_time()
+    hold(0.3)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert 0.3 <= wall < 3.0
+    assert cpu > 0.03, f"{cpu:.4f} s of CPU in {wall:.3f} s"

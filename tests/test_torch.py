@@ -460,3 +460,17 @@ def test_buffers_mix_with_tied_frozen_scheduler_clipping_and_bf16_on_a_ring():
     assert mix["params_spread"] == local["params_spread"] > 0
     assert mix["buffers_spread"] <= 2 * mix["params_spread"], mix
     assert local["buffers_spread"] > 4 * local["params_spread"], local
+
+
+def test_learning_rate_schedules_of_the_demos():
+    from asapmpi.torch.trainer import learning_rate
+    from asapmpi.train.config import TrainConfig
+
+    mlp = TrainConfig(model="mlp", iters=100, lr=0.1).resolved()
+    assert [learning_rate(mlp, k) for k in (0, 50, 100, 150)] == pytest.approx(
+        [0.1, 0.05, 0.0, 0.0])
+    assert learning_rate(mlp, 25) > learning_rate(mlp, 26)
+    svm = TrainConfig(model="svm", iters=100, lr=0.5, lam=1e-4).resolved()
+    assert learning_rate(svm, 200) == pytest.approx(0.5 / (1 + 1e-4 * 0.5 * 200))
+    cnn = TrainConfig(model="cnn", iters=100, lr=0.05).resolved()
+    assert learning_rate(cnn, 0) == learning_rate(cnn, 99) == 0.05

@@ -75,6 +75,24 @@ def test_cnn_on_digits_learns_in_parallel_mode_with_a_period(tmp_path):
     assert s["bytes_sent_per_rank"] == 60 * s["model_bytes"]
 
 
+def test_the_wide_mlp_learns_and_refuses_wide_sparse_data(tmp_path):
+    # width 64: weights 2000x64, 64x64, 64x2 and biases 64, 64, 2, each parameter padded
+    # to 64 bytes (16 float32) in the flat buffer
+    proc = train("mlp", "-n", "2", "--width", "64", "--iters", "150", "--eval-every",
+                 "30", "--out", str(tmp_path), "--json", str(tmp_path / "s.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["target_accuracy"] == 0.88 and s["iterations"] == 150
+    sizes = (2000 * 64, 64, 64 * 64, 64, 64 * 2, 2)
+    assert s["model_bytes"] == 4 * sum(-(-n // 16) * 16 for n in sizes)
+    assert s["final_test_accuracy"] > 0.8
+    proc = train("mlp", "-n", "2", "--data", "synthetic-rcv1", "--data-option",
+                 "n_train=8192", "--out", str(tmp_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the MLP demo takes dense batches of at most 8192 features" in proc.stderr
+    assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
+
+
 def _final_models(folder, ranks, iters, label="svm-notify_ack"):
     return [load_tree(os.path.join(folder, "checkpoints", label, f"rank{r:05d}",
                                    f"iter_{iters:09d}.h5")) for r in range(ranks)]
@@ -162,6 +180,7 @@ def test_hop_skipping_counts_the_iterations_it_jumped(tmp_path):
     (["--target", "1.5"], "--target is an accuracy"),
     (["--compare", "notify_ack,notify_ack"], "lists 'notify_ack' twice"),
     (["--seed", "-1"], "--seed must be an integer >= 0"),
+    (["--width", "0"], "--width must be an integer >= 1"),
     (["--json", "/no/such/folder/s.json"], "folder /no/such/folder does not exist"),
     (["--sync", "hop", "--hop", "backup=1", "--hop", "skip_trigger=1",
       "--checkpoint-every", "10"], "skip_trigger lets ranks jump over them"),

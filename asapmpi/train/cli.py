@@ -1,4 +1,4 @@
-"""`asapmpi train svm|cnn`: the training demos from the command line.
+"""`asapmpi train svm|cnn|mlp`: the training demos from the command line.
 
     asapmpi train svm -n 8 --sync notify_ack --graph root-expander
     asapmpi train svm -n 8 --compare allreduce,bsp,async,notify_ack,hop:backup=1
@@ -36,12 +36,15 @@ from .config import (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `asapmpi train`."""
     parser.add_argument("model", choices=MODELS, help="svm: linear SVM with log loss; "
-                                                      "cnn: a small CNN on 8x8 digits")
+                                                      "cnn: a small CNN on 8x8 digits; "
+                                                      "mlp: two wide hidden layers "
+                                                      "(compute-bound, 5 MB at width 512)")
     parser.add_argument("--data", help="svm: 'synthetic-svm' (default, 2000 features), "
                                        "'synthetic-rcv1' (a million features, a 4 MB "
                                        "model: run --iters 3000 or so) or a LIBSVM file "
                                        "(RCV1, webspam, splice-site; .bz2/.gz/.xz read "
-                                       "as is); cnn: 'digits' (default, ships with "
+                                       "as is); mlp: the same, up to 8192 features; "
+                                       "cnn: 'digits' (default, ships with "
                                        "scikit-learn) or 'synthetic-images'.  Each rank "
                                        "generates or reads only its own shard")
     parser.add_argument("--test-data", help="a LIBSVM test file (default: hold out 20%%)")
@@ -64,19 +67,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Hop 3.2 computation graph: serial (default) or parallel "
                              "(send before computing)")
     parser.add_argument("--iters", type=int, default=400, help="iterations (default 400)")
-    parser.add_argument("--batch-size", type=int, help="per rank (default 32)")
+    parser.add_argument("--batch-size", type=int, help="per rank (default 32; mlp 256)")
+    parser.add_argument("--width", type=int, default=512,
+                        help="mlp: units of each hidden layer (default 512)")
     parser.add_argument("--lr", type=float, help="learning rate (svm: eta0 of Bottou's "
                                                  f"schedule, default {DEFAULTS['svm']['lr']}; "
-                                                 f"cnn: default {DEFAULTS['cnn']['lr']})")
+                                                 f"cnn: default {DEFAULTS['cnn']['lr']}; "
+                                                 f"mlp: {DEFAULTS['mlp']['lr']})")
     parser.add_argument("--lam", type=float, default=1e-4,
                         help="svm: L2 regularization lambda (default 1e-4)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS,
-                        help="sgd (svm default), momentum (cnn default) or adam")
+                        help="sgd (svm default), momentum (cnn, mlp default) or adam")
     parser.add_argument("--eval-every", type=int, default=20,
                         help="evaluate test accuracy every N iterations (default 20)")
     parser.add_argument("--target", type=float,
                         help="target test accuracy for time-to-target (svm "
-                             f"{DEFAULTS['svm']['target']}, cnn {DEFAULTS['cnn']['target']})")
+                             f"{DEFAULTS['svm']['target']}, cnn {DEFAULTS['cnn']['target']}, "
+                             f"mlp {DEFAULTS['mlp']['target']})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, help="seconds any wait on a neighbour "
                                                       "may take")
@@ -126,7 +133,7 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         keep=args.keep, out=args.out, resume=args.resume, timeout=args.timeout,
         slowdown=args.slowdown, slow_factor=args.slow_factor,
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
-        threads=args.threads, kill_rank=args.kill_rank, kill_at=args.kill_at,
+        threads=args.threads, width=args.width, kill_rank=args.kill_rank, kill_at=args.kill_at,
         kill_in=args.kill_in, kill_signal=args.kill_signal)
     from .data import _LOADERS
 

@@ -12,7 +12,7 @@ from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 from ..sync import policy as make_policy
 
-MODELS = ("svm", "cnn")
+MODELS = ("svm", "cnn", "mlp")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("serial", "parallel")
 #: what each demo trains on by default, and its learning rate and target accuracy
@@ -21,6 +21,8 @@ DEFAULTS = {
             "batch_size": 32},
     "cnn": {"data": "digits", "lr": 0.05, "optimizer": "momentum", "target": 0.90,
             "batch_size": 32},
+    "mlp": {"data": "synthetic-svm", "lr": 0.05, "optimizer": "momentum", "target": 0.88,
+            "batch_size": 256},
 }
 #: what a dataset changes of its demo's defaults.  synthetic-rcv1: bigger steps (its
 #: weights of a million features each see few rows), and a target near the plateau its
@@ -127,6 +129,7 @@ class TrainConfig:
     slow_probability: float = 0.0
     slow_ranks: Tuple[int, ...] = ()
     threads: int = 0
+    width: int = 512
     kill_rank: Optional[int] = None
     kill_at: Optional[int] = None
     kill_in: Optional[str] = None
@@ -148,7 +151,7 @@ class TrainConfig:
 
     def check(self) -> None:
         """Refuse bad values with a message that says what to change."""
-        for name in ("iters", "eval_every", "period", "batch_size", "keep"):
+        for name in ("iters", "eval_every", "period", "batch_size", "keep", "width"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, "

@@ -1,4 +1,5 @@
-"""The demo models: a linear SVM with log loss (Bottou's SVM-SGD) and a small CNN."""
+"""The demo models: a linear SVM with log loss (Bottou's SVM-SGD), a small CNN and a wide
+MLP (the compute-bound workload of the straggler benchmarks)."""
 from __future__ import annotations
 
 import torch
@@ -34,7 +35,21 @@ class LogLossSVM(nn.Module):
         return (scores > 0).long()
 
 
-class SmallCNN(nn.Module):
+class _Classifier(nn.Module):
+    """A model that scores each class: cross-entropy loss, the top class predicted."""
+
+    @staticmethod
+    def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy."""
+        return F.cross_entropy(scores, labels)
+
+    @staticmethod
+    def predict(scores: torch.Tensor) -> torch.Tensor:
+        """The highest-scoring class."""
+        return scores.argmax(-1)
+
+
+class SmallCNN(_Classifier):
     """Two 3x3 convolutions, a 2x2 max-pool and two dense layers, for 8x8 images."""
 
     def __init__(self, channels: int = 1, side: int = 8, n_classes: int = 10):
@@ -51,23 +66,34 @@ class SmallCNN(nn.Module):
         x = F.relu(self.fc1(x.flatten(1)))
         return self.fc2(x)
 
-    @staticmethod
-    def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy."""
-        return F.cross_entropy(scores, labels)
 
-    @staticmethod
-    def predict(scores: torch.Tensor) -> torch.Tensor:
-        """The highest-scoring class."""
-        return scores.argmax(-1)
+class WideMLP(_Classifier):
+    """Two hidden ReLU layers of `width` units over the flattened example: with 2000
+    inputs and width 512, 1.29M parameters (5.2 MB), a dense forward and backward of
+    about 8 MFLOP per example, so a step of batch 256 is compute that a slower host
+    stretches (a linear model's step is mostly its exchange)."""
+
+    def __init__(self, n_inputs: int, n_classes: int, width: int = 512):
+        super().__init__()
+        self.hidden1 = nn.Linear(n_inputs, width)
+        self.hidden2 = nn.Linear(width, width)
+        self.out = nn.Linear(width, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores, shape (batch, n_classes)."""
+        x = F.relu(self.hidden1(x.flatten(1)))
+        return self.out(F.relu(self.hidden2(x)))
 
 
-def build(kind: str, shape, n_classes: int) -> nn.Module:
-    """The demo model for `kind` ("svm" or "cnn") and one example's `shape`."""
+def build(kind: str, shape, n_classes: int, width: int = 512) -> nn.Module:
+    """The demo model for `kind` ("svm", "cnn" or "mlp") and one example's `shape`
+    (`width`: the MLP's hidden units)."""
     if kind == "svm":
         if n_classes != 2:
             raise ValueError("the SVM demo is binary")
         return LogLossSVM(int(shape[-1]) if len(shape) == 1 else int(torch.tensor(shape).prod()))
     if kind == "cnn":
         return SmallCNN(int(shape[0]), int(shape[-1]), n_classes)
+    if kind == "mlp":
+        return WideMLP(int(torch.tensor(shape).prod()), n_classes, width)
     raise ValueError(f"unknown model {kind!r}")

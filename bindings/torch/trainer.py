@@ -1,9 +1,10 @@
-"""The training loop of the demos (`asapmpi train svm|cnn`), one run on every rank of
+"""The training loop of the demos (`asapmpi train svm|cnn|mlp`), one run on every rank of
 `comm`: data sharded by rank, a DecentralizedOptimizer, periodic evaluation, progress,
 checkpoints, resume, slowdown injection; returns the gathered metrics on rank 0."""
 from __future__ import annotations
 
 import collections
+import math
 import os
 import resource
 import signal
@@ -18,7 +19,7 @@ from mpi4py import MPI
 from asapmpi import collectives
 from asapmpi.errors import ConfigError
 from asapmpi.rc import rc
-from asapmpi.slowdown import from_environment, from_options
+from asapmpi.slowdown import from_environment, from_options, hold
 from asapmpi.sync import POLICIES
 from asapmpi.train import data as datasets
 from asapmpi.train.checkpoint import CheckpointDir
@@ -59,9 +60,13 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
 
 
 def learning_rate(cfg: TrainConfig, iteration: int) -> float:
-    """SVM: Bottou's schedule eta0 / (1 + lambda eta0 t); CNN: constant."""
+    """SVM: Bottou's schedule eta0 / (1 + lambda eta0 t); MLP: cosine from lr to 0 over
+    --iters (at a constant rate decentralized replicas kept disagreeing by several points
+    at the end of the run, while allreduce's one model kept improving); CNN: constant."""
     if cfg.model == "svm":
         return cfg.lr / (1.0 + cfg.lam * cfg.lr * iteration)
+    if cfg.model == "mlp":
+        return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * min(iteration, cfg.iters) / cfg.iters))
     return cfg.lr
 
 
@@ -77,6 +82,11 @@ class _Data:
         if cfg.model == "svm" and self.ds.n_classes != 2:
             raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
                               f"{self.ds.n_classes} classes; use `asapmpi train cnn`")
+        if cfg.model == "mlp" and datasets.is_sparse(self.ds.x_train) \
+                and self.ds.n_features > SPARSE_COLUMNS:
+            raise ConfigError(f"the MLP demo takes dense batches of at most {SPARSE_COLUMNS} "
+                              f"features, but {cfg.data} has {self.ds.n_features}; use "
+                              f"`asapmpi train svm` or --data-option n_features=2000")
         if cfg.model == "cnn" and len(self.ds.shape) != 3:
             raise ConfigError(f"the CNN demo needs images (C, H, W), but {cfg.data} has "
                               f"examples of shape {self.ds.shape}; use `asapmpi train svm`")
@@ -147,7 +157,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     _agree(comm, problem, max(timeout, rc.timeout_startup), "the check of every rank's data")
     # every rank passed the check: any ConfigError of the agreement is the same on all
     data.agree(comm, max(timeout, rc.timeout_startup))
-    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes)
+    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes, cfg.width)
     # policies that average over everybody or fix their own topology take no graph
     policy = POLICIES[cfg.sync]
     fixed = not policy.uses_window or hasattr(policy, "topology")
@@ -320,8 +330,9 @@ class _Loop:
         if factor > 1.0:
             # a slowed worker computes `factor` times as long as it usually does: the
             # median of recent computes, not this one, which a context switch on an
-            # oversubscribed host may have stretched already
-            time.sleep(statistics.median(self.computes) * (factor - 1.0))
+            # oversubscribed host may have stretched already; busy, not asleep
+            # (slowdown.hold)
+            hold(statistics.median(self.computes) * (factor - 1.0))
         opt.step()
         self.loss_sum += float(loss.detach())
         self.loss_n += 1
