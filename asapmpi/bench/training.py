@@ -2,7 +2,7 @@
 Time to target accuracy, final accuracy, iterations/s, bytes and waiting per policy,
 under stragglers and narrow links, on emulated hosts with shaped links.
 
-    asapmpi bench training [-n 8] [--hosts 4] [--bandwidth 1gbit] [--workload rcv1]
+    asapmpi bench training [-n 8] [--hosts 4] [--bandwidth 1gbit] [--workload rcv1|mlp|small]
                            [--scenarios homogeneous,straggler-host,random-6x,narrow-link]
                            [--policies allreduce,notify_ack@ring,hop:backup=1,...]
                            [--seeds 0,1,2] [--json F] [--h5 F] [--png F] [--one-host]
@@ -28,7 +28,9 @@ same scenario.  Targets (issue 16) get PASS/FAIL.  Without root or `ip netns`, o
 
 Cost: the defaults (workload rcv1, 8 policies, 4 scenarios, 3 seeds, 1 Gbit) are 96 runs
 of 3000 steps of a 4 MB model, about 9 hours on 2 cores; docs/BENCHMARKS.md has what
-was run and how long it took (`--workload small`: 8.5 minutes for the whole matrix).
+was run and how long it took (`--workload small`: 8.5 minutes for the whole matrix;
+`--workload mlp`, the compute-bound one where stragglers matter, 48 minutes for 5
+policies, 3 scenarios and 3 seeds at 10 Gbit).
 """
 from __future__ import annotations
 
@@ -89,9 +91,10 @@ WORKLOADS = {
                                         "nonzeros per row"),
     # a compute-bound model: forward and backward of batch 256 stretch with a slow host
     # (a linear model's step is mostly its exchange, so a 4x slower host slowed
-    # allreduce by 1.13x); allreduce reaches 89% at about 60% of the run, plateau 90.7%
+    # allreduce by 1.13x); with the cosine rate allreduce ends at 89.1% and reaches
+    # 88.5% at about three quarters of the run
     "mlp": Workload("mlp", "synthetic-svm", iters=300, batch_size=256, eval_every=20,
-                    target=0.89, lr=0.05, about="two hidden layers of 512 (5.2 MB) "
+                    target=0.885, lr=0.05, about="two hidden layers of 512 (5.2 MB) "
                                                 "over synthetic-svm's 2000 features, "
                                                 "batch 256"),
     # the small SVM of the demos (plateau about 90%): seconds per run, for the demo and

@@ -239,4 +239,4 @@ def _say_one(s: dict) -> None:
     print(f"{s['label']}: test accuracy {100 * s['final_test_accuracy']:.2f}% after "
           f"{s['iterations']} iterations, {s['wall_time_s']:.2f} s, "
           f"{s['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank; "
-          f"target {100 * s['target_accuracy']:.0f}%: {reached}", flush=True)
+          f"target {100 * s['target_accuracy']:g}%: {reached}", flush=True)
