@@ -70,6 +70,11 @@ def learning_rate(cfg: TrainConfig, iteration: int) -> float:
     return cfg.lr
 
 
+def _sparse_batches(x) -> bool:
+    """Whether batches of `x` go to the model as sparse tensors (wide sparse data)."""
+    return datasets.is_sparse(x) and x.shape[1] > SPARSE_COLUMNS
+
+
 class _Data:
     """A rank's view of the dataset: its shard of the training set (all it loads or
     generates: datasets.load), the test set."""
@@ -82,8 +87,7 @@ class _Data:
         if cfg.model == "svm" and self.ds.n_classes != 2:
             raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
                               f"{self.ds.n_classes} classes; use `asapmpi train cnn`")
-        if cfg.model == "mlp" and datasets.is_sparse(self.ds.x_train) \
-                and self.ds.n_features > SPARSE_COLUMNS:
+        if cfg.model == "mlp" and _sparse_batches(self.ds.x_train):
             raise ConfigError(f"the MLP demo takes dense batches of at most {SPARSE_COLUMNS} "
                               f"features, but {cfg.data} has {self.ds.n_features}; use "
                               f"`asapmpi train svm` or --data-option n_features=2000")
@@ -110,7 +114,7 @@ class _Data:
     def _dense(self, x, index) -> torch.Tensor:
         """Examples `index` as a tensor: dense, or sparse (COO) for wide sparse data,
         whose dense batches would cost more than the model (RCV1: 47k columns)."""
-        if datasets.is_sparse(x) and x.shape[1] > SPARSE_COLUMNS:
+        if _sparse_batches(x):
             batch = x[index].tocoo()
             where = torch.from_numpy(np.stack([batch.row, batch.col]).astype(np.int64))
             return torch.sparse_coo_tensor(where, torch.from_numpy(batch.data), batch.shape,
