@@ -57,6 +57,13 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
             assert len(paired["stream"]) == len(paired["step"])
         else:
             assert r["x_bound"] == pytest.approx(r["seconds"] / r["bound"])
+        # and with the MPI's own exchange of its graph: the step against it and it
+        # against the Allreduce, per repeat
+        assert len(paired["exchange"]) == len(paired["step"]) and r["exchange"] > 0
+        assert r["x_exchange"] == pytest.approx(statistics.median(
+            s / x for s, x in zip(paired["step"], paired["exchange"])))
+        assert r["exchange_x_allreduce"] == pytest.approx(statistics.median(
+            x / a for x, a in zip(paired["exchange"], paired["allreduce"])))
         # notify_ack measures its transport: on one host it reads neighbours' slots in
         # place (double-buffered: no copy) unless messages are much faster, on the
         # network path it puts or sends messages, whichever is faster; async measures
@@ -77,6 +84,7 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
         ["T1", "T2", "T3", "T4"] + [t[0] for t in bench.TARGETS[3:]]
     assert {t["verdict"] for t in report["targets"]} == {"not measured"}
     assert "network, 3 ranks: ratios" in proc.stdout and "Targets" in proc.stdout
+    assert "network, 3 ranks: the MPI's own exchange of the graph" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -107,6 +115,9 @@ def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
     assert len(elastic) == 2 and all(r["seconds"] > 0 for r in elastic), rows
     assert {r["graph"] for r in elastic} == {r["graph"] for r in rows
                                              if r["policy"] == "backup_ps"}
+    # on their star, not the graph: no step / exchange of the graph for them
+    assert all(r["x_exchange"] is None and r["exchange_x_allreduce"] is None
+               and r["exchange"] > 0 for r in rows), rows
 
 
 @pytest.mark.parametrize("args, message", [
@@ -120,6 +131,9 @@ def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
     (["--paths", "ib"], "unknown path ib"),
     (["--sizes", "3"], "multiple of 4"),
     (["--graphs", "double-ring", "--ranks", "3"], "needs an even number of ranks"),
+    # before any job: a ring gives each rank one in-neighbour, none to spare
+    (["--graphs", "root-expander,ring", "--ranks", "8", "--policies", "hop:backup=1"],
+     "hop:backup=1 on ring (8 ranks): hop backup=1 must be smaller"),
 ])
 def test_bad_input_is_one_line(args, message):
     proc = asapmpi("bench", "reduce", *args, timeout=60)
@@ -195,3 +209,33 @@ def test_verdicts_follow_the_targets():
         "not measured"
     text = bench.format_report(failing)
     assert "T1         FAIL" in text and "1.20x" in text
+
+
+def test_the_exchange_floor_is_paired_per_repeat():
+    # steps 3, 10, 2 beside exchanges 1, 5, 2 and Allreduces 2, 10, 1: step / exchange
+    # 3, 2, 1 -> 2 and exchange / Allreduce 0.5, 0.5, 2 -> 0.5 (medians of the ratios)
+    small = 64 << 10
+    job = _job("network (UCX)", 8, small, 3.0, 2.0, None, 0.1, library="Open MPI v4.1.4",
+               policies=["notify_ack", "backup_ps"])
+    job["records"][0]["exchange"] = {"root-expander": 1.5}
+    steps = job["records"][0]["steps"]["root-expander"]
+    steps["notify_ack"]["paired"] = {"step": [3.0, 10.0, 2.0], "allreduce": [2.0, 10.0, 1.0],
+                                     "exchange": [1.0, 5.0, 2.0]}
+    steps["backup_ps"]["paired"] = {"step": [3.0, 3.0, 3.0], "allreduce": [2.0, 2.0, 2.0]}
+    report = bench.analyze([job])
+    rows = {r["policy"]: r for r in report["rows"]}
+    assert rows["notify_ack"]["x_exchange"] == pytest.approx(2.0)
+    assert rows["notify_ack"]["exchange_x_allreduce"] == pytest.approx(0.5)
+    assert rows["notify_ack"]["exchange"] == pytest.approx(2.0)     # the paired median
+    # backup_ps runs on its star: the graph's exchange is not its floor
+    assert rows["backup_ps"]["x_exchange"] is None
+    assert rows["backup_ps"]["exchange_x_allreduce"] is None
+    assert rows["backup_ps"]["exchange"] == pytest.approx(1.5)      # timed on its own
+    targets = {t["name"]: t for t in report["targets"]}
+    assert targets["T5 notify_ack"]["exchange_x_allreduce"] == pytest.approx(0.5)
+    text = bench.format_report(report)
+    assert "the MPI's own exchange: 0.50x" in text
+    # the time column shows the paired exchange; the floor table only notify_ack
+    floor = text.split("the MPI's own exchange of the graph")[1].split("Targets")[0]
+    assert "notify_ack" in floor and "backup_ps" not in floor
+    assert "0.50x" in floor and "2.00x" in floor

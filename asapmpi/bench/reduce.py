@@ -20,6 +20,13 @@ allreduce column is then the median of the loops that took turns with the policy
                (sends, waits, verified reduce into buf) as a training loop calls it.
   allreduce    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) through mpi4py, same MPI.
   gloo         torch.distributed.all_reduce(tensor on buf), gloo backend.
+  exchange     the MPI's own exchange of the graph: an MPI_Irecv from every
+               in-neighbour, an MPI_Isend of buf to every out-neighbour, MPI_Waitall,
+               through mpi4py (no asapmpi).  An averaging step sends these messages at
+               least, so exchange / Allreduce is what the MPI and the machine make of
+               the graph's traffic, and step / exchange what the policy adds to it
+               (its waits, acks, verified reduce and Python); every policy that
+               averages over the graph takes turns with it as with the Allreduce.
   bound        the memory-bandwidth bound of a step on shared memory: the bytes any
                averaging step must move, reading the d_in in-neighbours' updates and
                the rank's own buffer and writing the buffer back ((d_in + 2) * SIZE),
@@ -44,7 +51,8 @@ Targets (PASS/FAIL):
       hop:backup=1, bsp and async step <= 1.0x allreduce; gossip, backup_ps and elastic
       (on their star; elastic's "step" is a superstep) <= 2.0x
   T6  MPICH's network path, 8 ranks, 64 KB, root-expander, hop:backup=1: <= 1.0x
-A target whose configuration was not in the sweep is "not measured".
+A target whose configuration was not in the sweep is "not measured"; a network target's
+line also shows the MPI's own exchange of the graph against the same Allreduce.
 """
 from __future__ import annotations
 
@@ -199,8 +207,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """ConfigError, before any job starts, for graphs that do not exist (or do not
-    connect every rank) on a requested rank count."""
+    connect every rank) on a requested rank count, and for a policy whose options do not
+    fit one of them (hop:backup=1 on a ring: each rank has one in-neighbour)."""
     from ..reduce import graph
+    from ..sync import policy as make_policy
 
     for n in args.ranks:
         for name in args.graphs:
@@ -208,6 +218,16 @@ def check(args: argparse.Namespace) -> None:
             if not g.is_strongly_connected():
                 raise ConfigError(f"graph {name!r} is not strongly connected on {n} ranks; "
                                   f"drop it from --graphs or change --ranks")
+            for run in args.policies:
+                sync, options = split_spec(run)
+                if sync in FIXED_GRAPH_POLICIES:
+                    continue            # timed on their own star, not on this graph
+                options.pop("transport", None)
+                try:
+                    make_policy(sync, **options).validate(g, 0)
+                except ConfigError as exc:
+                    raise ConfigError(f"{run} on {name} ({n} ranks): {exc}; drop one of "
+                                      f"them from --policies or --graphs") from None
 
 
 def spec_of(args: argparse.Namespace) -> Dict[str, Any]:
@@ -293,6 +313,22 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
+def exchange_ratios(step: Dict[str, Any], exchange: Optional[float],
+                    allreduce: Optional[float]) -> Tuple[Optional[float], Optional[float],
+                                                         Optional[float]]:
+    """(the graph's MPI exchange in seconds, step / exchange, exchange / Allreduce): the
+    medians of the loops and of the per-repeat ratios where the step took turns with
+    the exchange, else the exchange timed on its own and no ratios (the policy does not
+    average over that graph: backup_ps and elastic run on their star)."""
+    paired = step.get("paired", {})
+    if "exchange" not in paired:
+        return exchange, None, None
+    return (statistics.median(paired["exchange"]),
+            statistics.median(s / x for s, x in zip(paired["step"], paired["exchange"])),
+            statistics.median(x / a for x, a in zip(paired["exchange"],
+                                                    paired["allreduce"])))
+
+
 def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """Rows (one per job, size, graph, policy) with ratios, and the target verdicts."""
     rows = []
@@ -316,6 +352,8 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                             step["paired"], rec["size"], deg["in"],
                             job["memory_bandwidth"]["array_bytes"])
                         x_bound = paired_bound or x_bound
+                    exchange, x_exchange, exchange_x_allreduce = exchange_ratios(
+                        step, rec.get("exchange", {}).get(graph), allreduce)
                     rows.append({
                         "path": job["path"], "ranks": job["ranks"], "size": rec["size"],
                         "family": mpi_family(job.get("mpi_library", "")),
@@ -326,6 +364,8 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                         "x_allreduce": x_allreduce,
                         "x_gloo": _ratio(seconds, rec["gloo"]), "x_bound": x_bound,
                         "x_copy": seconds / copy_bound,
+                        "exchange": exchange, "x_exchange": x_exchange,
+                        "exchange_x_allreduce": exchange_x_allreduce,
                         "bound_verdict": (("PASS" if x_bound <= BOUND_MAX else "FAIL")
                                           if checked else None)})
     return {"jobs": [{k: v for k, v in j.items() if k != "records"} for j in jobs],
@@ -357,6 +397,7 @@ def targets(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         what = (f"{stack}{path}, {ranks} ranks, {size_label(size)}, {MAIN_GRAPH}, {policy}: "
                 f"step / {'MPI_Allreduce' if against == 'allreduce' else 'gloo all_reduce'}")
         out.append({"name": name, "what": what, "limit": limit, "value": value,
+                    "exchange_x_allreduce": row and row.get("exchange_x_allreduce"),
                     "verdict": "not measured" if value is None else
                     ("PASS" if value <= limit else "FAIL")})
     checked = [r for r in rows if r["bound_verdict"]]
@@ -387,7 +428,7 @@ def job_tables(report: Dict[str, Any], job: Dict[str, Any]) -> List[str]:
     keys = list(dict.fromkeys((r["size"], r["graph"]) for r in rows))
     by = {(r["size"], r["graph"], r["policy"]): r for r in rows}
     columns = ([("size", ""), ("graph", ""), ("d", "in/out"), ("bound", "memory"),
-                ("MPI", "Allreduce"), ("gloo", "all_reduce")]
+                ("MPI", "Allreduce"), ("MPI", "exchange"), ("gloo", "all_reduce")]
                + [(p, "step") for p in policies])
     times = []
     for size, graph in keys:
@@ -395,7 +436,8 @@ def job_tables(report: Dict[str, Any], job: Dict[str, Any]) -> List[str]:
         deg = job["degrees"][graph]
         times.append([size_label(size), graph, f"{deg['in']}/{deg['out']}",
                       format_time(first["bound"]), format_time(first["allreduce"]),
-                      "-" if first["gloo"] is None else format_time(first["gloo"])]
+                      _time(_exchange_row(by, size, graph, policies)["exchange"]),
+                      _time(first["gloo"])]
                      + [format_time(by[(size, graph, p)]["seconds"]) for p in policies])
     transports = {p: sorted({r["transport"] for r in rows if r["policy"] == p})
                   for p in policies}
@@ -418,7 +460,32 @@ def job_tables(report: Dict[str, Any], job: Dict[str, Any]) -> List[str]:
                          if main else ["-", "-", "-"]))
     lines += render_table(f"{job['path']}, {job['ranks']} ranks: ratios (< 1: faster than "
                           f"the reference)", columns, ratios)
+    over_graph = [p for p in policies
+                  if any(by[(size, graph, p)]["x_exchange"] for size, graph in keys)]
+    if over_graph:
+        columns = ([("size", ""), ("graph", ""), ("MPI exchange", "/Allreduce")]
+                   + [(p, "/exchange") for p in over_graph])
+        floors = [[size_label(size), graph,
+                   _x(_exchange_row(by, size, graph, policies)["exchange_x_allreduce"])]
+                  + [_x(by[(size, graph, p)]["x_exchange"]) for p in over_graph]
+                  for size, graph in keys]
+        lines += render_table(f"{job['path']}, {job['ranks']} ranks: the MPI's own exchange "
+                              f"of the graph (its messages without asapmpi) against "
+                              f"MPI_Allreduce, and each step against it", columns, floors)
     return lines
+
+
+def _time(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else format_time(seconds)
+
+
+def _exchange_row(by: Dict[Tuple[int, str, str], Dict[str, Any]], size: int, graph: str,
+                  policies: Sequence[str]) -> Dict[str, Any]:
+    """The row whose exchange figures stand for (size, graph): the first policy that
+    took turns with the exchange (its loops ran beside the Allreduce's), else the
+    first policy's (the exchange timed on its own)."""
+    rows = [by[(size, graph, p)] for p in policies]
+    return next((r for r in rows if r["x_exchange"] is not None), rows[0])
 
 
 def format_report(report: Dict[str, Any]) -> str:
@@ -434,6 +501,8 @@ def format_report(report: Dict[str, Any]) -> str:
     for t in report["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.2f}x"
         extra = f" ({t['failed']} rows FAIL)" if t.get("failed") else ""
+        if t.get("exchange_x_allreduce") is not None:
+            extra += f"; the MPI's own exchange: {t['exchange_x_allreduce']:.2f}x"
         lines.append(f"  {t['name']} {t['verdict']:>12}  {value:>7} (<= {t['limit']}x)  "
                      f"{t['what']}{extra}")
     return "\n".join(lines)

@@ -10,15 +10,20 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   allreduce   comm.Allreduce(IN_PLACE, SUM) of the float32 buffer through mpi4py;
   gloo        torch.distributed.all_reduce of the same buffer, gloo backend (TCP on
               127.0.0.1), when torch is importable;
+  exchange    per graph, the MPI's own exchange of it (MPIExchange): a receive from
+              every in-neighbour, a standard send of the buffer to every
+              out-neighbour, MPI_Waitall, through mpi4py: the messages an averaging
+              step on that graph moves, without asapmpi;
   steps       Exchange.step() for every graph and policy (elastic: a superstep, the
               server's step() and a worker's steps up to its next exchange with it),
               and each graph's maximum
               in- and out-degree, with the transport the Exchange chose; every
-              policy's step loops take turns with an Allreduce's in every repeat, and
-              those of the policies in "paired_policies" (on shared memory) with a
-              memory-bandwidth copy's too ("paired": seconds per call of each, repeat
-              by repeat), so that a ratio compares loops timed in the same seconds
-              of a machine whose speed drifts;
+              policy's step loops take turns with an Allreduce's in every repeat (and
+              with the graph's exchange, for the policies that average over the
+              graph), and those of the policies in "paired_policies" (on shared
+              memory) with a memory-bandwidth copy's too ("paired": seconds per call
+              of each, repeat by repeat), so that a ratio compares loops timed in the
+              same seconds of a machine whose speed drifts;
 and, once per job, the memory bandwidth (the memory bound's unit): bytes per second a
 rank moves when every rank copies arrays 4x the last-level cache at once.
 """
@@ -85,6 +90,31 @@ class Gloo:
             self.dist = None
 
 
+class MPIExchange:
+    """The MPI's own exchange over `graph`, the floor of an averaging step's messages:
+    calling it posts a receive of the buffer's size from every in-neighbour, sends the
+    buffer to every out-neighbour (standard mode) and waits for all of them.  Collective:
+    every rank of `comm` calls it the same number of times; close() frees it."""
+
+    def __init__(self, comm: MPI.Comm, graph: str, nbytes: int):
+        g = make_graph(graph, comm.Get_size())
+        rank = comm.Get_rank()
+        # a communicator of its own: no message of it can match another's receive
+        self.comm = comm.Dup()
+        self.ins, self.outs = g.in_neighbours(rank), g.out_neighbours(rank)
+        self.send = np.zeros(nbytes // 4, dtype=np.float32)
+        self.recv = [np.empty_like(self.send) for _ in self.ins]
+
+    def __call__(self) -> None:
+        requests = [self.comm.Irecv(buf, source) for buf, source in zip(self.recv, self.ins)]
+        requests += [self.comm.Isend(self.send, dest) for dest in self.outs]
+        MPI.Request.Waitall(requests)
+
+    def close(self) -> None:
+        """Free the communicator (collective)."""
+        self.comm.Free()
+
+
 def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, policy: str,
                        timeout: float,
                        references: Optional[Dict[str, Callable[[], Any]]] = None
@@ -130,6 +160,21 @@ def superstep(ex: Exchange) -> None:
         ex.step()
 
 
+def step_references(policy: str, spec: Dict[str, Any],
+                    references: Dict[str, Callable[[], Any]],
+                    exchange: MPIExchange) -> Dict[str, Callable[[], Any]]:
+    """What a policy's step loops take turns with: the Allreduce; the graph's exchange
+    when the policy averages over that graph (not backup_ps and elastic, on their star);
+    for the paired policies every reference (the bandwidth copy on shared memory)."""
+    from .reduce import FIXED_GRAPH_POLICIES, split_spec
+
+    chosen = dict(references) if policy in spec.get("paired_policies", ()) else \
+        {"allreduce": references["allreduce"]}
+    if split_spec(policy)[0] not in FIXED_GRAPH_POLICIES:
+        chosen["exchange"] = exchange
+    return chosen
+
+
 def degrees(graph: str, n: int) -> Dict[str, int]:
     """The largest in- and out-degree of the named graph on n ranks."""
     g = make_graph(graph, n)
@@ -158,13 +203,18 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
                                   "memcpy": time_memcpy(timer, nbytes),
                                   "allreduce": timer.seconds_per_call(allreduce),
                                   "gloo": None, "steps": {}}
+        record["exchange"] = {}
         for graph in spec["graphs"]:
+            exchange = MPIExchange(comm, graph, nbytes)
+            record["exchange"][graph] = timer.seconds_per_call(exchange)
             record["steps"][graph] = {
                 policy: time_exchange_step(
                     timer, comm, nbytes, graph, policy, spec["timeout"],
-                    references if policy in spec.get("paired_policies", ())
-                    else {"allreduce": allreduce})
+                    step_references(policy, spec, references, exchange))
                 for policy in spec["policies"]}
+            # not in a finally: a rank that failed aborts the job (main), and a
+            # collective free there would wait for ranks that never come
+            exchange.close()
         records.append(record)
     # gloo last, in a loop of its own: a live process group keeps threads that take CPU
     # from everything timed while it exists (3.5 ms instead of 1.5 ms per network step
