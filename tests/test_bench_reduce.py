@@ -11,6 +11,7 @@ import pytest
 from asapmpi.bench import reduce as bench
 
 from mpilaunch import job_command
+from mpilaunch import run as run_scenario
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,6 +61,7 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
         # and with the MPI's own exchange of its graph: the step against it and it
         # against the Allreduce, per repeat
         assert len(paired["exchange"]) == len(paired["step"]) and r["exchange"] > 0
+        assert r["floor_graph"] == r["graph"] and r["graph_exchange"] > 0
         assert r["x_exchange"] == pytest.approx(statistics.median(
             s / x for s, x in zip(paired["step"], paired["exchange"])))
         assert r["exchange_x_allreduce"] == pytest.approx(statistics.median(
@@ -84,7 +86,7 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
         ["T1", "T2", "T3", "T4"] + [t[0] for t in bench.TARGETS[3:]]
     assert {t["verdict"] for t in report["targets"]} == {"not measured"}
     assert "network, 3 ranks: ratios" in proc.stdout and "Targets" in proc.stdout
-    assert "network, 3 ranks: the MPI's own exchange of the graph" in proc.stdout
+    assert "network, 3 ranks: the MPI's own exchange of each policy's graph" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -115,9 +117,9 @@ def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
     assert len(elastic) == 2 and all(r["seconds"] > 0 for r in elastic), rows
     assert {r["graph"] for r in elastic} == {r["graph"] for r in rows
                                              if r["policy"] == "backup_ps"}
-    # on their star, not the graph: no step / exchange of the graph for them
-    assert all(r["x_exchange"] is None and r["exchange_x_allreduce"] is None
-               and r["exchange"] > 0 for r in rows), rows
+    # on their star, whatever the graph: their floor is the star's own exchange
+    assert all(r["floor_graph"] == "star" and r["x_exchange"] > 0
+               and r["exchange_x_allreduce"] > 0 for r in rows), rows
 
 
 @pytest.mark.parametrize("args, message", [
@@ -216,26 +218,54 @@ def test_the_exchange_floor_is_paired_per_repeat():
     # 3, 2, 1 -> 2 and exchange / Allreduce 0.5, 0.5, 2 -> 0.5 (medians of the ratios)
     small = 64 << 10
     job = _job("network (UCX)", 8, small, 3.0, 2.0, None, 0.1, library="Open MPI v4.1.4",
-               policies=["notify_ack", "backup_ps"])
+               policies=["notify_ack", "backup_ps", "gossip"])
     job["records"][0]["exchange"] = {"root-expander": 1.5}
     steps = job["records"][0]["steps"]["root-expander"]
-    steps["notify_ack"]["paired"] = {"step": [3.0, 10.0, 2.0], "allreduce": [2.0, 10.0, 1.0],
-                                     "exchange": [1.0, 5.0, 2.0]}
-    steps["backup_ps"]["paired"] = {"step": [3.0, 3.0, 3.0], "allreduce": [2.0, 2.0, 2.0]}
+    steps["notify_ack"].update(floor_graph="root-expander", paired={
+        "step": [3.0, 10.0, 2.0], "allreduce": [2.0, 10.0, 1.0], "exchange": [1.0, 5.0, 2.0]})
+    # backup_ps beside its star's exchange: 3 / 4 and 4 / 2 per repeat
+    steps["backup_ps"].update(floor_graph="star", paired={
+        "step": [3.0, 3.0, 3.0], "allreduce": [2.0, 2.0, 2.0], "exchange": [4.0, 4.0, 4.0]})
+    steps["gossip"]["paired"] = {"step": [3.0, 3.0, 3.0], "allreduce": [2.0, 2.0, 2.0]}
     report = bench.analyze([job])
     rows = {r["policy"]: r for r in report["rows"]}
     assert rows["notify_ack"]["x_exchange"] == pytest.approx(2.0)
     assert rows["notify_ack"]["exchange_x_allreduce"] == pytest.approx(0.5)
     assert rows["notify_ack"]["exchange"] == pytest.approx(2.0)     # the paired median
-    # backup_ps runs on its star: the graph's exchange is not its floor
-    assert rows["backup_ps"]["x_exchange"] is None
-    assert rows["backup_ps"]["exchange_x_allreduce"] is None
-    assert rows["backup_ps"]["exchange"] == pytest.approx(1.5)      # timed on its own
+    assert rows["backup_ps"]["floor_graph"] == "star"
+    assert rows["backup_ps"]["x_exchange"] == pytest.approx(0.75)
+    assert rows["backup_ps"]["exchange_x_allreduce"] == pytest.approx(2.0)
+    # gossip pulls from a random peer: no exchange is its floor
+    assert rows["gossip"]["x_exchange"] is None and rows["gossip"]["floor_graph"] is None
+    assert rows["gossip"]["graph_exchange"] == pytest.approx(1.5)   # timed on its own
     targets = {t["name"]: t for t in report["targets"]}
     assert targets["T5 notify_ack"]["exchange_x_allreduce"] == pytest.approx(0.5)
     text = bench.format_report(report)
-    assert "the MPI's own exchange: 0.50x" in text
-    # the time column shows the paired exchange; the floor table only notify_ack
-    floor = text.split("the MPI's own exchange of the graph")[1].split("Targets")[0]
-    assert "notify_ack" in floor and "backup_ps" not in floor
-    assert "0.50x" in floor and "2.00x" in floor
+    assert "notify_ack: step / MPI_Allreduce; the MPI's own exchange of the " \
+        "root-expander: 0.50x" in text
+    assert "backup_ps: step / MPI_Allreduce; the MPI's own exchange of the star: 2.00x" \
+        in text
+    # the floor table: a line per policy with a floor, gossip none
+    floor = text.split("the MPI's own exchange of each policy's graph")[1]
+    floor = floor.split("Targets")[0]
+    assert "gossip" not in floor
+    assert [line.split()[3:5] for line in floor.splitlines() if "KB" in line] == \
+        [["notify_ack", "root-expander"], ["backup_ps", "star"]]
+    # the time table's exchange column is the root expander's beside notify_ack's loops
+    # (median 2), not the one timed on its own (1.5)
+    times = text.split("seconds per call")[1].split("ratios")[0]
+    assert times.count("2000.00 ms") == 2 and "1500.00 ms" not in times, times
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["shm", "net"])
+def test_the_mpi_exchange_delivers_every_in_neighbours_buffer(path):
+    results = run_scenario("bench_mpi_exchange", 4, path, timeout=120)
+    for rank, res in enumerate(results):
+        for label, one in res.items():
+            assert one["ins"], (rank, label)
+            assert one["got"] == [[1000 * k + src for src in one["ins"]] for k in range(3)], \
+                (rank, label, one)
+            assert one["serving"] == (label == "star" and rank == 1)
+    # the star round: the server hears from every worker, a worker from the server
+    assert results[1]["star"]["ins"] == [0, 2, 3] and results[0]["star"]["ins"] == [1]

@@ -13,17 +13,20 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Ti
   exchange    per graph, the MPI's own exchange of it (MPIExchange): a receive from
               every in-neighbour, a standard send of the buffer to every
               out-neighbour, MPI_Waitall, through mpi4py: the messages an averaging
-              step on that graph moves, without asapmpi;
+              step on that graph moves, without asapmpi (backup_ps and elastic: a
+              round of their star, the server receiving every worker's buffer before
+              it sends its own to every worker; gossip, which pulls a random peer per
+              step, has none);
   steps       Exchange.step() for every graph and policy (elastic: a superstep, the
               server's step() and a worker's steps up to its next exchange with it),
               and each graph's maximum
               in- and out-degree, with the transport the Exchange chose; every
               policy's step loops take turns with an Allreduce's in every repeat (and
-              with the graph's exchange, for the policies that average over the
-              graph), and those of the policies in "paired_policies" (on shared
-              memory) with a memory-bandwidth copy's too ("paired": seconds per call
-              of each, repeat by repeat), so that a ratio compares loops timed in the
-              same seconds of a machine whose speed drifts;
+              with its exchange, "floor_graph" naming the graph exchanged), and those
+              of the policies in "paired_policies" (on shared memory) with a
+              memory-bandwidth copy's too ("paired": seconds per call of each, repeat
+              by repeat), so that a ratio compares loops timed in the same seconds of
+              a machine whose speed drifts;
 and, once per job, the memory bandwidth (the memory bound's unit): bytes per second a
 rank moves when every rank copies arrays 4x the last-level cache at once.
 """
@@ -91,14 +94,18 @@ class Gloo:
 
 
 class MPIExchange:
-    """The MPI's own exchange over `graph`, the floor of an averaging step's messages:
+    """The MPI's own exchange over graph `g`, the floor of an averaging step's messages:
     calling it posts a receive of the buffer's size from every in-neighbour, sends the
-    buffer to every out-neighbour (standard mode) and waits for all of them.  Collective:
-    every rank of `comm` calls it the same number of times; close() frees it."""
+    buffer to every out-neighbour (standard mode) and waits for all of them.  With a
+    `server` (the centre of a star) it is a parameter server's round instead: the server
+    sends only once every worker's buffer arrived (its parameters depend on them all).
+    Collective: every rank of `comm` calls it the same number of times; close() frees
+    it."""
 
-    def __init__(self, comm: MPI.Comm, graph: str, nbytes: int):
-        g = make_graph(graph, comm.Get_size())
+    def __init__(self, comm: MPI.Comm, g, nbytes: int, server: Optional[int] = None):
         rank = comm.Get_rank()
+        self.graph = g.name
+        self.serving = rank == server
         # a communicator of its own: no message of it can match another's receive
         self.comm = comm.Dup()
         self.ins, self.outs = g.in_neighbours(rank), g.out_neighbours(rank)
@@ -107,6 +114,9 @@ class MPIExchange:
 
     def __call__(self) -> None:
         requests = [self.comm.Irecv(buf, source) for buf, source in zip(self.recv, self.ins)]
+        if self.serving:
+            MPI.Request.Waitall(requests)
+            requests = []
         requests += [self.comm.Isend(self.send, dest) for dest in self.outs]
         MPI.Request.Waitall(requests)
 
@@ -160,17 +170,33 @@ def superstep(ex: Exchange) -> None:
         ex.step()
 
 
-def step_references(policy: str, spec: Dict[str, Any],
-                    references: Dict[str, Callable[[], Any]],
-                    exchange: MPIExchange) -> Dict[str, Callable[[], Any]]:
-    """What a policy's step loops take turns with: the Allreduce; the graph's exchange
-    when the policy averages over that graph (not backup_ps and elastic, on their star);
-    for the paired policies every reference (the bandwidth copy on shared memory)."""
+def floor_of(policy: str, graph: str, n: int):
+    """(graph, server) whose MPIExchange is the floor of `policy`'s step on `graph`:
+    that graph for the policies that average over it (server None), backup_ps's and
+    elastic's own star and server (they run on it whatever the graph), None for gossip
+    (a pull from a random peer per step: no fixed pattern of messages)."""
+    from ..sync import policy as make_policy
     from .reduce import FIXED_GRAPH_POLICIES, split_spec
 
+    sync, options = split_spec(policy)
+    if sync == "gossip":
+        return None
+    if sync in FIXED_GRAPH_POLICIES:
+        options.pop("transport", None)
+        pol = make_policy(sync, **options)
+        return pol.topology(n), pol.server
+    return make_graph(graph, n), None
+
+
+def step_references(policy: str, spec: Dict[str, Any],
+                    references: Dict[str, Callable[[], Any]],
+                    exchange: Optional[MPIExchange]) -> Dict[str, Callable[[], Any]]:
+    """What a policy's step loops take turns with: the Allreduce; its exchange (None:
+    none); for the paired policies every reference (the bandwidth copy on shared
+    memory)."""
     chosen = dict(references) if policy in spec.get("paired_policies", ()) else \
         {"allreduce": references["allreduce"]}
-    if split_spec(policy)[0] not in FIXED_GRAPH_POLICIES:
+    if exchange is not None:
         chosen["exchange"] = exchange
     return chosen
 
@@ -205,15 +231,23 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
                                   "gloo": None, "steps": {}}
         record["exchange"] = {}
         for graph in spec["graphs"]:
-            exchange = MPIExchange(comm, graph, nbytes)
+            exchange = MPIExchange(comm, make_graph(graph, comm.Get_size()), nbytes)
             record["exchange"][graph] = timer.seconds_per_call(exchange)
-            record["steps"][graph] = {
-                policy: time_exchange_step(
-                    timer, comm, nbytes, graph, policy, spec["timeout"],
-                    step_references(policy, spec, references, exchange))
-                for policy in spec["policies"]}
-            # not in a finally: a rank that failed aborts the job (main), and a
-            # collective free there would wait for ranks that never come
+            record["steps"][graph] = {}
+            for policy in spec["policies"]:
+                floor = floor_of(policy, graph, comm.Get_size())
+                floor_exchange, own = (exchange if floor else None), False
+                if floor and floor[0].name != graph:      # a parameter server's star
+                    floor_exchange, own = MPIExchange(comm, floor[0], nbytes, floor[1]), True
+                record["steps"][graph][policy] = dict(
+                    time_exchange_step(timer, comm, nbytes, graph, policy, spec["timeout"],
+                                       step_references(policy, spec, references,
+                                                       floor_exchange)),
+                    floor_graph=floor_exchange and floor_exchange.graph)
+                # not in a finally: a rank that failed aborts the job (main), and a
+                # collective free there would wait for ranks that never come
+                if own:
+                    floor_exchange.close()
             exchange.close()
         records.append(record)
     # gloo last, in a loop of its own: a live process group keeps threads that take CPU

@@ -977,3 +977,27 @@ def ring_run_ahead(comm, iters=10, n=64, slow=2, pause=1.0):
                 time.sleep(pause)
                 woke = time.monotonic()
     return {"done": done, "woke": woke}
+
+
+def bench_mpi_exchange(comm, n=1000):
+    """asapmpi bench reduce's floor, MPIExchange, on a ring, a root expander and a
+    parameter server's star round: every rank receives each in-neighbour's buffer (its
+    rank, the round) in the receive of that neighbour, every round."""
+    from asapmpi.bench.reduce_job import MPIExchange
+    from asapmpi.reduce import graph
+    from asapmpi.reduce.graphs import star
+
+    out = {}
+    size = comm.Get_size()
+    for label, g, server in (("ring", graph("ring", size), None),
+                             ("root-expander", graph("root-expander", size), None),
+                             ("star", star(size, root=1), 1)):
+        exchange = MPIExchange(comm, g, 4 * n, server)
+        got = []
+        for round_ in range(3):
+            exchange.send[:] = 1000 * round_ + comm.rank
+            exchange()
+            got.append([int(b[0]) if np.all(b == b[0]) else -1 for b in exchange.recv])
+        exchange.close()
+        out[label] = {"ins": exchange.ins, "got": got, "serving": exchange.serving}
+    return out
