@@ -237,7 +237,7 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
             for policy in spec["policies"]:
                 floor = floor_of(policy, graph, comm.Get_size())
                 floor_exchange, own = (exchange if floor else None), False
-                if floor and floor[0].name != graph:      # a parameter server's star
+                if floor and floor[1] is not None:        # a parameter server's round
                     floor_exchange, own = MPIExchange(comm, floor[0], nbytes, floor[1]), True
                 record["steps"][graph][policy] = dict(
                     time_exchange_step(timer, comm, nbytes, graph, policy, spec["timeout"],
