@@ -155,6 +155,15 @@ def split_spec(run: str) -> Tuple[str, Dict[str, Any]]:
     return name, parse_options(opts, f"in {run!r}")
 
 
+def policy_of(run: str):
+    """The policy object of a run ("hop:backup=1"); transport= is the Exchange's."""
+    from ..sync import policy as make_policy
+
+    sync, options = split_spec(run)
+    options.pop("transport", None)
+    return make_policy(sync, **options)
+
+
 def _rank_counts(text: str) -> List[int]:
     try:
         counts = [int(t) for t in text.split(",") if t.strip()]
@@ -213,7 +222,6 @@ def check(args: argparse.Namespace) -> None:
     connect every rank) on a requested rank count, and for a policy whose options do not
     fit one of them (hop:backup=1 on a ring: each rank has one in-neighbour)."""
     from ..reduce import graph
-    from ..sync import policy as make_policy
 
     for n in args.ranks:
         for name in args.graphs:
@@ -222,12 +230,10 @@ def check(args: argparse.Namespace) -> None:
                 raise ConfigError(f"graph {name!r} is not strongly connected on {n} ranks; "
                                   f"drop it from --graphs or change --ranks")
             for run in args.policies:
-                sync, options = split_spec(run)
-                if sync in FIXED_GRAPH_POLICIES:
+                if split_spec(run)[0] in FIXED_GRAPH_POLICIES:
                     continue            # timed on their own star, not on this graph
-                options.pop("transport", None)
                 try:
-                    make_policy(sync, **options).validate(g, 0)
+                    policy_of(run).validate(g, 0)
                 except ConfigError as exc:
                     raise ConfigError(f"{run} on {name} ({n} ranks): {exc}; drop one of "
                                       f"them from --policies or --graphs") from None

@@ -175,15 +175,13 @@ def floor_of(policy: str, graph: str, n: int):
     that graph for the policies that average over it (server None), backup_ps's and
     elastic's own star and server (they run on it whatever the graph), None for gossip
     (a pull from a random peer per step: no fixed pattern of messages)."""
-    from ..sync import policy as make_policy
-    from .reduce import FIXED_GRAPH_POLICIES, split_spec
+    from .reduce import FIXED_GRAPH_POLICIES, policy_of, split_spec
 
-    sync, options = split_spec(policy)
+    sync = split_spec(policy)[0]
     if sync == "gossip":
         return None
     if sync in FIXED_GRAPH_POLICIES:
-        options.pop("transport", None)
-        pol = make_policy(sync, **options)
+        pol = policy_of(policy)
         return pol.topology(n), pol.server
     return make_graph(graph, n), None
 
