@@ -32,7 +32,8 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence, Tuple, U
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, collectives, cores
+from . import _core, collectives, cores, transport_probe
+from ._core.layout import window_offsets
 from ._core.segments import SharedSegments
 from .errors import ConfigError, FreedError, MPIError, NonFiniteError
 from .faults import install_abort_hook
@@ -200,18 +201,6 @@ def _window_hint() -> str:
             "OMPI_MCA_osc=ucx)")
 
 
-def window_offsets(g: Graph, layouts: Sequence[Any], rank: int) -> Tuple[list, list, list]:
-    """Where this rank writes in its neighbours' windows: its slot and notify word in
-    each out-neighbour's, its ack word in each in-neighbour's."""
-    out_slot = [layouts[j].slot_disp(g.in_neighbours(j).index(rank))
-                for j in g.out_neighbours(rank)]
-    out_notify = [layouts[j].notify_disp(g.in_neighbours(j).index(rank))
-                  for j in g.out_neighbours(rank)]
-    in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
-              for i in g.in_neighbours(rank)]
-    return out_slot, out_notify, in_ack
-
-
 def _explained(exc: MPIError) -> MPIError:
     """`exc`, with Open MPI's usual reason appended when it is a failed window
     allocation (_window_hint)."""
@@ -265,8 +254,6 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         report.update(chosen=window, reason=f"an update of {nbytes} bytes is more than "
                                             f"one message carries ({MESSAGE_LIMIT})")
         return window, report
-    from . import transport_probe
-
     # on one host the shared transport's reduce reads each update in place, while a
     # message moves it into the slot first: there the messages carry the update's size
     message_bytes = nbytes if window == "shared" else 8
@@ -388,8 +375,8 @@ class Exchange:
         of N + b workers' updates; options backup, server); "elastic" (ElasticBSP: a
         server picks each worker's next barrier with ZipLine; options R, algorithm);
         "hop" (Hop's update and
-        token queues; options max_gap, backup, ...); "notify_ack_ignore_acks"
-        (deliberately broken, for the consistency harness).
+        token queues; options max_gap, backup, ...); or a Policy class or instance
+        (asapmpi.sync.Policy) of a policy outside asapmpi.sync.POLICIES.
     comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
     weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
         ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
@@ -493,7 +480,7 @@ class Exchange:
         self.graph = g
         self.in_neighbours = g.in_neighbours(rank)
         self.out_neighbours = g.out_neighbours(rank)
-        self.sync = sync
+        self.sync = local["policy"].name
         self.timeout = local["timeout"]
         self._adaptive = timeout is None
         self._step_seconds: Deque[float] = deque(maxlen=64)
@@ -538,7 +525,8 @@ class Exchange:
         that no rank leaves while the others wait in it."""
         out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                                "matrix": None}
-        meta = {"problem": None, "dtype": None, "nbytes": 0, "sync": sync, "options": None,
+        meta = {"problem": None, "dtype": None, "nbytes": 0, "options": None,
+                "sync": getattr(sync, "name", sync),    # a name, or a Policy's
                 "transport": transport, "double_buffer": double_buffer,
                 "trace_file": trace_file, "host": MPI.Get_processor_name(),
                 "cpu": cores.local_cpus(),

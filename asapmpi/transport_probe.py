@@ -29,7 +29,10 @@ from typing import Dict
 import numpy as np
 from mpi4py import MPI
 
+from ._core import Layout, MessageWindow, PutWindow
+from ._core.layout import window_offsets
 from ._core.slotwin import settle_all
+from .rc import rc
 from .transports import MessageTransport, PutTransport
 
 WARMUP = 3
@@ -40,15 +43,11 @@ MESSAGE_PROBE_BYTES = 1 << 20
 
 def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int,
             nbytes: int = 8):
-    from . import _core
-    from .exchange import window_offsets
-    from .rc import rc
-
     rank = comm.Get_rank()
-    layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0, False)
+    layouts = [Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0, False)
                for r in range(g.n)]
     out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
-    window = _core.MessageWindow if messages else _core.PutWindow
+    window = MessageWindow if messages else PutWindow
     win = window(comm, layouts[rank], g.in_neighbours(rank), g.out_neighbours(rank),
                  out_slot, out_notify, in_ack, 8, poll_yields=rc.poll_yields,
                  poll_max_sleep_us=rc.poll_max_sleep_us, poll_slack_ns=slack_ns,

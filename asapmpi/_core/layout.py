@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, List, Sequence, Tuple
 
 CACHE_LINE = 64
 HEADER_BYTES = 64
@@ -119,3 +120,17 @@ class Layout:
         if self.outbox:
             return slot * self.slot_stride
         return self.off_slots + (in_index * self.depth + slot) * self.slot_stride
+
+
+def window_offsets(g: Any, layouts: Sequence[Layout],
+                   rank: int) -> Tuple[List[int], List[int], List[int]]:
+    """Where `rank` writes in its neighbours' windows, given every rank's layout and the
+    graph `g` (asapmpi.Graph): its slot and notify word in each out-neighbour's, its ack
+    word in each in-neighbour's."""
+    out_slot = [layouts[j].slot_disp(g.in_neighbours(j).index(rank))
+                for j in g.out_neighbours(rank)]
+    out_notify = [layouts[j].notify_disp(g.in_neighbours(j).index(rank))
+                  for j in g.out_neighbours(rank)]
+    in_ack = [layouts[i].ack_disp(g.out_neighbours(i).index(rank))
+              for i in g.in_neighbours(rank)]
+    return out_slot, out_notify, in_ack

@@ -15,13 +15,24 @@ POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, BackupPS,
                                 ElasticBSP, Gossip, NotifyAckIgnoringAcks)}
 
 
-def policy(name: str, **options) -> Policy:
-    """Return a new policy object for `name` with its options."""
-    try:
-        cls = POLICIES[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown sync policy {name!r}; choose one of "
-                          f"{sorted(POLICIES)}") from None
+def policy(name, **options) -> Policy:
+    """Return a new policy object for `name` with its options: a name in POLICIES, or a
+    Policy subclass (a policy kept out of the registry).  A Policy object is returned
+    as it is (it was made with its options)."""
+    if isinstance(name, Policy):
+        if options:
+            raise ConfigError(f"sync={type(name).__name__}(...) is a policy object: pass "
+                              f"its options {sorted(options)} when making it")
+        return name
+    if isinstance(name, type) and issubclass(name, Policy):
+        cls = name
+        name = cls.name
+    else:
+        try:
+            cls = POLICIES[name]
+        except (KeyError, TypeError):
+            raise ConfigError(f"unknown sync policy {name!r}; choose one of "
+                              f"{sorted(POLICIES)}") from None
     try:
         return cls(**options)
     except TypeError:
