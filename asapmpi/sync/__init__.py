@@ -9,10 +9,12 @@ from .baselines import BSP, Async
 from .elastic import ElasticBSP
 from .gossip import Gossip
 from .hop import Hop
-from .notify_ack import NotifyAck, NotifyAckIgnoringAcks
+from .notify_ack import NotifyAck
 
+#: the policies offered by name (Exchange(sync=...), the command line); test-only ones,
+#: such as asapmpi.testing's deliberately broken NOTIFY-ACK, are passed as classes
 POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, BackupPS,
-                                ElasticBSP, Gossip, NotifyAckIgnoringAcks)}
+                                ElasticBSP, Gossip)}
 
 
 def policy(name, **options) -> Policy:
@@ -42,7 +44,5 @@ def policy(name, **options) -> Policy:
 
 __all__ = [
     "BSP", "POLICIES", "Allreduce", "Async", "BackupPS", "ElasticBSP", "Gossip", "Hop",
-    "NotifyAck",
-    "NotifyAckIgnoringAcks",
-    "Policy", "StepContext", "policy",
+    "NotifyAck", "Policy", "StepContext", "policy",
 ]

@@ -14,6 +14,7 @@ import asapmpi
 from asapmpi import _core
 from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, ProtocolError
 from asapmpi.launchers import network_forced
+from asapmpi.testing import NotifyAckIgnoringAcks
 
 HEADER = 64  # bytes before the payload in a slot
 
@@ -498,7 +499,7 @@ def broken_protocol(comm, iters=300, n=1 << 15):
     """Writers that ignore acks: the checks catch what they overwrite (torn or ahead),
     and nothing torn is ever reduced (constant buffers stay constant)."""
     buf = np.zeros(n)
-    with asapmpi.Exchange(buf, graph="complete", sync="notify_ack_ignore_acks", comm=comm,
+    with asapmpi.Exchange(buf, graph="complete", sync=NotifyAckIgnoringAcks, comm=comm,
                           timeout=60) as ex:
         tally = dict.fromkeys(("consistent", "torn", "stale", "ahead"), 0)
         for k in range(1, iters + 1):
