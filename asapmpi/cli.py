@@ -242,6 +242,6 @@ def _run_command(args: argparse.Namespace) -> int:
         from .bench import stragglers as bench_stragglers
 
         return bench_stragglers.run(args)
-    from .bench import core as bench_core
+    from .bench import core_job as bench_core
 
     return bench_core.run(args)

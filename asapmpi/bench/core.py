@@ -65,27 +65,10 @@ line and the path: "network" when MPIR_CVAR_NOLOCAL=1, else "shared-memory".
 from __future__ import annotations
 
 import argparse
-import glob
-import itertools
-import json
-import math
-import os
-import statistics
 import sys
-import time
-import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-import mpi4py
-import numpy as np
-from mpi4py import MPI
-
-import asapmpi
-from asapmpi import Exchange
-from asapmpi._core import kernels
-from asapmpi._core.mpiabi import library_version
-from asapmpi.faults import abort_world
-from asapmpi.launchers import network_forced
+from .common import format_time, parse_sizes, positive, render_table, rma_path, size_label
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
 DEGREES = (1, 2, 4)
@@ -105,57 +88,9 @@ KERNEL_VS_NUMPY_MIN = 1.0
 BYTES_FACTOR = {"memcpy": 1, "put": 1, "step": 1, "reduce": 2, "verified_reduce": 2,
                 "slot_reduce": 2, "allreduce": 1}
 KERNEL_VARIANTS = ("kernel", "numpy", "numpy_inplace")
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-Callback = Callable[[], Any]
 
 
 # ---------------------------------------------------------------------- arguments
-
-def parse_sizes(text: str) -> List[int]:
-    """'4K,64K,1M' -> [4096, 65536, 1048576]: bytes, each a positive multiple of 4."""
-    sizes = []
-    for item in text.split(","):
-        token = item.strip().upper()
-        token = token[:-1] if token.endswith("B") else token
-        mult = _UNITS.get(token[-1:], 1)
-        digits = token[:-1] if token[-1:] in _UNITS else token
-        try:
-            nbytes = int(digits) * mult
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"bad size {item!r}; write e.g. 4K, 1M, 4096") from None
-        if nbytes <= 0 or nbytes % 4:
-            raise argparse.ArgumentTypeError(f"size {item!r} must be a positive multiple "
-                                             f"of 4 bytes (float32)")
-        sizes.append(nbytes)
-    return sizes
-
-
-def publish(report: Dict[str, Any], text: str, json_path: Optional[str] = None,
-            png_path: Optional[str] = None,
-            draw: Optional[Callable[[Dict[str, Any], str], Any]] = None) -> None:
-    """Print a benchmark's `text`, write its `report` to `json_path` and draw it to
-    `png_path` with `draw`, each when asked for."""
-    print(text, flush=True)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
-    if png_path and draw is not None:
-        draw(report, png_path)
-
-
-def positive(kind: type) -> Callable[[str], Any]:
-    """An argparse type: a finite number of `kind` above zero."""
-    def convert(text: str) -> Any:
-        value = kind(text)
-        if not 0 < value < math.inf:        # nan and inf too
-            raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text}")
-        return value
-    convert.__name__ = kind.__name__
-    return convert
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the benchmark's options to `parser` (for `python -m` and `asapmpi bench core`)."""
@@ -170,266 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write every median and ratio to FILE as JSON")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="rank 0 reports each size on stderr as it starts")
-
-
-# ---------------------------------------------------------------------- timing
-
-class Timer:
-    """Times a callable identically on every rank of `comm` (see the module docstring).
-
-    Every rank must time the same callables in the same order: the loops are sized from
-    the slowest rank, so collective callables (step, Allreduce) stay matched.
-    """
-
-    def __init__(self, comm: MPI.Comm, repeats: int, min_time: float = 0.02,
-                 min_calls: int = 3):
-        self.comm = comm
-        self.repeats = repeats
-        self.min_time = min_time
-        self.min_calls = min_calls
-        #: run after each timed loop, before the timer's own collectives (untimed):
-        #: Exchange.settle while steps are timed, whose last notifies an MPI may not
-        #: issue before a synchronization call (Open MPI's osc pt2pt)
-        self.settle: Optional[Callback] = None
-
-    def seconds_per_call(self, fn: Callback) -> float:
-        """Median over the repeats of the slowest rank's seconds per call of fn()."""
-        self._loop(fn, 1)  # warm-up: first touch of the buffers, lazy MPI setup
-        calls = self._calibrate(fn)
-        return statistics.median([self._loop(fn, calls) / calls for _ in range(self.repeats)])
-
-    def interleaved(self, fns: Sequence[Callback]) -> List[List[float]]:
-        """Per callable, the seconds per call of each repeat, the callables' loops taking
-        turns within every repeat: a ratio of two of them per repeat compares runs
-        seconds apart, so a machine that slows down for a while (shared hosts, noisy
-        neighbours) moves both sides of it."""
-        for fn in fns:
-            self._loop(fn, 1)
-        calls = [self._calibrate(fn) for fn in fns]
-        out: List[List[float]] = [[] for _ in fns]
-        for _ in range(self.repeats):
-            for fn, n, seconds in zip(fns, calls, out):
-                # one untimed call first: the loop before evicted this one's data from the
-                # caches, and every loop is to be timed warm, as seconds_per_call's are
-                self._loop(fn, 1)
-                seconds.append(self._loop(fn, n) / n)
-        return out
-
-    def _loop(self, fn: Callback, calls: int) -> float:
-        """Barrier, run fn() `calls` times; return the slowest rank's elapsed seconds."""
-        self.comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - t0
-        if self.settle is not None:
-            self.settle()
-        return self.comm.allreduce(elapsed, op=MPI.MAX)
-
-    def _calibrate(self, fn: Callback) -> int:
-        """The number of calls for a loop of at least min_time and min_calls."""
-        calls = 1
-        while True:
-            elapsed = self._loop(fn, calls)
-            if elapsed >= self.min_time / 4:
-                break
-            calls *= 4
-        return max(self.min_calls, math.ceil(self.min_time * calls / elapsed))
-
-
-# ---------------------------------------------------------------------- measurements
-
-def _filled(nbytes: int, value: float = 1.0) -> np.ndarray:
-    return np.full(nbytes // 4, value, dtype=np.float32)
-
-
-def time_memcpy(timer: Timer, nbytes: int) -> float:
-    """Seconds per np.copyto of nbytes."""
-    src, dst = _filled(nbytes), _filled(nbytes, 0.0)
-    return timer.seconds_per_call(lambda: np.copyto(dst, src))
-
-
-def last_level_cache_bytes() -> int:
-    """Bytes of last-level cache on this host, summed over its instances (from sysfs;
-    else the C library's figure for one instance; else 32 MB)."""
-    caches: Dict[Tuple[int, str], int] = {}     # (level, CPUs sharing it) -> bytes
-    for index in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cache/index[0-9]*"):
-        try:
-            level, cpus, size = (_read(index, name) for name in ("level", "shared_cpu_list",
-                                                                  "size"))
-            caches[(int(level), cpus)] = parse_sizes(size)[0]      # "32768K"
-        except (OSError, ValueError, argparse.ArgumentTypeError):
-            continue
-    if caches:
-        top = max(level for level, _ in caches)
-        return sum(b for (level, _), b in caches.items() if level == top)
-    try:
-        return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or 32 << 20
-    except (ValueError, OSError):
-        return 32 << 20
-
-
-def _read(directory: str, name: str) -> str:
-    with open(os.path.join(directory, name)) as f:
-        return f.read().strip()
-
-
-def stream_array_bytes(comm: MPI.Comm) -> int:
-    """Bytes per array for a memory-bandwidth copy on this host: the arrays of the ranks
-    that run at once (at most one per CPU) hold 4x the last-level cache, STREAM's rule
-    for timing memory rather than cache; at least 8 MB."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    running = min(local.Get_size(), os.cpu_count() or 1)
-    local.Free()
-    nbytes = max(8 << 20, 4 * last_level_cache_bytes() // running)
-    return comm.allreduce(-(-nbytes // 4096) * 4096, op=MPI.MAX)
-
-
-def measure_memory_bandwidth(timer: Timer, comm: MPI.Comm) -> Dict[str, float]:
-    """Bytes per second each rank moves through memory when every rank copies at once
-    (np.copyto of arrays too large for the caches: read + write = 2 x bytes per copy)."""
-    nbytes = stream_array_bytes(comm)
-    seconds = time_memcpy(timer, nbytes)
-    return {"array_bytes": nbytes, "seconds": seconds, "bytes_per_s": 2 * nbytes / seconds}
-
-
-def time_put(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
-    """Seconds per PutWindow.put(notify=False) of nbytes to the ring out-neighbour."""
-    buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
-        put, versions = ex.window.put, itertools.count(1)
-        return timer.seconds_per_call(lambda: put(buf, next(versions), notify=False))
-
-
-def time_step(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
-    """Seconds per Exchange.step() (notify_ack on the ring) of nbytes."""
-    buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
-        return timer.seconds_per_call(ex.step)
-
-
-def _ring_weights(ex: Exchange) -> Tuple[float, np.ndarray]:
-    """(self weight, in-neighbour weights) of an Exchange, in reduce order."""
-    return ex.weights[ex.rank], np.array([ex.weights[r] for r in ex.in_neighbours])
-
-
-def time_step_phases(timer: Timer, comm: MPI.Comm, nbytes: int) -> Dict[str, float]:
-    """Seconds per phase of a NOTIFY-ACK step, timed inside the step loop.
-
-    The step runs as its phases (wait for acks, put without notify, notify, wait for the
-    notifies, verified reduce, ack), so every phase sees the caches and skew of a real
-    step.  Each figure is this rank's mean over every call the timer made, then the
-    maximum over ranks.
-    """
-    buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
-        win, (w_self, weights) = ex.window, _ring_weights(ex)
-        totals = dict.fromkeys(STEP_PHASES, 0.0)
-        calls = [0]
-
-        def phased_step() -> None:
-            k = calls[0] + 1
-            marks = [time.perf_counter()]
-            win.wait_acks(k - 1, WAIT_TIMEOUT)
-            marks.append(time.perf_counter())
-            win.put(buf, k, k, notify=False)
-            marks.append(time.perf_counter())
-            win.notify(k)
-            marks.append(time.perf_counter())
-            win.wait_notifies(k, WAIT_TIMEOUT)
-            marks.append(time.perf_counter())
-            win.reduce(buf, w_self, weights, k, k, k)
-            marks.append(time.perf_counter())
-            win.ack(k)
-            marks.append(time.perf_counter())
-            for name, a, b in zip(STEP_PHASES, marks, marks[1:]):
-                totals[name] += b - a
-            calls[0] = k
-
-        timer.seconds_per_call(phased_step)
-        return {name: comm.allreduce(t / calls[0], op=MPI.MAX) for name, t in totals.items()}
-
-
-def time_slot_reduces(timer: Timer, comm: MPI.Comm, nbytes: int) -> Dict[str, float]:
-    """Seconds per reduce of the ring slot into buf, in place, two ways over the same
-    memory: SlotWindow.reduce (header/footer checked) and the plain fused kernel on a
-    zero-copy view of the slot.  Their difference is the cost of verification."""
-    buf = _filled(nbytes)
-    with Exchange(buf, graph=GRAPH, sync=SYNC, comm=comm, transport=TRANSPORT) as ex:
-        win, (w_self, weights) = ex.window, _ring_weights(ex)
-        win.put(buf, 1, 1)
-        win.wait_notifies(1, WAIT_TIMEOUT)
-        slot = win.payload(0, 1)
-        try:
-            seconds = {
-                "verified_reduce": timer.seconds_per_call(
-                    lambda: win.reduce(buf, w_self, weights, 1, 1, 1)),
-                "slot_reduce": timer.seconds_per_call(
-                    lambda: kernels.weighted_sum(buf, buf, w_self, [slot], weights)),
-            }
-        finally:
-            slot.release()
-        comm.Barrier()  # nobody frees while a neighbour still reads
-        return seconds
-
-
-def time_reduce(timer: Timer, nbytes: int) -> float:
-    """Seconds per in-place one-input weighted_sum: a ring step's reduce, unverified."""
-    buf, inputs, weights = _filled(nbytes), [_filled(nbytes)], [0.5]
-    return timer.seconds_per_call(lambda: kernels.weighted_sum(buf, buf, 0.5, inputs, weights))
-
-
-def time_allreduce(timer: Timer, comm: MPI.Comm, nbytes: int) -> float:
-    """Seconds per in-place MPI_Allreduce (sum) of nbytes."""
-    buf = _filled(nbytes, 0.0)  # zeros stay zeros however many sums
-    return timer.seconds_per_call(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
-
-
-def numpy_expression(own: np.ndarray, w0: float, inputs: Sequence[np.ndarray],
-                     weights: Sequence[float]) -> np.ndarray:
-    """w0*own + w1*x1 + ...: the allocating NumPy expression a user would write."""
-    result = w0 * own
-    for w, x in zip(weights, inputs):
-        result = result + w * x
-    return result
-
-
-def numpy_inplace(out: np.ndarray, own: np.ndarray, w0: float, inputs: Sequence[np.ndarray],
-                  weights: Sequence[float], tmp: np.ndarray) -> None:
-    """out = w0*own + w1*x1 + ... without allocating: the products go through tmp."""
-    np.multiply(own, w0, out=out)
-    for w, x in zip(weights, inputs):
-        np.multiply(x, w, out=tmp)
-        np.add(out, tmp, out=out)
-
-
-def time_kernels(timer: Timer, nbytes: int, d: int) -> Dict[str, float]:
-    """Seconds per call of the fused kernel, the NumPy expression and in-place NumPy."""
-    own, out, tmp = _filled(nbytes), _filled(nbytes, 0.0), _filled(nbytes, 0.0)
-    inputs = [_filled(nbytes, 1.0 + i) for i in range(d)]
-    w0 = 1.0 / (d + 1)
-    weights = [w0] * d
-    calls = {
-        "kernel": lambda: kernels.weighted_sum(out, own, w0, inputs, weights),
-        "numpy": lambda: numpy_expression(own, w0, inputs, weights),
-        "numpy_inplace": lambda: numpy_inplace(out, own, w0, inputs, weights, tmp),
-    }
-    return {name: timer.seconds_per_call(fn) for name, fn in calls.items()}
-
-
-def measure_size(timer: Timer, comm: MPI.Comm, nbytes: int) -> Dict[str, Any]:
-    """Median seconds of every transfer and kernel variant for one buffer size."""
-    seconds = {
-        "memcpy": time_memcpy(timer, nbytes),
-        "put": time_put(timer, comm, nbytes),
-        "step": time_step(timer, comm, nbytes),
-        "reduce": time_reduce(timer, nbytes),
-        "allreduce": time_allreduce(timer, comm, nbytes),
-    }
-    seconds.update(time_slot_reduces(timer, comm, nbytes))
-    phases = time_step_phases(timer, comm, nbytes)
-    kernel_seconds = {d: time_kernels(timer, nbytes, d) for d in DEGREES}
-    return {"seconds": seconds, "phases": phases, "kernel_seconds": kernel_seconds}
 
 
 # ---------------------------------------------------------------------- derived figures
@@ -497,50 +172,7 @@ def summarize(records: Sequence[Dict[str, Any]]) -> Dict[str, Optional[str]]:
     return {name: _verdict("FAIL" not in vs, any(vs)) for name, vs in verdicts.items()}
 
 
-def rma_path() -> str:
-    """'network' when the MPI is told not to use shared memory for local ranks
-    ('network (UCX)' when that is Open MPI's UCX), else 'shared-memory'."""
-    if not network_forced():
-        return "shared-memory"
-    return "network (UCX)" if os.environ.get("OMPI_MCA_pml") == "ucx" else "network"
-
-
-def environment(comm: MPI.Comm, args: argparse.Namespace) -> Dict[str, Any]:
-    """What the figures were measured on: ranks, path, library versions, settings."""
-    return {
-        "benchmark": "asapmpi.bench.core",
-        "ranks": comm.Get_size(),
-        "graph": GRAPH,
-        "sync": SYNC,
-        "dtype": "float32",
-        "path": rma_path(),
-        "mpi_library": library_version(),
-        "versions": {"asapmpi": asapmpi.__version__, "mpi4py": mpi4py.__version__,
-                     "numpy": np.__version__, "python": sys.version.split()[0]},
-        "repeats": args.repeats,
-        "min_time_s": args.min_time,
-        "statistic": "median over repeats of the slowest rank's seconds per call",
-        "gb": GB,
-        "targets": {"put_vs_memcpy_min": PUT_VS_MEMCPY_MIN,
-                    "notify_verify_overhead_max": NOTIFY_VERIFY_MAX,
-                    "kernel_vs_numpy_min": KERNEL_VS_NUMPY_MIN,
-                    "transfer_targets_from_bytes": LARGE},
-    }
-
-
 # ---------------------------------------------------------------------- formatting
-
-def size_label(nbytes: int) -> str:
-    """4096 -> '4 KB', 1048576 -> '1 MB' (binary units)."""
-    for unit, mult in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if nbytes >= mult and nbytes % mult == 0:
-            return f"{nbytes // mult} {unit}"
-    return f"{nbytes} B"
-
-
-def format_time(t: float) -> str:
-    return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
-
 
 def _ratio(value: float, verdict: Optional[str]) -> str:
     return f"{value:.2f} {verdict or '-':>4}"
@@ -549,20 +181,6 @@ def _ratio(value: float, verdict: Optional[str]) -> str:
 def _percent(value: float, verdict: Optional[str] = None, show: bool = True) -> str:
     text = f"{100 * value:+.1f}%"
     return f"{text} {verdict or '-':>4}" if show else text
-
-
-def render_table(title: str, columns: Sequence[Tuple[str, str]], rows: Sequence[Sequence[str]]
-            ) -> List[str]:
-    """A fixed-width table: two header lines per column, first column left-aligned."""
-    widths = [max(len(c[0]), len(c[1]), *(len(r[i]) for r in rows))
-              for i, c in enumerate(columns)]
-
-    def line(cells: Sequence[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        return "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
-
-    return ["", title, line([c[0] for c in columns]), line([c[1] for c in columns]),
-            "-" * len(line([c[0] for c in columns]))] + [line(r) for r in rows]
 
 
 def transfer_table(records: Sequence[Dict[str, Any]]) -> List[str]:
@@ -647,63 +265,9 @@ def format_report(report: Dict[str, Any]) -> str:
                      + phase_table(records) + kernel_table(records) + targets)
 
 
-# ---------------------------------------------------------------------- entry points
-
-def benchmark(comm: MPI.Comm, sizes: Sequence[int], timer: Timer,
-              progress: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
-    """Measure every size on every rank of `comm`; return one record per size."""
-    records = []
-    for nbytes in sizes:
-        if progress:
-            progress(f"measuring {size_label(nbytes)}")
-        records.append(size_figures(nbytes, measure_size(timer, comm, nbytes)))
-    return records
-
-
-def _progress(message: str) -> None:
-    print(f"[asapmpi bench core] {message}", file=sys.stderr, flush=True)
-
-
-def _abort(comm: MPI.Comm) -> None:
-    """Report this rank's exception and abort the job so no rank waits forever."""
-    sys.stderr.write(f"[rank {comm.Get_rank()}] asapmpi bench core failed:\n"
-                     f"{traceback.format_exc()}")
-    abort_world(1)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark on MPI.COMM_WORLD; rank 0 prints the report and writes --json."""
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    if comm.Get_size() < 2:
-        if rank == 0:
-            print("asapmpi bench core needs at least 2 ranks: mpiexec -n 2 python -m "
-                  "asapmpi.bench.core", file=sys.stderr)
-        return 2
-    sizes = args.sizes if isinstance(args.sizes, list) else parse_sizes(args.sizes)
-    try:
-        timer = Timer(comm, args.repeats, args.min_time)
-        verbose = rank == 0 and getattr(args, "verbose", False)
-        records = benchmark(comm, sizes, timer, _progress if verbose else None)
-    except Exception:
-        _abort(comm)
-        raise
-    if rank == 0:
-        report = {"environment": environment(comm, args), "sizes": records,
-                  "summary": summarize(records)}
-        publish(report, format_report(report), args.json)
-    return 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command line entry point: parse `argv` (default sys.argv[1:]) and run."""
-    parser = argparse.ArgumentParser(
-        prog="mpiexec -n 2 python -m asapmpi.bench.core",
-        description="Benchmark the asapmpi core against memcpy, MPI_Allreduce and NumPy.",
-        epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
 if __name__ == "__main__":
+    # `python -m asapmpi.bench.core` measures: the job's module runs on the ranks (this
+    # module, which describes and reports, starts no MPI)
+    from .core_job import main
+
     sys.exit(main())

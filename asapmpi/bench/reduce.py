@@ -10,7 +10,7 @@ MPI (`net` = MPICH's network path forced: TCP on loopback) and reports them toge
 started inside one (mpiexec, srun) it measures that job's ranks and path only.
 
 Every figure is seconds per call: the slowest rank's loop time / calls, median over
---repeats loops (asapmpi.bench.core.Timer), float32 buffers of SIZE bytes on every rank.
+--repeats loops (asapmpi.bench.timing.Timer), float32 buffers of SIZE bytes on every rank.
 Ratios are time / reference; every policy's step loops take turns with an Allreduce's
 in every repeat (and notify_ack's, the bound's policy, with a bandwidth copy's on shared
 memory), and its ratios to MPI_Allreduce and to the bound are the medians of the ratios
@@ -68,7 +68,8 @@ import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from .core import format_time, parse_sizes, positive, publish, render_table, size_label
+from .common import format_time, parse_sizes, positive, publish, render_table, size_label
+from .runs import FIXED_GRAPH_POLICIES, policy_of, policy_specs, split_spec
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_RANKS = "2,4,8"
@@ -77,12 +78,6 @@ PATHS = {"shm": "shared-memory", "net": "network", "ucx": "network (UCX)"}
 NETWORK_OF = {"shm": None, "net": "tcp", "ucx": "ucx"}
 DEFAULT_GRAPHS = "complete,root-expander,ring,exponential"
 DEFAULT_POLICIES = "notify_ack,bsp,async,hop"
-#: policies whose step is an averaging step over any graph
-STEP_POLICIES = ("notify_ack", "bsp", "async", "hop", "gossip")
-#: policies that fix their own graph (a star around a server): timed on it, whatever
-#: --graphs says.  elastic is timed per superstep (its server runs one per step(), a
-#: worker up to R local steps and then its exchange with the server: reduce_job)
-FIXED_GRAPH_POLICIES = ("backup_ps", "elastic")
 MAIN_POLICY, MAIN_GRAPH = "notify_ack", "root-expander"
 LARGE = 1 << 20
 BOUND_MAX = 1.4
@@ -118,50 +113,6 @@ def _names(allowed: Sequence[str], what: str):
         return list(dict.fromkeys(names))
     convert.__name__ = what
     return convert
-
-
-def policy_specs(text: str) -> List[str]:
-    """"notify_ack,hop:backup=1,bsp:transport=messages" -> the runs, each checked: a
-    known policy, options it takes (asapmpi.sync.make_policy) and a known transport."""
-    from ..sync import policy as make_policy
-    from ..train.config import parse_options
-    from ..transports import TRANSPORTS
-
-    runs = [t.strip() for t in text.split(",") if t.strip()]
-    if not runs:
-        raise argparse.ArgumentTypeError(f"no policy in {text!r}")
-    for run in runs:
-        name, *opts = run.split(":")
-        if name not in STEP_POLICIES + FIXED_GRAPH_POLICIES:
-            raise argparse.ArgumentTypeError(
-                f"unknown policy {name!r}; choose from "
-                f"{','.join(STEP_POLICIES + FIXED_GRAPH_POLICIES)}")
-        try:
-            options = parse_options(opts, f"in {run!r}")
-            # transport= goes to the Exchange, every other option to the policy
-            if options.pop("transport", "auto") not in TRANSPORTS:
-                raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}")
-            make_policy(name, **options)
-        except (ConfigError, TypeError) as exc:
-            raise argparse.ArgumentTypeError(f"{run}: {exc}") from None
-    return list(dict.fromkeys(runs))
-
-
-def split_spec(run: str) -> Tuple[str, Dict[str, Any]]:
-    """"hop:backup=1" -> ("hop", {"backup": 1})."""
-    from ..train.config import parse_options
-
-    name, *opts = run.split(":")
-    return name, parse_options(opts, f"in {run!r}")
-
-
-def policy_of(run: str):
-    """The policy object of a run ("hop:backup=1"); transport= is the Exchange's."""
-    from ..sync import policy as make_policy
-
-    sync, options = split_spec(run)
-    options.pop("transport", None)
-    return make_policy(sync, **options)
 
 
 def _rank_counts(text: str) -> List[int]:

@@ -4,7 +4,7 @@
 
 SPEC_JSON holds sizes (bytes), graphs, policies, repeats, min_time, gloo (bool) and
 timeout; rank 0 writes OUT_JSON: the environment and one record per size with the
-seconds per call (median over repeats of the slowest rank, asapmpi.bench.core.Timer) of
+seconds per call (median over repeats of the slowest rank, asapmpi.bench.timing.Timer) of
   memcpy      np.copyto of SIZE bytes, every rank at once (at small sizes a copy
               within the core's caches);
   allreduce   comm.Allreduce(IN_PLACE, SUM) of the float32 buffer through mpi4py;
@@ -49,7 +49,9 @@ from asapmpi import Exchange
 from asapmpi._core.mpiabi import library_version
 from asapmpi.reduce import graph as make_graph
 
-from .core import Timer, measure_memory_bandwidth, rma_path, size_label, time_memcpy
+from .common import rma_path, size_label
+from .runs import FIXED_GRAPH_POLICIES, policy_of, split_spec
+from .timing import Timer, measure_memory_bandwidth, time_memcpy
 
 
 class Gloo:
@@ -133,8 +135,6 @@ def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, po
     ("shared double-buffered", "messages", "put").
     With `references` (name -> callable) the step's loops and theirs take turns in every
     repeat, and "paired" holds each one's seconds per call, repeat by repeat."""
-    from .reduce import FIXED_GRAPH_POLICIES, split_spec
-
     buf = np.full(nbytes // 4, 1.0, dtype=np.float32)
     sync, options = split_spec(policy)
     # double-buffered where the transport allows it (shared memory): what the torch
@@ -175,8 +175,6 @@ def floor_of(policy: str, graph: str, n: int):
     that graph for the policies that average over it (server None), backup_ps's and
     elastic's own star and server (they run on it whatever the graph), None for gossip
     (a pull from a random peer per step: no fixed pattern of messages)."""
-    from .reduce import FIXED_GRAPH_POLICIES, policy_of, split_spec
-
     sync = split_spec(policy)[0]
     if sync == "gossip":
         return None

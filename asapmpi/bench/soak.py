@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..rc import rc
-from .core import parse_sizes, publish
+from .common import parse_sizes, publish
 
 DEFAULT_RUNS = ("notify_ack,hop:backup=1,hop:staleness=3,hop:backup=1:skip_trigger=1,"
                 "bsp,async,gossip:every=2")

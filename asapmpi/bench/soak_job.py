@@ -26,7 +26,7 @@ from .. import collectives
 from ..exchange import Exchange
 from ..rc import rc
 from ..shm_leftovers import OWNERS, SHM_DIR
-from .core import rma_path
+from .common import rma_path
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: steps between two checks of the time limit (one allreduce: every rank stops together)

@@ -31,16 +31,21 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import numpy as np
-from mpi4py import MPI
 
-from .. import Exchange, trace
+from .. import trace
 from ..errors import ConfigError
 from ..reduce.graphs import GRAPHS
 from ..slowdown import Slowdown
-from .core import rma_path
+from .common import rma_path
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+# MPI and the exchange are imported where the benchmark runs: `asapmpi --help` imports
+# this module and must start no MPI
 
 
 def configurations(n: int, max_gap: int, seed: int) -> Dict[str, Dict[str, Any]]:
@@ -78,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_one(comm: MPI.Comm, options: Dict[str, Any], slow: Slowdown,
             args: argparse.Namespace, trace_path: Optional[str]) -> Dict[str, Any]:
     """One configuration on every rank; rank 0 gets the summary."""
+    from ..exchange import Exchange
+
     rank = comm.Get_rank()
     buf = np.zeros(args.size, dtype=np.float32)
     with Exchange(buf, graph=args.graph, sync="hop", comm=comm, timeout=120,
@@ -143,8 +150,12 @@ def format_report(env: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> int:
-    """Run every configuration on every rank; rank 0 prints and writes --json."""
+def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> int:
+    """Run every configuration on every rank of `comm` (default COMM_WORLD); rank 0
+    prints and writes --json."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
     n = comm.Get_size()
     if n < 2:
         raise ConfigError("the stragglers benchmark needs at least 2 ranks (-n)")

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import AsapError, ConfigError
-from .core import publish
+from .common import publish
 from .hosts import EmulatedHosts, OneHost, check_rate, emulation_unavailable
 
 SCENARIOS = ("homogeneous", "straggler-host", "random-6x", "narrow-link")
