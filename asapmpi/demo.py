@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
-from mpi4py import MPI
 
-from .exchange import Exchange
 from .reduce.graphs import GRAPHS
 from .slowdown import add_arguments as slowdown_arguments
 from .slowdown import from_environment, from_options
 from .sync import POLICIES
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+# MPI and the exchange are imported where the demo runs: `asapmpi --help` imports this
+# module and must start no MPI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +63,14 @@ def check(args: argparse.Namespace) -> None:
                          if getattr(args, key, None) is not None})
 
 
-def run(args: argparse.Namespace, comm: MPI.Comm = MPI.COMM_WORLD) -> dict:
-    """Run the demo on `comm`; rank 0 prints; returns rank 0's summary (others: {})."""
+def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> dict:
+    """Run the demo on `comm` (default COMM_WORLD); rank 0 prints; returns rank 0's
+    summary (others: {})."""
+    from mpi4py import MPI
+
+    from .exchange import Exchange
+
+    comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.rank, comm.size
     buf = np.full(args.size, float(rank), dtype=np.float32)
     mean = (size - 1) / 2

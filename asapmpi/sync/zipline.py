@@ -48,7 +48,6 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .._core.sweep import covering_window
 from ..errors import ConfigError
 
 __all__ = ["Choice", "full_gridscan", "gridscan", "predict_ends", "zipline"]
@@ -125,6 +124,10 @@ def zipline(ends) -> Choice:
     benchmark's workers of different speeds (the argsort of the nR points alone took
     7-8 ms there); the paper reports 2.38 s for its O(R n^2) version.
     """
+    # the sweep is compiled in asapmpi._core, whose import starts MPI (its check of the
+    # MPI ABI): imported here, where it runs, so that importing asapmpi.sync starts none
+    from .._core.sweep import covering_window
+
     m = _validate_ends(ends)
     lo, _ = covering_window(m)
     # every worker's first point >= lo: componentwise the smallest optimal indices
