@@ -1,0 +1,276 @@
+"""The package's import structure: no module imports one that (directly or not) imports it
+back; importing asapmpi or asapmpi.sync, and building the command line's parser, start
+no MPI; test-only code stays in asapmpi.testing, which the package never imports.
+
+The import graph is read from the sources with `ast` (the .pyx files and the .pxi they
+include with a pattern: Cython is not Python), every import counted wherever it is,
+inside functions too: a cycle that a function-level import hides still makes the two
+modules one.  Only the code under `if __name__ == "__main__":` is left out: it runs when
+the file is run as a script, as the module __main__, and never when it is imported.
+"""
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Set
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: source directory -> the package it is installed as (setup.py's package_dir)
+PACKAGES = {"asapmpi": "asapmpi", "bindings/torch": "asapmpi.torch"}
+TESTING = "asapmpi.testing"
+
+
+def _modules() -> Dict[str, Path]:
+    """Every module of the package, by dotted name -> its source file."""
+    found: Dict[str, Path] = {}
+    for directory, package in PACKAGES.items():
+        base = ROOT / directory
+        for path in sorted(base.rglob("*.py")) + sorted(base.rglob("*.pyx")):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_main_guard(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.comparators) == 1
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
+
+
+def _known(name: str) -> str:
+    """The deepest module of the package that `name` is or is inside ("" when none: a
+    name from outside the package, or an attribute of one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _ancestors(name: str) -> List[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _targets(module: str, path: Path, node: ast.AST) -> Set[str]:
+    """The package's modules that one import statement in `module` runs or reads.
+
+    `import a.b.c` and `from a.b import c` run a, a.b (and c, when it is a module); a
+    package that encloses the importing module is already being imported when it runs,
+    so only a name read from it (`from . import name` of an attribute) counts as using
+    it."""
+    is_package = path.stem == "__init__"
+    here = module if is_package else module.rpartition(".")[0]
+    named: Set[str] = set()       # what the statement names (modules, or attributes of one)
+    if isinstance(node, ast.Import):
+        named = {_known(alias.name) for alias in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = here.split(".")
+            base = base[:len(base) - (node.level - 1)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        for alias in node.names:
+            child = f"{source}.{alias.name}"
+            # a submodule, or an attribute of `source` (read from its __init__)
+            named.add(child if child in MODULES else _known(source))
+    named.discard("")
+    run = set(named)
+    for target in named:
+        run.update(a for a in _ancestors(target) if a in MODULES
+                   and a not in _ancestors(module) and a != module)
+    run.discard(module)
+    return run
+
+
+_PYX_IMPORT = re.compile(r"^\s*(?:from\s+(\S+)\s+)?import\s+([^#]+?)\s*(?:#.*)?$")
+_PYX_INCLUDE = re.compile(r'^\s*include\s+"([^"]+)"', re.M)
+
+
+def _cython_imports(path: Path) -> List[ast.AST]:
+    """The Python imports of a .pyx and the .pxi it includes (not cimports), as ast
+    nodes: `from X import a, b` and `import X` at the start of a line."""
+    sources = [path] + [path.parent / inc for inc in _PYX_INCLUDE.findall(path.read_text())]
+    nodes: List[ast.AST] = []
+    for source in sources:
+        for line in source.read_text().splitlines():
+            match = _PYX_IMPORT.match(line)
+            if not match or "cimport" in line or line.rstrip().endswith("("):
+                continue
+            try:
+                nodes.extend(ast.parse(line.strip()).body)
+            except SyntaxError:
+                continue        # prose in a docstring that happens to start with "from"
+    return nodes
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    """module -> the package's modules it imports, anywhere in its code."""
+    graph: Dict[str, Set[str]] = {}
+    for module, path in MODULES.items():
+        if path.suffix == ".pyx":
+            nodes = _cython_imports(path)
+        else:
+            tree = ast.parse(path.read_text(), filename=str(path))
+            skipped = {id(n) for top in tree.body if _is_main_guard(top)
+                       for n in ast.walk(top)}
+            nodes = [n for n in ast.walk(tree) if id(n) not in skipped]
+        graph[module] = set()
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[module] |= _targets(module, path, node)
+    return graph
+
+
+def find_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle, as a path that ends where it starts, per strongly connected set of
+    modules that import each other (Tarjan's algorithm, then a path through each)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    components: List[Set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10 * len(graph) + 100))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    cycles = []
+    for component in components:
+        start = min(component)
+        # breadth-first from start back to start, inside the component
+        paths = {w: [start, w] for w in graph[start] if w in component}
+        frontier = list(paths)
+        while start not in paths:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w in component and w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+            frontier = nxt
+        cycles.append(paths[start])
+    return cycles
+
+
+def test_the_graph_sees_the_package():
+    graph = import_graph()
+    assert "asapmpi.exchange" in graph and "asapmpi.torch.trainer" in graph
+    assert "asapmpi._core.slotwin" in graph["asapmpi._core"]
+    assert "asapmpi.errors" in graph["asapmpi._core.slotwin"]       # a .pyx's import
+    assert "asapmpi.transports" in graph["asapmpi.exchange"]
+    # a function's import counts
+    assert "asapmpi.torch.trainer" in graph["asapmpi.train.cli"]
+    # as does reading a name from a package's __init__
+    assert "asapmpi.sync" in graph["asapmpi.train.config"]
+
+
+def test_find_cycles_reports_a_cycle_as_a_path():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "modules that import each other:\n" + "\n".join(
+        "  " + " -> ".join(cycle) for cycle in cycles)
+
+
+def test_only_tests_import_the_testing_package():
+    graph = import_graph()
+    importers = sorted(f"{m} imports {t}" for m, targets in graph.items()
+                       if not (m == TESTING or m.startswith(TESTING + "."))
+                       for t in targets if t == TESTING or t.startswith(TESTING + "."))
+    assert not importers, importers
+
+
+def _modules_after(code: str) -> Set[str]:
+    """The modules loaded by a fresh interpreter that ran `code`."""
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\n"
+                          "print('\\n'.join(sorted(sys.modules)))"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("code", [
+    "import asapmpi, asapmpi.sync",
+    "import asapmpi.sync; asapmpi.sync.policy('elastic'); asapmpi.sync.policy('allreduce')",
+    # `asapmpi --help` (python -m asapmpi), which builds every subcommand's parser
+    "import runpy, sys\nsys.argv = ['asapmpi', '--help']\ntry:\n"
+    "    runpy.run_module('asapmpi', run_name='__main__')\nexcept SystemExit:\n    pass",
+    "from asapmpi import cli\ncli.build_parser().parse_args(['bench', 'reduce'])",
+], ids=["import", "policies", "help", "parser"])
+def test_starts_no_mpi(code):
+    loaded = _modules_after(code)
+    assert "asapmpi" in loaded
+    assert "mpi4py.MPI" not in loaded, "initialized MPI"
+    assert "asapmpi._core" not in loaded, "loaded the MPI extension"
+
+
+def test_help_prints_every_command():
+    out = subprocess.run([sys.executable, "-m", "asapmpi", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    for command in ("demo", "train", "bench", "doctor", "graph"):
+        assert command in out.stdout
+
+
+def test_no_broken_policy_is_offered():
+    from asapmpi import cli, sync, testing
+    from asapmpi.errors import ConfigError
+    from asapmpi.train.config import TRAINABLE
+
+    for name, cls in sync.POLICIES.items():
+        assert not cls.__module__.startswith(TESTING), name
+        assert not issubclass(cls, testing.NotifyAckIgnoringAcks), name
+    broken = testing.NotifyAckIgnoringAcks.name
+    assert broken not in sync.POLICIES and broken not in TRAINABLE
+    with pytest.raises(ConfigError, match="unknown sync policy"):
+        sync.policy(broken)
+    # the command line offers none either: asapmpi demo --sync, bench consistency --sync
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--sync", broken])
+    assert broken not in parser.format_help()
+    # a test passes it directly, as a class or an object
+    assert type(sync.policy(testing.NotifyAckIgnoringAcks)) is testing.NotifyAckIgnoringAcks
+    made = testing.NotifyAckIgnoringAcks()
+    assert sync.policy(made) is made
+    with pytest.raises(ConfigError, match="policy object"):
+        sync.policy(made, max_gap=2)
