@@ -52,6 +52,7 @@ cdef class MailboxWindow(SlotWindow):
     # newest versions completes in its pump.  mb_recv, tok_recv, wd_recv and mb_send
     # point into it.
     cdef MPI_Request *mb_req
+    cdef int mb_nreq                # their number
     cdef MPI_Status *mb_status      # MPI_Testsome's statuses (a word's sender)
     cdef int mb_npump               # requests from mb_req's start that _pump tests
     cdef int mb_req_tok, mb_req_wd, mb_req_snd  # where tok_recv, wd_recv, mb_send start
@@ -93,6 +94,8 @@ cdef class MailboxWindow(SlotWindow):
         SlotWindow.__init__(self, *args, **kwargs)
 
     def __dealloc__(self):
+        _forget_mailbox(self)
+        self._leave_behind()
         free(self.mb_req); self.mb_req = NULL
         self.mb_recv = self.tok_recv = self.wd_recv = self.mb_send = NULL
         free(self.mb_status); self.mb_status = NULL
@@ -114,6 +117,21 @@ cdef class MailboxWindow(SlotWindow):
         free(self.wd_got); self.wd_got = NULL
 
     # ------------------------------------------------------------------ lifetime
+
+    cdef int _leave(self, _Leftover lo) except -1:
+        # the receives (updates, tokens, words) cancelled, the sends kept, and every
+        # buffer either may touch
+        with nogil:
+            lo.add_all(self.mb_req, self.mb_req_snd, True)
+            lo.add_all(self.mb_req + self.mb_req_snd, self.mb_nreq - self.mb_req_snd, False)
+            lo.add_all(self.tok_send, self.n_in, False)
+            lo.add_all(self.wd_send, MB_WORD_SENDS, False)
+        lo.own(self.mb_stage); self.mb_stage = NULL
+        lo.own(self.tok_in); self.tok_in = NULL
+        lo.own(self.tok_out); self.tok_out = NULL
+        lo.own(self.wd_in); self.wd_in = NULL
+        lo.own(self.wd_out); self.wd_out = NULL
+        return SlotWindow._leave(self, lo)
 
     cdef int _prepare(self, layout) except -1:
         SlotWindow._prepare(self, layout)
@@ -137,6 +155,7 @@ cdef class MailboxWindow(SlotWindow):
         self.mb_nrecv = nrecv
         self.mb_stages = stages
         self.mb_req = <MPI_Request *>calloc(n_req, sizeof(MPI_Request))
+        self.mb_nreq = n_req if self.mb_req != NULL else 0
         self.mb_status = <MPI_Status *>calloc(n_req, sizeof(MPI_Status))
         self.mb_held = <int64_t *>calloc(max(nrecv, 1), sizeof(int64_t))
         self.mb_index = <int *>calloc(n_req, sizeof(int))
@@ -190,6 +209,7 @@ cdef class MailboxWindow(SlotWindow):
                 self._post_token(j)
             if self.n_user:     # only a window with user words takes word messages
                 self._post_words()
+            _note_mailbox(self)
         return 0
 
     cdef int _post_all(self) except -1 nogil:
@@ -210,6 +230,7 @@ cdef class MailboxWindow(SlotWindow):
         cdef int64_t *words_to_me
         cdef int i, j, r
         cdef int64_t missing
+        _forget_mailbox(self)   # what still waits goes now (_send_tokens below)
         if self.msg_comm == MPI_COMM_NULL:
             return 0
         sent_to_me = <int64_t *>calloc(self.size * width, sizeof(int64_t))
@@ -523,6 +544,36 @@ cdef class MailboxWindow(SlotWindow):
             self.mb_sent[self._in[i] * (self.depth + 1) + self.depth] += 1
         return 0
 
+    @property
+    def tokens_held(self):
+        """The in-neighbours whose newest token waits for the send of the one before
+        it (it leaves at this window's next pump, or any wait's or settle's)."""
+        return [self._in[i] for i in range(self.n_in) if self.tok_next[i] > 0]
+
+    cdef bint _tokens_waiting(self) noexcept nogil:
+        cdef int i
+        for i in range(self.n_in):
+            if self.tok_next[i] > 0:
+                return True
+        return False
+
+    cdef int _settle(self, double timeout) except -1 nogil:
+        # Before this rank waits outside this window (another window's wait, asapmpi's
+        # collectives, free()): every token held back goes now.  A neighbour may be
+        # waiting for it, and this window's own pump, which would send it, does not run
+        # while this rank waits elsewhere.  A token waits only for the send of the one
+        # before it (8 bytes, sent eagerly): that completes unless the reader stopped
+        # calling MPI, whose own wait then names this rank.
+        cdef long polls = 0
+        cdef double t0 = asap_now()
+        self._pump()
+        while self._tokens_waiting() and asap_now() - t0 < timeout:
+            asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
+                         self.poll_slack_ns)
+            polls += 1
+            self._pump()
+        return 0
+
     def notify(self, int64_t version):
         """Refused: a mailbox notifies with each put."""
         raise ConfigError("a mailbox window (transport='messages') notifies with "
@@ -647,3 +698,35 @@ cdef class MailboxWindow(SlotWindow):
                 return 0
             if self._idle(&polls, t0, timeout):
                 return 1
+
+
+cdef void _note_mailbox(MailboxWindow w) noexcept nogil:
+    global _n_mailbox
+    if _n_mailbox < MAX_PENDING:    # else the window's own waits still send them
+        _mailbox_win[_n_mailbox] = <PyObject *>w
+        _n_mailbox += 1
+
+
+cdef void _forget_mailbox(MailboxWindow w) noexcept nogil:
+    global _n_mailbox
+    cdef int i
+    for i in range(_n_mailbox):
+        if _mailbox_win[i] == <PyObject *>w:
+            _n_mailbox -= 1
+            _mailbox_win[i] = _mailbox_win[_n_mailbox]
+            return
+
+
+cdef int _settle_mailboxes(double timeout, bint deliver, PyObject *pumped) except -1 nogil:
+    # every mailbox but `pumped`: with deliver, all it holds back goes (_settle); else
+    # a pump sends what its channels let go
+    cdef int i
+    for i in range(_n_mailbox):
+        if _mailbox_win[i] == pumped:
+            continue
+        with gil:
+            if deliver:
+                (<MailboxWindow>_mailbox_win[i])._settle(timeout)
+            else:
+                (<MailboxWindow>_mailbox_win[i])._pump()
+    return 0

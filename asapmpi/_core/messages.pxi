@@ -15,12 +15,17 @@ cdef class MessageWindow(SlotWindow):
     cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum
     cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum
     cdef int64_t *recv_cksum
-    cdef Py_buffer _send_view
-    cdef bint _send_held
+    # The update is sent from a copy: send_update() returns with the caller's buffer
+    # free to write, as put() and the shared transport leave it (a synchronous send
+    # from the buffer itself would read it until wait_updates, and a write meanwhile
+    # would reach the readers torn).  The checksum message follows the copy (8-aligned).
+    cdef char *stage
+    cdef bint _sending              # a send_update() whose wait_updates() is to come
     cdef bint _msg_checksum
     cdef int64_t _posted            # version the receives are posted for (0: none)
     cdef int64_t _last_posted       # the newest version whose receives were posted
-    cdef int64_t _sent              # version of the last send_update (0: none)
+    cdef int64_t *_sent_to          # per out-neighbour: the last version whose send
+                                    # was posted (0: none), for the drain
 
     def __cinit__(self):
         self.transport = "messages"
@@ -28,10 +33,20 @@ cdef class MessageWindow(SlotWindow):
         self.msg_comm = MPI_COMM_NULL
 
     def __dealloc__(self):
-        self._release_send_view()
+        self._leave_behind()
         free(self.recv_reqs); self.recv_reqs = NULL
         free(self.send_reqs); self.send_reqs = NULL
         free(self.recv_cksum); self.recv_cksum = NULL
+        free(self.stage); self.stage = NULL
+        free(self._sent_to); self._sent_to = NULL
+
+    cdef int _leave(self, _Leftover lo) except -1:
+        with nogil:
+            lo.add_all(self.recv_reqs, 2 * self.n_in, True)
+            lo.add_all(self.send_reqs, 2 * self.n_out, False)
+        lo.own(self.recv_cksum); self.recv_cksum = NULL
+        lo.own(self.stage); self.stage = NULL
+        return SlotWindow._leave(self, lo)
 
     cdef int _prepare(self, layout) except -1:
         cdef int i
@@ -44,7 +59,10 @@ cdef class MessageWindow(SlotWindow):
         self.recv_reqs = <MPI_Request *>calloc(2 * n, sizeof(MPI_Request))
         self.send_reqs = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
         self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
-        if self.recv_reqs == NULL or self.send_reqs == NULL or self.recv_cksum == NULL:
+        self.stage = <char *>malloc((self.nbytes + 7) // 8 * 8 + 8)
+        self._sent_to = <int64_t *>calloc(m, sizeof(int64_t))
+        if (self.recv_reqs == NULL or self.send_reqs == NULL or self.recv_cksum == NULL
+                or self.stage == NULL or self._sent_to == NULL):
             raise MemoryError()
         for i in range(2 * n):
             self.recv_reqs[i] = MPI_REQUEST_NULL
@@ -58,28 +76,37 @@ cdef class MessageWindow(SlotWindow):
         return 0
 
     cdef int _drain(self) except -1:
-        # every rank's last sent version, then each receive completed or cancelled
+        # the last version each rank posted a send of to this one, then each receive
+        # completed or cancelled
         cdef int64_t *sent
+        cdef int64_t *mine
+        cdef int j
         if self.msg_comm == MPI_COMM_NULL:
             return 0
         sent = <int64_t *>calloc(self.size, sizeof(int64_t))
-        if sent == NULL:
+        mine = <int64_t *>calloc(self.size, sizeof(int64_t))
+        if sent == NULL or mine == NULL:
+            free(sent)
+            free(mine)
             raise MemoryError()
         try:
             with nogil:
+                for j in range(self.n_out):
+                    mine[self._out[j]] = self._sent_to[j]
                 # every rank came to free(); one that dies now ends the job (the
                 # watchdog) instead of hanging the others here
                 asap_watchdog_arm(self.flush_timeout, b"the message drain at free()",
                                   -1, self.nbr_desc)
                 try:
-                    CHKERR(MPI_Allgather(&self._sent, 1, MPI_INT64_T, sent, 1,
-                                         MPI_INT64_T, self.comm), "MPI_Allgather")
+                    CHKERR(MPI_Alltoall(mine, 1, MPI_INT64_T, sent, 1, MPI_INT64_T,
+                                        self.comm), "MPI_Alltoall")
                     self._drain_messages(sent)
                 finally:
                     asap_watchdog_disarm()
                 CHKERR(MPI_Comm_free(&self.msg_comm), "MPI_Comm_free")
         finally:
             free(sent)
+            free(mine)
         return 0
 
     def post_receives(self, int64_t version, bint checksum=False):
@@ -107,25 +134,28 @@ cdef class MessageWindow(SlotWindow):
         self._msg_checksum = checksum
 
     def send_update(self, buf, int64_t version, bint checksum=False):
-        """Send `buf` as `version` to every out-neighbour (nonblocking: buf must not be
-        written before wait_updates(version) returned)."""
+        """Send `buf` as `version` to every out-neighbour, from a copy: `buf` may be
+        written as soon as this returns; the sends complete in wait_updates(version)."""
         cdef int j
+        cdef Py_buffer view
+        cdef int64_t *cksum = <int64_t *>(self.stage + (self.nbytes + 7) // 8 * 8)
         self._check_alive()
         self._check_version(version)
-        if self._send_held:
+        if self._sending:
             raise ConfigError("send_update() twice without wait_updates()")
-        PyObject_GetBuffer(buf, &self._send_view, PyBUF_ANY_CONTIGUOUS)
-        self._send_held = True
-        if self._send_view.len != self.nbytes:
-            length = self._send_view.len
-            PyBuffer_Release(&self._send_view)
-            self._send_held = False
-            raise ConfigError(f"buffer has {length} bytes but the window's slots hold "
-                              f"{self.nbytes}")
-        self._sent = version
+        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
+        try:
+            if view.len != self.nbytes:
+                raise ConfigError(f"buffer has {view.len} bytes but the window's slots "
+                                  f"hold {self.nbytes}")
+            with nogil:
+                memcpy(self.stage, view.buf, self.nbytes)
+        finally:
+            PyBuffer_Release(&view)
+        self._sending = True
         with nogil:
             if checksum:
-                self.ftr[1] = <int64_t>asap_checksum(self._send_view.buf, self.nbytes)
+                cksum[0] = <int64_t>asap_checksum(self.stage, self.nbytes)
             for j in range(self.n_out):
                 # Synchronous: the send completes only once the reader's receive of
                 # `version` matched it, i.e. once the reader reduced version - 1, and
@@ -133,11 +163,14 @@ cdef class MessageWindow(SlotWindow):
                 # completes at once: on a directed ring of n ranks a writer then ran up
                 # to n - 1 versions ahead of its reader, its messages queued
                 # unexpected there (and tags, versions modulo 32768, could alias).
-                CHKERR(MPI_Issend(self._send_view.buf, <int>self.nbytes, MPI_BYTE,
+                CHKERR(MPI_Issend(self.stage, <int>self.nbytes, MPI_BYTE,
                                   self._out[j], <int>(version % TAG_MODULUS), self.msg_comm,
                                   &self.send_reqs[2 * j]), "MPI_Issend")
+                # recorded once posted: the drain receives a version from a writer only
+                # if its send is really on the way
+                self._sent_to[j] = version
                 if checksum:
-                    CHKERR(MPI_Isend(&self.ftr[1], 1, MPI_INT64_T, self._out[j],
+                    CHKERR(MPI_Isend(cksum, 1, MPI_INT64_T, self._out[j],
                                      <int>(version % TAG_MODULUS), self.msg_comm,
                                      &self.send_reqs[2 * j + 1]), "MPI_Isend")
                 self.bytes_put += self.nbytes
@@ -175,7 +208,7 @@ cdef class MessageWindow(SlotWindow):
                 self.wait_seconds += asap_now() - t
         if not (got_in and got_out):
             self._message_timeout(version, timeout)
-        self._release_send_view()
+        self._sending = False
         with nogil:
             asap_fence()
             for i in range(self.n_in):
@@ -189,12 +222,6 @@ cdef class MessageWindow(SlotWindow):
                 asap_store_i64(hdr, version)
             asap_fence()
         self._posted = 0
-
-    cdef void _release_send_view(self) noexcept:
-        # the buffer whose sends completed may be written again
-        if self._send_held:
-            PyBuffer_Release(&self._send_view)
-            self._send_held = False
 
     cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
         # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)

@@ -47,7 +47,8 @@ cdef class NewestWindow(MailboxWindow):
         self.mb_newest_stage = -1
 
     def __dealloc__(self):
-        _forget_newest(self)
+        _forget_mailbox(self)
+        self._leave_behind()
         free(self.mb_cur); self.mb_cur = NULL
         free(self.mb_posted); self.mb_posted = NULL
         free(self.mb_spare); self.mb_spare = NULL
@@ -91,12 +92,14 @@ cdef class NewestWindow(MailboxWindow):
             for s in range(2):
                 self.mb_posted[2 * i + s] = self.mb_spare + (2 * i + s) * self.slot_stride
                 self._post_newest(2 * i + s)
-        _note_newest(self)
         return 0
 
-    cdef int _drain(self) except -1:
-        _forget_newest(self)    # what still waits was delivered by _settle_all
-        return MailboxWindow._drain(self)
+    cdef int _leave(self, _Leftover lo) except -1:
+        # the receives into the spare buffers, or into window slots they traded places
+        # with (MailboxWindow._leave takes the window's memory as well)
+        MailboxWindow._leave(self, lo)
+        lo.own(self.mb_spare); self.mb_spare = NULL
+        return 0
 
     cdef char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
         return self.mb_cur[i]
@@ -226,7 +229,7 @@ cdef class NewestWindow(MailboxWindow):
                 self._send_newest(j, 0)
         return self._send_tokens()
 
-    cdef int _settle(self) except -1 nogil:
+    cdef int _settle(self, double timeout) except -1 nogil:
         # before waiting outside the windows: every waiting channel gets the newest now
         cdef int j
         self._pump()
@@ -237,33 +240,3 @@ cdef class NewestWindow(MailboxWindow):
                 elif self.mb_busy[self.n_out + j] < 0:
                     self._send_newest(j, 1)
         return 0
-
-
-cdef void _note_newest(NewestWindow w) noexcept nogil:
-    global _n_newest
-    if _n_newest < MAX_PENDING:     # else the window's own waits still deliver them
-        _newest_win[_n_newest] = <PyObject *>w
-        _n_newest += 1
-
-
-cdef void _forget_newest(NewestWindow w) noexcept nogil:
-    global _n_newest
-    cdef int i
-    for i in range(_n_newest):
-        if _newest_win[i] == <PyObject *>w:
-            _n_newest -= 1
-            _newest_win[i] = _newest_win[_n_newest]
-            return
-
-
-cdef int _settle_newest(bint deliver, PyObject *pumped) except -1 nogil:
-    cdef int i
-    for i in range(_n_newest):
-        if _newest_win[i] == pumped:
-            continue
-        with gil:
-            if deliver:
-                (<NewestWindow>_newest_win[i])._settle()
-            else:
-                (<NewestWindow>_newest_win[i])._pump()
-    return 0

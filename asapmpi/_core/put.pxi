@@ -11,13 +11,61 @@ cdef class PutWindow(SlotWindow):
     cdef int _n_pub                 # published slots (gossip): they take turns
     cdef long long _published       # publishes so far
     cdef char *_pull_buf            # a pull's copy of a target's published slots
+    cdef MPI_Request _late_get      # the MPI_Rget a timed-out pull left into _pull_buf
 
     def __cinit__(self):
         self.transport = "put"
+        self._late_get = MPI_REQUEST_NULL
 
     def __dealloc__(self):
+        self._leave_behind()
         free(self._pull_buf)
         self._pull_buf = NULL
+
+    cdef int _leave(self, _Leftover lo) except -1:
+        if self._late_get != MPI_REQUEST_NULL:
+            with nogil:
+                lo.add(&self._late_get, False)
+            lo.own(self._pull_buf)
+            self._pull_buf = NULL
+        return SlotWindow._leave(self, lo)
+
+    cdef int _drain(self) except -1:
+        # the get a timed-out pull left in flight completes before the window goes (its
+        # target is in free() too, and its MPI progress serves the get)
+        if self._late_get == MPI_REQUEST_NULL:
+            return 0
+        with nogil:
+            asap_watchdog_arm(self.flush_timeout, b"the MPI_Rget a timed-out pull left, "
+                              b"at free()", -1, self.nbr_desc)
+            try:
+                CHKERR(MPI_Wait(&self._late_get, MPI_STATUS_IGNORE), "MPI_Wait")
+            finally:
+                asap_watchdog_disarm()
+        return 0
+
+    cdef int _pull_buffer_free(self) except -1:
+        # A get that a timed-out pull left in flight may still write _pull_buf: such a
+        # buffer goes to the leftovers with its get (freed once MPI completes it) and
+        # this pull reads into a new one, so that no late get lands in the bytes a pull
+        # verifies and copies.
+        cdef int flag = 0
+        cdef _Leftover lo
+        if self._late_get == MPI_REQUEST_NULL:
+            return 0
+        with nogil:
+            CHKERR(MPI_Test(&self._late_get, &flag, MPI_STATUS_IGNORE), "MPI_Test")
+        if flag:
+            return 0
+        lo = _Leftover("put (a timed-out pull)")
+        with nogil:
+            lo.add(&self._late_get, False)
+        lo.own(self._pull_buf)
+        self._pull_buf = <char *>malloc(self._n_pub * self.slot_stride)
+        _leftovers.append(lo)
+        if self._pull_buf == NULL:
+            raise MemoryError()
+        return 0
 
     cdef int _prepare(self, layout) except -1:
         SlotWindow._prepare(self, layout)
@@ -84,8 +132,8 @@ cdef class PutWindow(SlotWindow):
         # MPI_Rget in pieces of at most max_transfer bytes, each completed by polling
         # with back-off rather than a blocking MPI_Win_flush: a flush spins inside the
         # MPI, and with ranks oversubscribing the cores that keeps the target, whose
-        # MPI progress serves the get on network paths, off the CPU.  1 on timeout (the
-        # get still in flight may yet write `local`).
+        # MPI progress serves the get on network paths, off the CPU.  1 on timeout: the
+        # get still in flight, which may yet write `local`, is left in _late_get.
         cdef MPI_Request req
         cdef Py_ssize_t done = 0
         cdef int chunk
@@ -101,6 +149,7 @@ cdef class PutWindow(SlotWindow):
                 if flag:
                     break
                 if self._idle(&polls, t0, timeout):
+                    self._late_get = req
                     return 1
             done += chunk
         return 0
@@ -175,6 +224,7 @@ cdef class PutWindow(SlotWindow):
         try:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but slots hold {self.nbytes}")
+            self._pull_buffer_free()
             with nogil:
                 r = self._get_polled(self._pull_buf, span, target, disp, self.flush_timeout)
             if r:

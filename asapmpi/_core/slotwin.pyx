@@ -5,17 +5,16 @@ See asapmpi/_core/layout.py for the byte layout and docs/PROTOCOL.md for the cal
 sequence and why it is correct.  This module knows MPI and memory only: which ranks are
 neighbours and at which displacements their slots live is computed by the caller.
 """
+from cpython.exc cimport PyErr_WarnEx
 from cpython.ref cimport PyObject
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
-from libc.stdlib cimport malloc, free, calloc
+from libc.stdlib cimport malloc, free, calloc, realloc
 from libc.stdio cimport snprintf
 from libc.string cimport memset, memcpy, strncpy
 from mpi4py.libmpi cimport *
 from mpi4py cimport MPI
-
-import warnings
 
 import numpy as np
 
@@ -61,11 +60,11 @@ cdef enum:
 cdef MPI_Win *_pending_win[MAX_PENDING]
 cdef int *_pending_n[MAX_PENDING]
 cdef int _n_pending = 0
-# The mailboxes of newest versions of this process (newest.pxi), whose waiting updates
-# _settle_all delivers like the lazy words of the one-sided windows (borrowed
-# references: a window leaves the list at free() and in its destructor).
-cdef PyObject *_newest_win[MAX_PENDING]
-cdef int _n_newest = 0
+# The mailboxes of this process (mailbox.pxi, newest.pxi), whose held-back tokens and
+# waiting updates _settle_all sends like the lazy words of the one-sided windows
+# (borrowed references: a window leaves the list at its drain and in its destructor).
+cdef PyObject *_mailbox_win[MAX_PENDING]
+cdef int _n_mailbox = 0
 
 
 cdef void _note_pending(MPI_Win *win, int *n) noexcept nogil:
@@ -94,13 +93,13 @@ cdef void _forget_pending(MPI_Win *win) noexcept nogil:
 cdef int _settle_all(double timeout, bint deliver=True,
                      PyObject *pumped=NULL) except -1 nogil:
     """Complete the lazy words of every window of this process (MPI_Win_flush_all),
-    and send the waiting updates of its mailboxes of newest versions: with `deliver`,
-    all of them (before waiting outside the windows); else those whose channel is free
-    (in a window's own wait, which must not wait for a slow reader; that window,
-    `pumped`, pumps itself)."""
+    and send the tokens and updates its mailboxes hold back: with `deliver`, all of
+    them (before waiting outside the windows); else those whose channel is free (in a
+    window's own wait, which must not wait for a slow reader; that window, `pumped`,
+    pumps itself)."""
     global _n_pending
     cdef int ierr
-    _settle_newest(deliver, pumped)
+    _settle_mailboxes(timeout, deliver, pumped)
     while _n_pending:
         _n_pending -= 1
         if _pending_n[_n_pending][0]:
@@ -114,10 +113,130 @@ cdef int _settle_all(double timeout, bint deliver=True,
 
 
 def settle_all(double timeout=60.0):
-    """Complete the pending notifies and acks of every slot window of this process,
-    before waiting outside them (asapmpi's collectives call it)."""
+    """Complete the pending notifies and acks of every slot window of this process and
+    send the tokens and updates its mailboxes hold back, before waiting outside them
+    (asapmpi's collectives call it); then free what dropped windows left behind and MPI
+    has completed since."""
     with nogil:
         _settle_all(timeout)
+    _reap_leftovers()
+
+
+# ------------------------------------------------------------------ leftovers
+# A window dropped without a finished free() (collected after an exception left its
+# Exchange, or a free() whose drain failed) may still have receives posted into its
+# buffers and sends reading them: a neighbour that still steps would then write into
+# freed heap.  Its receives are cancelled and its requests, with every buffer they
+# touch, are kept here until MPI completes them (tested at every window's creation and
+# free() and at settle_all()); what never completes is leaked, never freed under MPI.
+
+cdef class _Leftover:
+    """The requests a window left in flight and the memory they read or write."""
+
+    cdef MPI_Request *reqs
+    cdef int n_reqs, cap_reqs
+    cdef void **mem                 # malloc'd: free()d once every request completed
+    cdef int n_mem, cap_mem
+    cdef char *mpi_mem              # MPI_Alloc_mem'd: MPI_Free_mem'd then
+    cdef readonly str transport
+
+    def __cinit__(self, str transport):
+        self.transport = transport
+
+    def __dealloc__(self):
+        # only reached once done() released everything (or at exit, when it leaks)
+        free(self.reqs)
+        free(self.mem)
+
+    cdef int add(self, MPI_Request *req, bint cancel) except -1 nogil:
+        """Take request `req` (set to MPI_REQUEST_NULL in its owner); a receive is
+        cancelled first: no message must land once its owner is gone."""
+        cdef MPI_Request *grown
+        if req[0] == MPI_REQUEST_NULL:
+            return 0
+        if cancel:
+            CHKERR(MPI_Cancel(req), "MPI_Cancel")
+        if self.n_reqs == self.cap_reqs:
+            grown = <MPI_Request *>realloc(self.reqs, (2 * self.cap_reqs + 8)
+                                           * sizeof(MPI_Request))
+            if grown == NULL:
+                with gil:
+                    raise MemoryError()
+            self.reqs = grown
+            self.cap_reqs = 2 * self.cap_reqs + 8
+        self.reqs[self.n_reqs] = req[0]
+        self.n_reqs += 1
+        req[0] = MPI_REQUEST_NULL
+        return 0
+
+    cdef int add_all(self, MPI_Request *reqs, int n, bint cancel) except -1 nogil:
+        cdef int k
+        if reqs != NULL:
+            for k in range(n):
+                self.add(&reqs[k], cancel)
+        return 0
+
+    cdef int own(self, void *p) except -1 nogil:
+        """Free `p` (malloc'd) once every request completed."""
+        cdef void **grown
+        if p == NULL:
+            return 0
+        if self.n_mem == self.cap_mem:
+            grown = <void **>realloc(self.mem, (2 * self.cap_mem + 8) * sizeof(void *))
+            if grown == NULL:
+                with gil:
+                    raise MemoryError()
+            self.mem = grown
+            self.cap_mem = 2 * self.cap_mem + 8
+        self.mem[self.n_mem] = p
+        self.n_mem += 1
+        return 0
+
+    cdef int pending(self) noexcept nogil:
+        cdef int k, n = 0
+        for k in range(self.n_reqs):
+            if self.reqs[k] != MPI_REQUEST_NULL:
+                n += 1
+        return n
+
+    cdef bint done(self) except -1:
+        """Test every request; once all completed, free the memory: True."""
+        cdef int k, flag = 0
+        cdef int finalized = 0
+        MPI_Finalized(&finalized)
+        if finalized:
+            return False
+        with nogil:
+            for k in range(self.n_reqs):
+                if self.reqs[k] != MPI_REQUEST_NULL:
+                    CHKERR(MPI_Test(&self.reqs[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+            if self.pending():
+                return False
+            for k in range(self.n_mem):
+                free(self.mem[k])
+            self.n_mem = 0
+            if self.mpi_mem != NULL:
+                CHKERR(MPI_Free_mem(self.mpi_mem), "MPI_Free_mem")
+                self.mpi_mem = NULL
+        return True
+
+
+cdef list _leftovers = []
+
+
+cdef int _reap_leftovers() except -1:
+    global _leftovers
+    if _leftovers:
+        _leftovers = [lo for lo in _leftovers if not (<_Leftover>lo).done()]
+    return 0
+
+
+def leftovers():
+    """What windows dropped without a finished free() still have in flight: a list of
+    (transport, requests not yet completed), after testing them all (and freeing the
+    memory of those that completed)."""
+    _reap_leftovers()
+    return [(lo.transport, (<_Leftover>lo).pending()) for lo in (_leftovers or [])]
 
 
 cdef int64_t MAGIC = _layout.MAGIC
@@ -154,6 +273,7 @@ cdef class SlotWindow:
     cdef char *base
     cdef char *alloc_base           # rma False: what MPI_Alloc_mem returned (base aligned)
     cdef bint _freed
+    cdef bint _left                 # its requests and their memory went to _leftovers
     cdef bint _locked
     cdef Py_ssize_t _exports
     cdef readonly double flush_timeout
@@ -272,6 +392,7 @@ cdef class SlotWindow:
             raise ConfigError("out-neighbour arrays do not match the layout's n_out")
         if itemsize not in (4, 8) or self.nbytes % itemsize:
             raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
+        _reap_leftovers()
         self.size = comm.Get_size()
         self._alloc_arrays()
         for i in range(self.n_in):
@@ -387,6 +508,31 @@ cdef class SlotWindow:
         """At the end of free(): memory the transport holds outside the window."""
         pass
 
+    cdef int _leave(self, _Leftover lo) except -1:
+        """The window dies without a finished free(): hand every request the transport
+        has in flight to `lo` (receives cancelled) with the memory they read or write,
+        and forget both (a subclass adds its own, then calls its base's)."""
+        if not self.rma and self.alloc_base != NULL:
+            lo.mpi_mem = self.alloc_base    # the slots a posted receive may target
+            self.alloc_base = self.base = NULL
+        return 0
+
+    cdef int _leave_behind(self) except -1:
+        # once, from the first destructor of the chain or a free() that failed
+        cdef _Leftover lo
+        cdef int finalized = 0
+        if self._left or self._freed:
+            return 0
+        self._left = True
+        MPI_Finalized(&finalized)
+        if finalized:
+            return 0            # nothing is in flight once MPI is gone
+        lo = _Leftover(self.transport)
+        self._leave(lo)
+        if not lo.done() and _leftovers is not None:
+            _leftovers.append(lo)
+        return 0
+
     cdef int _dup_comm(self, MPI_Comm *out) except -1 nogil:
         """A duplicate of the window's communicator that returns errors (a message
         transport's own, so its tags never meet the window's collectives)."""
@@ -449,15 +595,19 @@ cdef class SlotWindow:
         free(self.lazy_sink); self.lazy_sink = NULL
 
     def __dealloc__(self):
-        # a subclass's __dealloc__ ran first and freed the transport's own memory
+        # a subclass's __dealloc__ ran first: it left its requests and their memory
+        # behind (_leave_behind) and freed the rest of the transport's own memory
         cdef int finalized = 1
         _forget_pending(&self.win)
         if not self._freed:
             MPI_Finalized(&finalized)
             if not finalized:
-                # Freeing a window is collective: a destructor must not do it.
-                warnings.warn("asapmpi SlotWindow was never freed; call free() or use "
-                              "the owning object as a context manager", ResourceWarning)
+                self._leave_behind()
+                # Freeing a window is collective: a destructor must not do it.  The C
+                # call, not the warnings module, which is gone at interpreter exit.
+                PyErr_WarnEx(ResourceWarning, b"asapmpi SlotWindow was never freed; "
+                             b"call free() or use the owning object as a context manager",
+                             1)
         self._free_arrays()
 
     # ------------------------------------------------------------------ lifetime
@@ -481,19 +631,31 @@ cdef class SlotWindow:
         # another window) while this rank waits in the collectives below
         with nogil:
             _settle_all(self.flush_timeout)
+        _reap_leftovers()
         # a collective that once timed out completes once its late ranks reach free()
         self._finish_late(self.flush_timeout)
         # agree first, so that all ranks raise together instead of some entering
-        # MPI_Win_free while one refuses
+        # MPI_Win_free while one refuses; a rank that never comes ends the job (the
+        # watchdog names the call) instead of hanging the others here
         with nogil:
-            CHKERR(MPI_Allreduce(&exports, &most, 1, MPI_LONG_LONG, MPI_MAX, self.comm),
-                   "MPI_Allreduce")
+            asap_watchdog_arm(self.flush_timeout, b"free()'s MPI_Allreduce (every rank "
+                              b"must call free())", -1, b"every rank of the window")
+            try:
+                CHKERR(MPI_Allreduce(&exports, &most, 1, MPI_LONG_LONG, MPI_MAX,
+                                     self.comm), "MPI_Allreduce")
+            finally:
+                asap_watchdog_disarm()
         if most:
             raise BufferError(f"rank {self.rank} holds {exports} view(s) of slots (the most "
                               f"on one rank: {most}); release every payload() view (del or "
                               f".release()) on every rank before free()")
         try:
-            self._drain()
+            try:
+                self._drain()
+            except BaseException:
+                # requests may still be in flight: their memory must outlive them
+                self._leave_behind()
+                raise
             with nogil:
                 _forget_pending(&self.win)  # unlock_all completes its words
                 if self._locked:
@@ -934,7 +1096,7 @@ cdef class SlotWindow:
             return 0
         if self.n_lazy:
             self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
-        if _n_pending or _n_newest:
+        if _n_pending or _n_mailbox:
             # this window pumps in its own wait (its loop or _idle's _progress)
             _settle_all(self.flush_timeout, False, <PyObject *>self)
         return 0

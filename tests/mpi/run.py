@@ -1,4 +1,6 @@
-"""Run one scenario of scenarios.py on every rank: `run.py NAME '{"kwarg": ...}'`.
+"""Run one scenario on every rank: `run.py NAME '{"kwarg": ...}'`, NAME a function of
+scenarios.py (torch_scenarios.py for torch_*), or `MODULE:FUNCTION` for a scenario
+whose body lives beside its test in tests/MODULE.py.
 
 A rank whose scenario raises prints its traceback and aborts the whole job, so the
 launcher sees a non-zero exit instead of the other ranks waiting forever.  Rank 0
@@ -24,8 +26,13 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     try:
         # torch is imported only by the scenarios that train
-        module = importlib.import_module("torch_scenarios") if name.startswith("torch_") \
-            else scenarios
+        if ":" in name:
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            module_name, name = name.split(":", 1)
+            module = importlib.import_module(module_name)
+        else:
+            module = importlib.import_module("torch_scenarios") \
+                if name.startswith("torch_") else scenarios
         result = getattr(module, name)(comm, **kwargs)
     except BaseException:  # noqa: BLE001  (any failure must abort the whole job)
         sys.stderr.write(f"[rank {comm.rank}] scenario {name} failed:\n{traceback.format_exc()}")
