@@ -44,10 +44,10 @@ from .reduce.graphs import GRAPHS, Graph
 from .reduce.graphs import graph as make_graph
 from .reduce.user import graph_from, hosts_of
 from .reduce.weights import check_stochastic, mixing_matrix, resolve_weights
-from .sync import POLICIES, StepContext
+from .sync import Reads, StepContext
 from .sync import policy as make_policy
 from .sync.records import Records
-from .transports import TRANSPORTS, make_transport, window_class
+from .transports import TRANSPORTS, families, make_transport, resolve
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
                   Any]
@@ -208,55 +208,52 @@ def _explained(exc: MPIError) -> MPIError:
     return MPIError(exc.code, exc.call, exc.mpi_message + hint) if hint else exc
 
 
-#: the largest update the message transports send (one message, MPI's int count of
-#: bytes, and the mailbox's 32-byte trailer)
-MESSAGE_LIMIT = 0x7fffffff - 32
-
-
-def _has_messages(policy) -> bool:
-    """Whether `policy` can run on transport="messages" (NOTIFY-ACK's versions or a
-    mailbox window)."""
-    return bool(policy.messages or policy.mailbox)
-
-
 def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
                       timeout: float, nbytes: int,
                       slack_ns: int = 0) -> Tuple[str, Dict[str, Any]]:
-    """The transport of this exchange, the same on every rank, and the report of how it
-    was chosen (ex.transport_report).  Collective.
+    """The transport (channel family) of this exchange, the same on every rank, and the
+    report of how it was chosen (ex.transport_report).  Collective.
 
-    An explicit choice wins.  Under "auto", a policy with one transport gets it; for
-    one with a choice (NOTIFY-ACK: window words or messages) the signals each would
-    wait on are timed (asapmpi.transport_probe), per neighbour class, and the faster
-    one taken: the step waits for its slowest neighbour, so a transport costs its
-    slowest class."""
+    What fits the policy is the resolver's (asapmpi.transports.channels).  An explicit
+    choice wins.  Under "auto", a policy that one family fits gets it; where several fit
+    (window words or messages) the signals each would wait on are timed
+    (asapmpi.transport_probe), per neighbour class, and the faster one taken: the step
+    waits for its slowest neighbour, so a transport costs its slowest class."""
     report: Dict[str, Any] = {"requested": requested}
-    if requested in ("put", "messages") or not (policy.outbox or _has_messages(policy)):
-        chosen = requested if requested == "messages" else "put"
+    fit = families(policy)
+    if requested != "auto" or len(fit) == 1:
+        chosen = requested if requested != "auto" else fit[0]
+        if resolve(chosen, policy).one_host and not _on_one_host(comm):
+            others = [f for f in fit if not resolve(f, policy).one_host]
+            raise ConfigError(f"transport={chosen!r} needs every rank on one host; use "
+                              f"transport={', '.join(map(repr, others))} or 'auto'")
         report.update(chosen=chosen, reason="asked for" if requested != "auto" else
                       f"the only transport sync={policy.name!r} has")
         return chosen, report
+    channel = {f: resolve(f, policy) for f in fit}
     one_host = _on_one_host(comm)
-    if requested == "shared":
-        if not one_host:
-            raise ConfigError("transport='shared' needs every rank on one host; use "
-                              "transport='messages', 'put' or 'auto'")
-        report.update(chosen="shared", reason="asked for")
-        return "shared", report
     # the environment could differ between ranks: agree on the most conservative
-    shared = comm.allreduce(int(one_host and not network_forced()), op=MPI.MIN)
-    window = "shared" if shared and policy.outbox else "put"
-    if not _has_messages(policy):
-        report.update(chosen=window, reason="window words: the only signals this policy "
-                                            "has")
-        return window, report
-    if nbytes > MESSAGE_LIMIT:
+    local = comm.allreduce(int(one_host and not network_forced()), op=MPI.MIN)
+    # signals in window words (reading in place first: it copies nothing) or messages
+    words = sorted((f for f in fit if channel[f].remote_atomics
+                    and (local or not channel[f].one_host)),
+                   key=lambda f: not channel[f].in_place_read)
+    by_messages = [f for f in fit if not channel[f].remote_atomics]
+    if not by_messages or not words:
+        chosen = (words or by_messages)[0]
+        report.update(chosen=chosen, reason=f"{'window words' if words else 'messages'}: "
+                                            f"the only signals this policy has here")
+        return chosen, report
+    window, messages_family = words[0], by_messages[0]
+    limit = channel[messages_family].max_update_bytes
+    if limit is not None and nbytes > limit:
         report.update(chosen=window, reason=f"an update of {nbytes} bytes is more than "
-                                            f"one message carries ({MESSAGE_LIMIT})")
+                                            f"one message carries ({limit})")
         return window, report
-    # on one host the shared transport's reduce reads each update in place, while a
-    # message moves it into the slot first: there the messages carry the update's size
-    message_bytes = nbytes if window == "shared" else 8
+    # where the window's reduce reads each update in place, a message moves it into
+    # the slot first: there the messages carry the update's size
+    in_place = channel[window].in_place_read
+    message_bytes = nbytes if in_place else 8
     measured: Dict[str, Dict[str, float]] = {}
     for name in ("same host", "other host"):
         keep = [[j for j in g.out_neighbours(r)
@@ -271,12 +268,12 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
     if not measured:
         report.update(chosen=window, reason="no neighbours to measure")
         return window, report
-    words = max(m["words"] for m in measured.values())
-    messages = max(m["messages"] for m in measured.values())
-    chosen = "messages" if messages < words else window
-    carried = f"{nbytes}-byte updates" if window == "shared" else "8-byte signals"
-    report.update(chosen=chosen, reason=f"measured: window words {words * 1e6:.0f} us, "
-                                        f"messages ({carried}) {messages * 1e6:.0f} us "
+    words_s = max(m["words"] for m in measured.values())
+    messages_s = max(m["messages"] for m in measured.values())
+    chosen = messages_family if messages_s < words_s else window
+    carried = f"{nbytes}-byte updates" if in_place else "8-byte signals"
+    report.update(chosen=chosen, reason=f"measured: window words {words_s * 1e6:.0f} us, "
+                                        f"messages ({carried}) {messages_s * 1e6:.0f} us "
                                         f"a round",
                   rounds={name: {k: round(v * 1e6, 1) for k, v in m.items()}
                           for name, m in measured.items()}, unit="us per round",
@@ -399,9 +396,11 @@ class Exchange:
         fastest path).  For hop and bsp the window becomes a mailbox: their updates
         and tokens travel as messages that the reader's waits complete into the same
         slots and words (docs/PROTOCOL.md 2d); async, backup_ps and elastic run on a
-        mailbox of newest versions (2e); gossip pulls one-sidedly ("put").  "auto"
-        (default): by measurement at creation: the window words of "shared"
-        (notify_ack, every rank on one host, the network path not forced) or else
+        mailbox of newest versions (2e); gossip pulls one-sidedly ("put").  Which
+        transports fit a policy follows from what it needs (asapmpi.transports.channels:
+        asapmpi.transports.families(policy)); one that does not fit is refused.  "auto"
+        (default): by measurement at creation, among those that fit: the window words of
+        "shared" (notify_ack, every rank on one host, the network path not forced) or else
         "put", against messages, each timed over the graph's edges per neighbour class
         (same host, other host); messages win when faster (against "shared", which
         reads in place, the message probe carries the update itself; docs/PROTOCOL.md
@@ -507,7 +506,10 @@ class Exchange:
             self.transport, self.transport_report = _choose_transport(
                 transport, self._policy, comm, g, self.hosts, self.timeout, self.nbytes,
                 self._slack_ns)
-            self.double_buffered = bool(double_buffer) and self.transport == "shared"
+            # the window class the chosen family gives this policy, and what it can do
+            self._channel = resolve(self.transport, self._policy)
+            # double buffering computes in the slot the neighbours read in place
+            self.double_buffered = bool(double_buffer) and self._channel.in_place_read
             self._win = self._make_window(comm)
             if self.double_buffered:
                 self._enter_slots()
@@ -561,18 +563,17 @@ class Exchange:
             if transport not in TRANSPORTS:
                 raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
                                   f"{transport!r}")
-            if transport == "shared" and not pol.outbox:
-                raise ConfigError(f"transport='shared' works with sync='notify_ack' only, "
-                                  f"not {sync!r}; use transport='put' or 'auto'")
-            if transport == "messages" and not _has_messages(pol):
-                able = sorted(n for n, p in POLICIES.items() if _has_messages(p))
-                raise ConfigError(f"transport='messages' works with sync="
-                                  f"{'/'.join(able)}, not {sync!r}; use transport='put' "
-                                  f"or 'auto'")
-            if transport == "messages" and out["nbytes"] > MESSAGE_LIMIT:
-                raise ConfigError(f"transport='messages' sends each update as one message "
-                                  f"of at most {MESSAGE_LIMIT} bytes, not {out['nbytes']}; "
-                                  f"use transport='put' or 'auto'")
+            # which channel families fit the policy: the resolver's (one line naming
+            # what fits when the one asked for does not)
+            if transport != "auto":
+                limit = resolve(transport, pol).max_update_bytes
+                if limit is not None and out["nbytes"] > limit:
+                    raise ConfigError(f"transport={transport!r} sends each update as one "
+                                      f"message of at most {limit} bytes, not "
+                                      f"{out['nbytes']}; use transport='put' or 'auto'")
+            elif pol.uses_window and not families(pol):
+                raise ConfigError(f"no transport fits sync={pol.name!r} (it reads "
+                                  f"{pol.reads.value})")
             out["matrix"] = wspec.get("matrix")
             meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
                         graph_kind=spec["kind"], graph_key=spec["key"],
@@ -588,7 +589,9 @@ class Exchange:
     def _make_window(self, comm: MPI.Comm):
         g, rank, depth = self.graph, self.rank, self._policy.depth
         publish = self._policy.publish_slots
-        outbox = self.transport == "shared"
+        channel = self._channel
+        # where readers reduce in place, every rank's slots are its own (an outbox)
+        outbox = channel.in_place_read
         if self.double_buffered:
             depth = 2       # version k computed in slot k % 2, reduced into the other
         layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, self.nbytes,
@@ -597,14 +600,13 @@ class Exchange:
         # a policy that writes control words into other ranks' windows needs their offsets
         self._policy.layouts = layouts
         out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
-        window = window_class(self.transport, self._policy)
-        options: Dict[str, Any] = {}
+        window = channel.window_class()
+        # the policy's needs the window takes (a mailbox's retain)
+        options: Dict[str, Any] = channel.window_options(self._policy)
         if outbox:
             self._segments = SharedSegments(comm, layouts[rank].segment_bytes,
                                             self.in_neighbours)
             options["outboxes"] = (self._segments.own, self._segments.peers)
-        if issubclass(window, _core.MailboxWindow):
-            options["retain"] = self._policy.retain
         try:
             win = window(
                 comm, layouts[rank], self.in_neighbours, self.out_neighbours, out_slot,
@@ -620,13 +622,13 @@ class Exchange:
                 self._segments.close()
             raise
         win.max_transfer = max_transfer()
-        if self._policy.messages or self._policy.outbox:
-            # NOTIFY-ACK's steps go through a transport; a mailbox policy's through the
-            # window's own put, waits and ack
-            self._ctx.transport = make_transport(self.transport, win,
-                                                 self.double_buffered)
+        if self._policy.reads is Reads.EXACT:
+            # NOTIFY-ACK's steps go through a transport over the channel; every other
+            # policy's through the window's own put, waits and ack
+            self._ctx.channel = make_transport(self.transport, win,
+                                               self.double_buffered)
             # the "ack" of version 0: every slot is free for version 1
-            self._ctx.transport.start(self._ctx.checksum)
+            self._ctx.channel.start(self._ctx.checksum)
         return win
 
     def _enter_slots(self) -> None:

@@ -129,6 +129,8 @@ def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
     (["--policies", "hop:max_gap=0"], "hop:max_gap=0: "),
     (["--policies", "hop:backup"], "is not OPTION=VALUE"),
     (["--policies", "hop:transport=pigeon"], "transport must be one of auto, put"),
+    (["--policies", "gossip:transport=messages"],
+     "transport='messages' does not fit sync='gossip'"),
     (["--policies", "elastic:R=0"], "elastic:R=0: "),
     (["--paths", "ib"], "unknown path ib"),
     (["--sizes", "3"], "multiple of 4"),

@@ -229,9 +229,11 @@ BAD_INPUT = {
     "hop_unknown_option": "has no option(s) named ['max_gapp']",
     "timeout": "timeout must be a number of seconds, got 'soon'",
     "transport": "transport must be one of auto, put, shared, messages, got 'pigeon'",
-    "transport_policy": "transport='shared' works with sync='notify_ack' only, not 'hop'",
-    "transport_messages": "transport='messages' works with sync=async/backup_ps/bsp/"
-                          "elastic/hop/notify_ack, not 'gossip'; use transport='put'",
+    "transport_policy": "transport='shared' does not fit sync='hop' (it drives its slots "
+                        "and window words itself); use transport='put', 'messages' or "
+                        "'auto'",
+    "transport_messages": "transport='messages' does not fit sync='gossip' (it pulls a "
+                          "peer's model one-sidedly); use transport='put' or 'auto'",
     "transport_differs": "same transport",
 }
 

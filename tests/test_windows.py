@@ -147,8 +147,9 @@ def test_updates_larger_than_one_message_refuse_messages_and_auto_takes_words():
 
     import asapmpi
     from asapmpi.errors import ConfigError
-    from asapmpi.exchange import MESSAGE_LIMIT, _choose_transport
+    from asapmpi.exchange import _choose_transport
     from asapmpi.sync import policy
+    from asapmpi.transports.channels import MESSAGE_LIMIT
 
     # never touched: the check comes before anything reads the buffer
     huge = np.zeros(MESSAGE_LIMIT // 8 + 1)

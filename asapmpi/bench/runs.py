@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 from ..errors import ConfigError
 from ..sync import policy as make_policy
 from ..train.config import parse_options
-from ..transports import TRANSPORTS
+from ..transports import TRANSPORTS, resolve
 
 #: policies whose step is an averaging step over any graph
 STEP_POLICIES = ("notify_ack", "bsp", "async", "hop", "gossip")
@@ -23,7 +23,8 @@ FIXED_GRAPH_POLICIES = ("backup_ps", "elastic")
 
 def policy_specs(text: str) -> List[str]:
     """"notify_ack,hop:backup=1,bsp:transport=messages" -> the runs, each checked: a
-    known policy, options it takes (asapmpi.sync.make_policy) and a known transport."""
+    known policy, options it takes (asapmpi.sync.make_policy) and a transport that fits
+    it (asapmpi.transports.resolve)."""
     runs = [t.strip() for t in text.split(",") if t.strip()]
     if not runs:
         raise argparse.ArgumentTypeError(f"no policy in {text!r}")
@@ -36,9 +37,12 @@ def policy_specs(text: str) -> List[str]:
         try:
             options = parse_options(opts, f"in {run!r}")
             # transport= goes to the Exchange, every other option to the policy
-            if options.pop("transport", "auto") not in TRANSPORTS:
+            transport = options.pop("transport", "auto")
+            if transport not in TRANSPORTS:
                 raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}")
-            make_policy(name, **options)
+            policy = make_policy(name, **options)
+            if transport != "auto":
+                resolve(transport, policy)
         except (ConfigError, TypeError) as exc:
             raise argparse.ArgumentTypeError(f"{run}: {exc}") from None
     return list(dict.fromkeys(runs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .allreduce import Allreduce
 from .backup_ps import BackupPS
-from .base import Policy, StepContext
+from .base import Policy, Reads, StepContext
 from .baselines import BSP, Async
 from .elastic import ElasticBSP
 from .gossip import Gossip
@@ -44,5 +44,5 @@ def policy(name, **options) -> Policy:
 
 __all__ = [
     "BSP", "POLICIES", "Allreduce", "Async", "BackupPS", "ElasticBSP", "Gossip", "Hop",
-    "NotifyAck", "Policy", "StepContext", "policy",
+    "NotifyAck", "Policy", "Reads", "StepContext", "policy",
 ]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from .base import Policy, StepContext
+from .base import Policy, Reads, StepContext
 
 
 class Allreduce(Policy):
@@ -11,7 +11,8 @@ class Allreduce(Policy):
 
     name = "allreduce"
     lockstep = True
-    uses_window = False
+    #: no window: MPI_Allreduce over ctx.comm
+    reads = Reads.NOTHING
 
     def __init__(self):
         self.calls = 0          # Allreduce calls, and seconds spent in them

@@ -34,7 +34,7 @@ from typing import Dict
 import numpy as np
 
 from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
-from .base import Policy, StepContext, server_star
+from .base import Policy, Reads, StepContext, server_star
 from .baselines import NEWEST
 
 
@@ -43,12 +43,12 @@ class BackupPS(Policy):
     server's rank, default 0), seed (tie-breaking among simultaneous arrivals)."""
 
     name = "backup_ps"
-    #: on messages, a mailbox of newest versions (docs/PROTOCOL.md 2e): the server's
-    #: slot per worker holds its newest contribution (k or a late one, never read as k),
-    #: a worker's slot the newest theta; the server never waits for a slow worker's
-    #: channel, which gets the newest theta once it is free
-    mailbox = True
-    newest = True
+    #: each sender's newest whole version: the server's slot per worker holds its
+    #: newest contribution (k or a late one, never read as k), a worker's slot the
+    #: newest theta; the server never waits for a slow worker, who gets the newest
+    #: theta once it takes updates again (on messages: docs/PROTOCOL.md 2e)
+    reads = Reads.NEWEST
+    writer_runs_ahead = True
 
     def __init__(self, backup: int = 0, server: int = 0, seed: int = 0):
         for label, value in (("backup", backup), ("server", server), ("seed", seed)):

@@ -4,12 +4,34 @@ A policy drives a SlotWindow through one step; it never touches bytes itself.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from .records import Records, Table
+
+
+class Reads(str, enum.Enum):
+    """How a policy's reader takes its in-neighbours' updates (Policy.reads): the need
+    that decides which channels can serve it (asapmpi.transports.channels matches it to
+    what each channel advertises)."""
+
+    #: exactly version k from every in-neighbour, and a writer at most one step ahead:
+    #: it rewrites a slot only once its reader released the version there (NOTIFY-ACK)
+    EXACT = "exact"
+    #: words in its own window that it waits on (notifies over rotating slots, token and
+    #: user counters), then the slots they name: the policy drives the window's put,
+    #: waits and acks itself (Hop, BSP)
+    WORDS = "words"
+    #: each sender's newest whole version, from writers that never wait for a reader
+    #: (async, backup_ps, elastic)
+    NEWEST = "newest"
+    #: a peer's published model, read one-sidedly while the peer goes on (gossip)
+    PULL = "pull"
+    #: nothing through a window: MPI collectives (allreduce)
+    NOTHING = "nothing"
 
 
 @dataclass
@@ -25,9 +47,10 @@ class StepContext:
     #: double buffering (Exchange(double_buffer=True)): this rank's two own slots;
     #: version k is computed in buffers[k % 2] and reduced into the other
     buffers: Tuple[np.ndarray, ...] = ()
-    #: how updates reach the slots (asapmpi.transports), for policies that run on any
-    #: transport (Policy.outbox / Policy.messages)
-    transport: Optional[Any] = None
+    #: NOTIFY-ACK's step over the channel the exchange resolved (an
+    #: asapmpi.transports.Transport: send(k), wait(k), release(k)), for policies that
+    #: read exact versions (Reads.EXACT); the others drive the window itself
+    channel: Optional[Any] = None
 
 
 def server_star(policy: str, server: int, n: int):
@@ -53,27 +76,19 @@ class Policy:
     depth = 1
     #: slots of its own that others pull from (gossip)
     publish_slots = 0
-    #: whether the policy exchanges through a slot window (else through ctx.comm)
-    uses_window = True
-    #: whether its steps are correct when out-neighbours read the sender's own slot in
-    #: place (the shared-memory transport): the sender must not rewrite a slot before
-    #: every reader acknowledged it
-    outbox = False
-    #: whether it can run on the message transport: each version one two-sided message
-    #: per out-neighbour into the reader's slot, a posted receive acting as the ack
-    messages = False
-    #: whether it runs on a mailbox window (transport="messages" for policies that wait
-    #: on window words): puts, notifies and acks travel as two-sided messages that the
-    #: reader's waits complete into its slots and words (asapmpi/_core/mailbox.pxi)
-    mailbox = False
-    #: mailbox: after ack(c) the slots holding versions <= c - retain are refilled (the
-    #: oldest version a later iteration may still reduce is c + 1 - retain)
+    # What the policy needs from a channel; never a transport (one resolver,
+    # asapmpi.transports.channels, matches these to what the channels advertise).
+    #: how its reader takes its in-neighbours' updates (Reads); every policy declares it
+    reads: Optional[Reads] = None
+    #: whether its writers never wait for a reader (a reader may find a slot being
+    #: rewritten, or only the newest of several versions): a channel must let a writer
+    #: run ahead
+    writer_runs_ahead = False
+    #: how many versions behind its last ack the reader may still reduce: after ack(c)
+    #: the oldest version a later iteration reads is c + 1 - retain, so a channel that
+    #: refills slots by itself (a mailbox) must keep versions > c - retain (Hop's
+    #: staleness s; 0 for every other policy)
     retain = 0
-    #: mailbox of newest versions: one slot per sender that always holds the newest
-    #: whole version that arrived, and a writer that never waits for a reader (a busy
-    #: reader gets only the newest version once it takes messages again).  For policies
-    #: that read "any version >= k" rather than exactly k from each sender (depth 1)
-    newest = False
     #: whether every rank completes the same steps at about the same time (each waits
     #: for its neighbours' current version): ranks then reach free() within one step of
     #: each other.  Policies that let ranks drift apart (backup workers, staleness,
@@ -82,6 +97,14 @@ class Policy:
 
     #: where the policy's per-iteration rows go (set by the Exchange before start())
     records: Optional[Records] = None
+
+    #: whether the policy exchanges through a slot window (else through ctx.comm):
+    #: follows from `reads`, on the class as on its objects
+    uses_window = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.uses_window = cls.reads is not Reads.NOTHING
 
     def options(self) -> dict:
         """The policy's options (compared across ranks at creation)."""

@@ -8,7 +8,7 @@ what the consistency benchmark measures.
 """
 from __future__ import annotations
 
-from .base import Policy, StepContext
+from .base import Policy, Reads, StepContext
 
 NEWEST = 1 << 62
 
@@ -21,7 +21,8 @@ class BSP(Policy):
 
     name = "bsp"
     lockstep = True
-    mailbox = True
+    #: its slots after the barrier, by their notify words
+    reads = Reads.WORDS
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Write version k with the seqlock sequence."""
@@ -43,8 +44,9 @@ class Async(Policy):
     holds the newest whole version that arrived (docs/PROTOCOL.md 2e)."""
 
     name = "async"
-    mailbox = True
-    newest = True
+    #: any whole version in each slot, the newest that arrived; puts never wait
+    reads = Reads.NEWEST
+    writer_runs_ahead = True
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Write version k with the seqlock sequence."""

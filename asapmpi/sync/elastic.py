@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import zipline
-from .base import Policy, StepContext, server_star
+from .base import Policy, Reads, StepContext, server_star
 
 ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
               "full_gridscan": zipline.full_gridscan}
@@ -51,11 +51,11 @@ class ElasticBSP(Policy):
     ("zipline", "gridscan" or "full_gridscan"), window (intervals averaged, >= 1)."""
 
     name = "elastic"
-    #: on messages, a mailbox of newest versions (docs/PROTOCOL.md 2e): every slot holds
-    #: exactly superstep s when it is read (nobody sends s + 1 before theta(s) is read);
-    #: the control words go as messages too (write_words), two per worker per superstep
-    mailbox = True
-    newest = True
+    #: each sender's newest whole version (on messages: docs/PROTOCOL.md 2e): every
+    #: slot holds exactly superstep s when it is read (nobody sends s + 1 before
+    #: theta(s) is read); the control words go by write_words, which every channel
+    #: serving it carries (remote atomics, or two messages per worker per superstep)
+    reads = Reads.NEWEST
     #: the exchange's version is the global iteration count G, also between supersteps
     global_iterations = True
 

@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import ConfigError, NeighbourTimeoutError
 from ..links import LinkModel
 from ..reduce.graphs import graph as make_graph
-from .base import Policy, StepContext
+from .base import Policy, Reads, StepContext
 
 INF_NS = (1 << 62)
 _BUSY = 0                      # user word 0: the link's busy-until time (ns)
@@ -69,6 +69,8 @@ class Gossip(Policy):
     seed, and the link emulation wide_mbps, narrow_mbps, narrow (ranks), latency_ms."""
 
     name = "gossip"
+    #: a peer's published model and words, read one-sidedly while the peer goes on
+    reads = Reads.PULL
     depth = 0                  # no receive slots: peers are pulled, not pushed to
     #: two published slots taking turns: a pull reading the newest model is not torn by
     #: the next publish, which writes the other

@@ -35,7 +35,7 @@ from typing import Dict
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Policy, StepContext
+from .base import Policy, Reads, StepContext
 from .records import entry_trace
 
 
@@ -51,9 +51,10 @@ class Hop(Policy):
     """
 
     name = "hop"
-    #: the update slots and token counters run on messages too (off-host networks
-    #: without passive-target progress)
-    mailbox = True
+    #: rotating update slots and token counters in window words it waits on; the
+    #: oldest version it may still reduce is `retain` (its staleness) behind its last
+    #: ack (set in __init__)
+    reads = Reads.WORDS
 
     def __init__(self, max_gap: int = 2, backup: int = 0, staleness=None,
                  staleness_weights: str = "hop", skip_trigger=None, max_jump: int = 1,
@@ -82,7 +83,8 @@ class Hop(Policy):
         self.suppress_late = bool(suppress_late)
         # a reader may pick any version in [k - s, k] while senders run up to max_gap ahead
         self.depth = self.max_gap + 1 + (self.staleness or 0)
-        # the oldest version iteration k + 1 reduces is k + 1 - staleness
+        # a need (Policy.retain): the oldest version iteration k + 1 reduces is
+        # k + 1 - staleness
         self.retain = self.staleness or 0
         self.jumps = 0
 

@@ -4,7 +4,7 @@ notify-ack-put "ignore-acks" variant).  Never train with them.
 """
 from __future__ import annotations
 
-from ..sync.base import StepContext
+from ..sync.base import Reads, StepContext
 from ..sync.notify_ack import NotifyAck
 
 
@@ -20,8 +20,10 @@ class NotifyAckIgnoringAcks(NotifyAck):
 
     name = "notify_ack_ignore_acks"
     setting = None      # no bound holds for a broken protocol
-    outbox = False
-    messages = False    # it shows what puts that ignore acks overwrite
+    # it waits on notify words and acks itself, and its writers never wait for a
+    # reader: what it shows is what a put that ignores acks overwrites
+    reads = Reads.WORDS
+    writer_runs_ahead = True
 
     @property
     def trace(self):

@@ -17,46 +17,37 @@ messages   one two-sided message per               the reader's next receive, po
 =========  ======================================  ==================================
 
 Policies that wait on window words rather than steps (Hop's rotating slots and token
-counters, BSP's slots after its barrier) run on messages through a mailbox window
-instead (asapmpi._core.MailboxWindow, asapmpi/_core/mailbox.pxi): the window's own put,
-waits and ack move the messages.  Policies that read each sender's newest version
-(async, backup_ps, elastic) run on a mailbox of newest versions (NewestWindow,
-newest.pxi), whose writers never wait for a reader.
+counters, BSP's slots after its barrier) drive the window themselves; on "messages"
+their window is a mailbox (asapmpi._core.MailboxWindow, asapmpi/_core/mailbox.pxi)
+whose own put, waits and ack move the messages.  Policies that read each sender's newest
+version (async, backup_ps, elastic) get a mailbox of newest versions there
+(NewestWindow, newest.pxi), whose writers never wait for a reader.
 
-Each transport is one window class of asapmpi._core (a SlotWindow subclass in its own
-.pxi file: put, shared, messages, mailbox, newest) with one hook per job (send an
-update, where a slot is, progress, drain at free), and NOTIFY-ACK's step over it is one
-Transport class here.  `window_class` says which window a transport and a policy take.
-`asapmpi.transport_probe` times the window words against messages and
-`Exchange(transport="auto")` takes the faster.  A new transport (GPU memory, say) is one
-more window class and one more module with a Transport subclass, registered in
-TRANSPORT_CLASSES.
+Which of these a policy gets is decided in one place, asapmpi.transports.channels: every
+window class of asapmpi._core (put, shared, messages, mailbox, newest: a SlotWindow
+subclass in its own .pxi file, with one hook per job: send an update, where a slot is,
+progress, drain at free) advertises the needs it serves and what it can do, a policy
+declares what it needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain), and
+`channels.resolve(family, policy)` gives the channel.  NOTIFY-ACK's step over a channel
+is one Transport class here.  `asapmpi.transport_probe` times the window words against
+messages and `Exchange(transport="auto")` takes the faster among the families that fit.
+A new channel (GPU memory, say) is one more window class, one more row in
+channels.CHANNELS and, for NOTIFY-ACK, one more module with a Transport subclass,
+registered in TRANSPORT_CLASSES.
 """
 from __future__ import annotations
 
 from .base import Transport
+from .channels import CHANNELS, FAMILIES, Channel, families, resolve
 from .messages import MessageTransport
 from .put import PutTransport
 from .shared import SharedTransport
 
+#: NOTIFY-ACK's step over each family's channel (Reads.EXACT)
 TRANSPORT_CLASSES = {cls.name: cls for cls in (PutTransport, SharedTransport,
                                                MessageTransport)}
 #: what Exchange(transport=...) takes
-TRANSPORTS = ("auto", *TRANSPORT_CLASSES)
-
-
-def window_class(name: str, policy) -> type:
-    """The asapmpi._core window class of transport `name` ("put", "shared",
-    "messages") for `policy`: on messages, NOTIFY-ACK's versions (MessageWindow), a
-    mailbox of window words (MailboxWindow) or of newest versions (NewestWindow)."""
-    from .. import _core
-    if name == "shared":
-        return _core.SharedWindow
-    if name != "messages":
-        return _core.PutWindow
-    if policy.newest:
-        return _core.NewestWindow
-    return _core.MailboxWindow if policy.mailbox else _core.MessageWindow
+TRANSPORTS = ("auto", *FAMILIES)
 
 
 def make_transport(name: str, window, double_buffered: bool = False) -> Transport:
@@ -66,5 +57,6 @@ def make_transport(name: str, window, double_buffered: bool = False) -> Transpor
     return TRANSPORT_CLASSES[name](window)
 
 
-__all__ = ["TRANSPORTS", "TRANSPORT_CLASSES", "MessageTransport", "PutTransport",
-           "SharedTransport", "Transport", "make_transport", "window_class"]
+__all__ = ["CHANNELS", "FAMILIES", "TRANSPORTS", "TRANSPORT_CLASSES", "Channel",
+           "MessageTransport", "PutTransport", "SharedTransport", "Transport", "families",
+           "make_transport", "resolve"]

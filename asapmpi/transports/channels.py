@@ -1,0 +1,170 @@
+"""Channels advertise what they can do; one resolver matches a policy's needs to them.
+
+A channel is one window class of asapmpi._core: how bytes and words reach a slot.  Each
+says which of the policies' needs it serves (asapmpi.sync.Reads: how a reader takes its
+in-neighbours' updates) and what it can do, the way UCX's transports advertise
+capability flags and c10d's backends answer what they support; a policy only declares
+what it needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain) and never names a
+transport.  Several channels make up a family, the name Exchange(transport=...) takes:
+"messages" gives NOTIFY-ACK its versions, Hop and BSP a mailbox of window words, async,
+backup_ps and elastic a mailbox of newest versions.
+
+=============  ========  ===================  ========  =======  =====  ========  ====
+window class   family    serves (Reads)       in-place  remote   runs   needs     one
+                                              read      atomics  ahead  progress  host
+=============  ========  ===================  ========  =======  =====  ========  ====
+PutWindow      put       exact, words,        -         yes      yes    yes       -
+                         newest, pull
+SharedWindow   shared    exact                yes       yes      -      -         yes
+MessageWindow  messages  exact                -         -        -      -         -
+MailboxWindow  messages  words                -         -        -      -         -
+NewestWindow   messages  newest               -         -        yes    -         -
+=============  ========  ===================  ========  =======  =====  ========  ====
+
+The message channels carry an update of at most MESSAGE_LIMIT bytes (one message), and
+the mailboxes take the reader's `retain` (Policy.retain: how many versions behind its
+last ack it still reduces) so that they refill no slot it may still read.
+
+A channel fits a policy when it serves the policy's Reads and, for a policy whose
+writers never wait for a reader, lets a writer run ahead.  `families(policy)` are the
+families with a channel that fits, `resolve(family, policy)` the channel a family gives
+it (a one-line ConfigError naming what fits otherwise).  Exchange(transport="auto")
+measures among the families that fit (asapmpi.exchange, asapmpi.transport_probe).  A
+new channel (GPU memory, say) is one more window class and one more row here.
+
+Importing this module loads no MPI: a channel names its window class, which
+`Channel.window_class()` imports from asapmpi._core when an exchange makes one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import FrozenSet, Optional, Tuple
+
+from ..errors import ConfigError
+from ..sync.base import Reads
+
+#: the largest update the message channels send (one message, MPI's int count of bytes,
+#: and the mailbox's 32-byte trailer)
+MESSAGE_LIMIT = 0x7fffffff - 32
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One window class of asapmpi._core and what it advertises."""
+
+    #: its class in asapmpi._core
+    window: str
+    #: the family it belongs to: what Exchange(transport=...) names
+    family: str
+    #: the needs (Reads) it serves
+    serves: FrozenSet[Reads]
+    #: a reader reduces straight out of the writer's own slot (no copy into its own)
+    in_place_read: bool
+    #: notify, ack, token and user words are MPI atomics in the target's window (else
+    #: messages that the target's waits complete into its words)
+    remote_atomics: bool
+    #: a writer's update never waits for its reader
+    writer_may_run_ahead: bool
+    #: a one-sided operation may stay incomplete until its target calls into MPI
+    #: (passive-target progress), which a network path may not give
+    needs_progress: bool
+    #: every rank must be on one host (it maps the others' memory)
+    one_host: bool
+    #: the largest update it carries in bytes (None: any)
+    max_update_bytes: Optional[int] = None
+    #: the policy needs (Policy attributes) the window class takes as keywords
+    takes: Tuple[str, ...] = ()
+
+    def window_class(self) -> type:
+        """The window class, from asapmpi._core (which loads MPI)."""
+        from .. import _core
+        return getattr(_core, self.window)
+
+    def fits(self, policy) -> bool:
+        """Whether this channel serves what `policy` needs."""
+        return policy.reads in self.serves and (self.writer_may_run_ahead
+                                                or not policy.writer_runs_ahead)
+
+    def window_options(self, policy) -> dict:
+        """The keywords the window class takes from `policy`'s needs (retain)."""
+        return {name: getattr(policy, name) for name in self.takes}
+
+
+#: every channel, one per window class of asapmpi._core; a family's channels in the
+#: order the resolver tries them
+CHANNELS: Tuple[Channel, ...] = (
+    Channel("PutWindow", "put", frozenset({Reads.EXACT, Reads.WORDS, Reads.NEWEST,
+                                           Reads.PULL}),
+            in_place_read=False, remote_atomics=True, writer_may_run_ahead=True,
+            needs_progress=True, one_host=False),
+    Channel("SharedWindow", "shared", frozenset({Reads.EXACT}),
+            in_place_read=True, remote_atomics=True, writer_may_run_ahead=False,
+            needs_progress=False, one_host=True),
+    Channel("MessageWindow", "messages", frozenset({Reads.EXACT}),
+            in_place_read=False, remote_atomics=False, writer_may_run_ahead=False,
+            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT),
+    Channel("MailboxWindow", "messages", frozenset({Reads.WORDS}),
+            in_place_read=False, remote_atomics=False, writer_may_run_ahead=False,
+            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT,
+            takes=("retain",)),
+    Channel("NewestWindow", "messages", frozenset({Reads.NEWEST}),
+            in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
+            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT,
+            takes=("retain",)),
+)
+
+#: the families, in the order they are offered (what Exchange(transport=...) takes,
+#: besides "auto")
+FAMILIES: Tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CHANNELS))
+
+
+#: what a policy with each need does, for the refusal
+_DOES = {Reads.EXACT: "it reads exactly version k from each in-neighbour",
+         Reads.WORDS: "it drives its slots and window words itself",
+         Reads.NEWEST: "it reads each sender's newest version",
+         Reads.PULL: "it pulls a peer's model one-sidedly",
+         Reads.NOTHING: "it uses no window: MPI collectives"}
+
+
+def _need(policy) -> Reads:
+    """The policy's Reads, or ConfigError when it declares none."""
+    reads = getattr(policy, "reads", None)
+    if not isinstance(reads, Reads):
+        raise ConfigError(f"sync={policy.name!r} declares no Policy.reads (one of "
+                          f"{', '.join(r.value for r in Reads)}), so no channel can be "
+                          f"matched to it")
+    return reads
+
+
+def channel_for(family: str, policy) -> Optional[Channel]:
+    """The first channel of `family` that fits `policy` (None when none does)."""
+    _need(policy)
+    return next((c for c in CHANNELS if c.family == family and c.fits(policy)), None)
+
+
+def families(policy) -> Tuple[str, ...]:
+    """The families with a channel that fits `policy`, in FAMILIES order (none for a
+    policy that uses no window)."""
+    return tuple(f for f in FAMILIES if channel_for(f, policy) is not None)
+
+
+def resolve(family: str, policy) -> Channel:
+    """The channel `family` gives `policy`, or a one-line ConfigError naming the
+    families that fit it."""
+    if family not in FAMILIES:
+        raise ConfigError(f"transport must be one of auto, {', '.join(FAMILIES)}, got "
+                          f"{family!r}")
+    channel = channel_for(family, policy)
+    if channel is not None:
+        return channel
+    fit = families(policy)
+    why = _DOES[_need(policy)] + (", and its writers never wait for a reader"
+                                  if policy.writer_runs_ahead else "")
+    use = (f"use transport={', '.join(map(repr, fit))} or 'auto'" if fit
+           else "leave transport out or pass 'auto'")
+    raise ConfigError(f"transport={family!r} does not fit sync={policy.name!r} ({why}); "
+                      f"{use}")
+
+
+__all__ = ["CHANNELS", "FAMILIES", "MESSAGE_LIMIT", "Channel", "channel_for",
+           "families", "resolve"]

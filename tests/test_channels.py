@@ -1,0 +1,228 @@
+"""Channels advertise, policies declare, one resolver matches (asapmpi.transports.channels).
+
+Serial: the policies in asapmpi/sync say what they need and never name a transport
+(checked on their sources with `ast`); every window class of asapmpi._core has one row
+in the channel table; the resolver gives each policy the families and window classes
+it fits, and refuses the others in one line.
+"""
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SYNC = sorted((ROOT / "asapmpi" / "sync").glob("*.py"))
+#: the flags that named transports (Policy.outbox, .messages, .mailbox, .newest)
+TRANSPORT_FLAGS = {"outbox", "messages", "mailbox", "newest"}
+WINDOW_CLASSES = {"PutWindow", "SharedWindow", "MessageWindow", "MailboxWindow",
+                  "NewestWindow"}
+
+#: policy -> {family: window class it gives the policy}, in the order offered
+FITS = {
+    "notify_ack": {"put": "PutWindow", "shared": "SharedWindow",
+                   "messages": "MessageWindow"},
+    "hop": {"put": "PutWindow", "messages": "MailboxWindow"},
+    "bsp": {"put": "PutWindow", "messages": "MailboxWindow"},
+    "async": {"put": "PutWindow", "messages": "NewestWindow"},
+    "backup_ps": {"put": "PutWindow", "messages": "NewestWindow"},
+    "elastic": {"put": "PutWindow", "messages": "NewestWindow"},
+    "gossip": {"put": "PutWindow"},
+    "allreduce": {},
+}
+
+
+def _names(tree: ast.AST):
+    """(line, name) of every identifier, attribute and string in `tree`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.alias):
+            yield node.lineno, node.name
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+
+
+@pytest.mark.parametrize("path", SYNC, ids=[p.name for p in SYNC])
+def test_no_policy_names_a_transport(path):
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        # no transport flag in a class body (outbox = True, newest: bool = True) ...
+        for stmt in cls.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+                [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else []
+            found += [f"line {stmt.lineno}: {cls.name}.{t.id} = ..." for t in targets
+                      if isinstance(t, ast.Name) and t.id in TRANSPORT_FLAGS]
+    for node in ast.walk(tree):
+        # ... nor set on an object (self.mailbox = True) ...
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        found += [f"line {node.lineno}: .{t.attr} = ..." for t in targets
+                  if isinstance(t, ast.Attribute) and t.attr in TRANSPORT_FLAGS]
+        # ... no transport read (ctx.transport, ex.transport) ...
+        if isinstance(node, ast.Attribute) and node.attr == "transport":
+            found.append(f"line {node.lineno}: reads .transport")
+        # ... and no import of the channels
+        if isinstance(node, ast.ImportFrom) and "transports" in (node.module or ""):
+            found.append(f"line {node.lineno}: imports {node.module}")
+    # no window class named, in code or in words
+    found += [f"line {line}: names {cls}" for line, name in _names(tree)
+              for cls in WINDOW_CLASSES if cls in name]
+    assert not found, f"{path.name}: " + "; ".join(found)
+
+
+def test_the_static_check_catches_a_transport_flag(tmp_path):
+    # the check above, on a policy written the old way
+    bad = tmp_path / "bad.py"
+    bad.write_text("class P:\n    mailbox = True\n    newest: bool = True\n"
+                   "    def f(self, ctx):\n        self.outbox = 1\n"
+                   "        return ctx.transport, 'MailboxWindow'\n")
+    with pytest.raises(AssertionError) as caught:
+        test_no_policy_names_a_transport(bad)
+    for what in ("P.mailbox", "P.newest", ".outbox", "reads .transport",
+                 "names MailboxWindow"):
+        assert what in str(caught.value)
+
+
+def test_every_policy_declares_what_it_reads():
+    from asapmpi import sync
+    from asapmpi.testing import NotifyAckIgnoringAcks
+
+    for cls in [*sync.POLICIES.values(), NotifyAckIgnoringAcks]:
+        assert isinstance(cls.reads, sync.Reads), cls.name
+        # on the class too: the trainer asks POLICIES[name] before making one
+        assert cls.uses_window == cls().uses_window == \
+            (cls.reads is not sync.Reads.NOTHING), cls.name
+    assert set(FITS) == set(sync.POLICIES)
+
+
+@pytest.mark.parametrize("name", sorted(FITS))
+def test_the_resolver_gives_each_policy_its_families_and_windows(name):
+    from asapmpi.sync import policy
+    from asapmpi.transports import families, resolve
+
+    pol = policy(name)
+    assert families(pol) == tuple(FITS[name])
+    for family, window in FITS[name].items():
+        assert resolve(family, pol).window == window
+
+
+def test_hop_keeps_its_retain_on_a_mailbox():
+    from asapmpi.sync import policy
+    from asapmpi.transports import resolve
+
+    pol = policy("hop", staleness=2)
+    assert resolve("messages", pol).window_options(pol) == {"retain": 2}
+    assert resolve("put", pol).window_options(pol) == {}
+
+
+def test_a_policy_whose_writers_never_wait_gets_only_channels_that_let_them():
+    # the broken NOTIFY-ACK waits on window words like Hop, but its writers ignore acks:
+    # a mailbox would hold them back, so only puts show what they overwrite
+    from asapmpi.testing import NotifyAckIgnoringAcks
+    from asapmpi.transports import families, resolve
+
+    pol = NotifyAckIgnoringAcks()
+    assert families(pol) == ("put",)
+    assert resolve("put", pol).window == "PutWindow"
+
+
+@pytest.mark.parametrize("name, family, message", [
+    ("hop", "shared", "transport='shared' does not fit sync='hop' (it drives its slots and "
+                      "window words itself); use transport='put', 'messages' or 'auto'"),
+    ("gossip", "messages", "transport='messages' does not fit sync='gossip' (it pulls a "
+                           "peer's model one-sidedly); use transport='put' or 'auto'"),
+    ("async", "shared", "does not fit sync='async' (it reads each sender's newest version, "
+                        "and its writers never wait for a reader); use transport='put', "
+                        "'messages' or 'auto'"),
+    ("allreduce", "put", "does not fit sync='allreduce' (it uses no window: MPI "
+                         "collectives); leave transport out or pass 'auto'"),
+    ("notify_ack", "pigeon", "transport must be one of auto, put, shared, messages, got "
+                             "'pigeon'"),
+])
+def test_a_family_that_does_not_fit_is_refused_in_one_line(name, family, message):
+    from asapmpi.errors import ConfigError
+    from asapmpi.sync import policy
+    from asapmpi.transports import resolve
+
+    with pytest.raises(ConfigError) as caught:
+        resolve(family, policy(name))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_policy_that_declares_nothing_is_refused():
+    from asapmpi.errors import ConfigError
+    from asapmpi.sync import Policy
+    from asapmpi.transports import families
+
+    class Undeclared(Policy):
+        name = "undeclared"
+
+    with pytest.raises(ConfigError, match=r"sync='undeclared' declares no Policy\.reads"):
+        families(Undeclared())
+
+
+def test_every_window_class_has_one_row_and_advertises_what_it_does():
+    from mpi4py import MPI
+
+    from asapmpi import _core
+    from asapmpi.transports import CHANNELS, FAMILIES, TRANSPORTS
+
+    assert TRANSPORTS == ("auto", *FAMILIES) == ("auto", "put", "shared", "messages")
+    windows = {name for name in dir(_core) if isinstance(getattr(_core, name), type)
+               and issubclass(getattr(_core, name), _core.SlotWindow)
+               and getattr(_core, name) is not _core.SlotWindow}
+    assert sorted(c.window for c in CHANNELS) == sorted(windows) == sorted(WINDOW_CLASSES)
+    for channel in CHANNELS:
+        cls = channel.window_class()
+        layout = _core.Layout(1, 1, 1, 64, 0, 0, channel.in_place_read)
+        segment = bytearray(layout.segment_bytes)
+        options = {"outboxes": (segment, [segment])} if channel.in_place_read else {}
+        win = cls(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
+                  [layout.notify_disp(0)], [layout.ack_disp(0)], 8, flush_timeout=10.0,
+                  **options)
+        with win:
+            # words in an MPI window are remote atomics; a message channel has none
+            assert win.rma == channel.remote_atomics, channel.window
+        # reading in place means mapping the writers' memory: one host
+        assert not channel.in_place_read or channel.one_host, channel.window
+        # a channel that waits for no target progress on a network has no one-sided ops
+        assert channel.needs_progress <= channel.remote_atomics, channel.window
+
+
+def test_the_table_in_the_docstring_is_the_table_in_the_code():
+    import re
+
+    from asapmpi.transports import CHANNELS, channels
+
+    rows, row = {}, None
+    for line in channels.__doc__.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] in WINDOW_CLASSES:
+            row = rows[cells[0]] = cells
+        elif row is not None and line.startswith(" " * 10) and len(cells) == 1:
+            row[2] += " " + cells[0]            # serves, continued
+        else:
+            row = None
+    flag = {"yes": True, "-": False}
+    for c in CHANNELS:
+        _, family, serves, *flags = rows[c.window]
+        assert (family, {r.strip() for r in serves.split(",")}) == \
+            (c.family, {r.value for r in c.serves}), c.window
+        assert [flag[f] for f in flags] == [c.in_place_read, c.remote_atomics,
+                                            c.writer_may_run_ahead, c.needs_progress,
+                                            c.one_host], c.window
+
+
+def test_exchange_refuses_a_family_that_does_not_fit_before_anything_starts():
+    from mpi4py import MPI
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="transport='shared' does not fit sync='hop'"):
+        asapmpi.Exchange(np.zeros(8), graph="ring", sync="hop", transport="shared",
+                         comm=MPI.COMM_SELF)
