@@ -6,15 +6,24 @@
 #  2. on Open MPI (dev/setup-openmpi.sh: Debian's, with UCX; mpi4py and asapmpi built by
 #     its mpicc): every multi-rank test again, on its shared memory, its tcp btl and
 #     UCX over TCP.
+# --quick: the edit-test loop's tier (a few minutes): the serial tests and one short
+# multi-rank run per policy and channel (tests/test_smoke.py) on each MPI family.
 # Extra arguments go to both pytest runs; the exit code is non-zero if either failed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MPICH_SELECT=()
+OMPI_SELECT=(-m "mpi and not build")
+if [ "${1:-}" = "--quick" ]; then
+    shift
+    MPICH_SELECT=(-m "(not mpi and not build) or smoke")
+    OMPI_SELECT=(-m "smoke")
+fi
 PY="$(bash "$ROOT/dev/setup.sh")"
 OMPI_PY="$(bash "$ROOT/dev/setup-openmpi.sh")"
 
 status=0
 echo "=== MPICH ($PY)"
-(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -ra "$@" tests) || status=1
+(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -ra "${MPICH_SELECT[@]}" "$@" tests) || status=1
 
 echo "=== Open MPI ($OMPI_PY)"
 # from the copy it built in: the checkout's extension modules are MPICH's
@@ -22,5 +31,5 @@ cd "$(dirname "$OMPI_PY")/../src"
 # Open MPI refuses root unless told (CI runs as root); nothing else is set here: every
 # test takes its launcher options from asapmpi.launchers
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$OMPI_PY" -m pytest -p no:cacheprovider -ra -m "mpi and not build" "$@" tests || status=1
+"$OMPI_PY" -m pytest -p no:cacheprovider -ra "${OMPI_SELECT[@]}" "$@" tests || status=1
 exit $status

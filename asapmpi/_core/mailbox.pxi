@@ -563,11 +563,13 @@ cdef class MailboxWindow(SlotWindow):
         # waiting for it, and this window's own pump, which would send it, does not run
         # while this rank waits elsewhere.  A token waits only for the send of the one
         # before it (8 bytes, sent eagerly): that completes unless the reader stopped
-        # calling MPI, whose own wait then names this rank.
+        # calling MPI: then, after a second at most, this rank goes on (that reader is
+        # not waiting in MPI for the token, and its own wait names this rank if it is).
         cdef long polls = 0
         cdef double t0 = asap_now()
+        cdef double limit = timeout if timeout < 1.0 else 1.0
         self._pump()
-        while self._tokens_waiting() and asap_now() - t0 < timeout:
+        while self._tokens_waiting() and asap_now() - t0 < limit:
             asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
                          self.poll_slack_ns)
             polls += 1
