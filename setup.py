@@ -186,8 +186,8 @@ def extensions():
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=FLAGS["other_link"],
             depends=[os.path.join(core, name) for name in (
-                "kernels.h", "chkerr.pxi", "put.pxi", "shared.pxi", "messages.pxi",
-                "mailbox.pxi", "newest.pxi")],
+                "kernels.h", "ucx_teardown.h", "chkerr.pxi", "put.pxi", "shared.pxi",
+                "messages.pxi", "mailbox.pxi", "newest.pxi")],
         )
         for module, source in read_extension_list()
     ]

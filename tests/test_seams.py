@@ -132,8 +132,11 @@ def test_a_dropped_window_leaves_no_receive_into_freed_memory(sync, path):
     res = run("test_seams:dropped_window", 2, path, timeout=90, sync=sync)
     assert res[1]["overwritten"] == [], (
         f"freed heap written after the window was dropped: {res[1]['overwritten'][:4]}")
-    # its cancelled receives and completed sends were reaped, memory freed
-    assert res[1]["leftovers"] == []
+    # its cancelled receives and completed sends were reaped and their memory freed;
+    # async's synchronous sends to rank 0, which dropped its window too, may stay in
+    # flight (at most two per channel), with the stage they read kept
+    pending = sum(n for _, n in res[1]["leftovers"])
+    assert pending == 0 if sync == "hop" else pending <= 2, res[1]["leftovers"]
 
 
 # ---------------------------------------------------------------- 2: a timed-out pull

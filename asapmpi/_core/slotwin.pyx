@@ -30,6 +30,9 @@ cdef extern from "watchdog.h" nogil:
     void asap_watchdog_disarm()
     void asap_watchdog_waiting(const char *what, long long version, const char *ranks)
 
+cdef extern from "ucx_teardown.h" nogil:
+    int asap_ucx_quiet_teardown()
+
 # Status of one input of a reduce, as counted in `stats`.
 cpdef enum:
     CONSISTENT = 0   # header == footer == expected version
@@ -245,6 +248,29 @@ assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree
 assert _layout.CACHE_LINE == CACHE_LINE, "layout.py and slotwin.pyx disagree on the alignment"
 
 
+# Open MPI's osc ucx prints a UCX ERROR and WARN for each endpoint that a faster peer
+# disconnected while it still closed it inside MPI_Finalize (a race in osc ucx's own
+# teardown, after every window is freed; ucx_teardown.h).  A process that creates a
+# window has an attribute on MPI_COMM_SELF whose delete callback, run first in
+# MPI_Finalize, filters out exactly those messages (a no-op without UCX).
+cdef int _finalize_keyval = MPI_KEYVAL_INVALID
+
+
+cdef int _at_finalize(MPI_Comm comm, int keyval, void *value, void *extra) noexcept nogil:
+    asap_ucx_quiet_teardown()
+    return MPI_SUCCESS
+
+
+cdef int _quiet_ucx_teardown_at_finalize() except -1 nogil:
+    global _finalize_keyval
+    if _finalize_keyval != MPI_KEYVAL_INVALID:
+        return 0
+    CHKERR(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, _at_finalize, &_finalize_keyval,
+                                  NULL), "MPI_Comm_create_keyval")
+    return CHKERR(MPI_Comm_set_attr(MPI_COMM_SELF, _finalize_keyval, NULL),
+                  "MPI_Comm_set_attr")
+
+
 cdef class SlotWindow:
     """One rank's slot window: the slot layout, the notify, ack and user words, the
     waits on them and the verified reduce, shared by every transport.
@@ -426,6 +452,7 @@ cdef class SlotWindow:
                 CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
                                         &self.win), "MPI_Win_allocate")
                 CHKERR(MPI_Info_free(&info), "MPI_Info_free")
+                _quiet_ucx_teardown_at_finalize()
             else:
                 # 64 bytes more, so that base starts a cache line as the layout assumes
                 # (MPI_Alloc_mem promises no alignment; malloc's is 16)
