@@ -12,9 +12,12 @@ import pytest
 
 from asapmpi.errors import ConfigError
 from asapmpi.modelcheck.explorer import explore
+from asapmpi.modelcheck.gossip_pull import GossipPullModel
 from asapmpi.modelcheck.graphs import make_graph
 from asapmpi.modelcheck.hop import HopModel
+from asapmpi.modelcheck.mailbox import MailboxModel
 from asapmpi.modelcheck.model import Model
+from asapmpi.modelcheck.newest import NewestModel
 from asapmpi.modelcheck.notify_ack_messages import NotifyAckMessages
 from asapmpi.modelcheck.notify_ack_put import NotifyAckPut
 from asapmpi.modelcheck.notify_ack_shared import NotifyAckShared
@@ -162,6 +165,132 @@ def test_skipping_jumps_and_the_uncapped_jump_deadlocks():
     assert "jump to iteration 5, Rec(4) first" in "\n".join(broken.result.trace)
 
 
+# ---------------------------------------------------------------- the message paths
+
+DRAIN = ("overlap", "version", "error", "gap", "stage", "freed", "deadlock")
+
+
+def test_mailbox_tokens_held_back_leave_from_any_wait_not_only_their_window():
+    ring = make_graph("ring:3")
+    # the token before the one held back is still in flight when the rank enters
+    # free()'s collective; its in-neighbour still needs the newer one
+    own = explore(MailboxModel(ring, 3, staleness=1, variant="tokens-own-pump"),
+                  search="drift")
+    assert own.prop == "deadlock" and "tokens held back" in own.detail
+    assert "waits for the tokens after iteration 3" in own.detail
+    # settling once, or for a second, at the collective's start is not enough in the
+    # worst case (a token send that completes only once matched)
+    for variant in ("tokens-settle-once", "tokens-settle-waits"):
+        r = explore(MailboxModel(ring, 3, staleness=1, variant=variant), search="drift")
+        assert r.prop == "deadlock", variant
+    # held-back tokens that leave from any wait, the collective's polls too: no deadlock
+    # on the same bounds (the full scenario "hop-messages ring:3 3 correct staleness=1":
+    # 31,508 states); here a smaller run that holds tokens back too
+    fixed = explore(MailboxModel(make_graph("complete:2"), 4, staleness=1))
+    assert fixed.verdict == "ok" and fixed.measures["held back"] >= 1
+
+
+def test_mailbox_matching_on_demand_gives_the_verdicts_of_spontaneous_matching():
+    ring = make_graph("ring:3")
+    for make in (lambda m: MailboxModel(ring, 3, matching=m),
+                 lambda m: MailboxModel(ring, 3, policy="bsp",
+                                        variant="release-before-reduce", matching=m),
+                 lambda m: MailboxModel(ring, 2, tail="free", properties=DRAIN,
+                                        matching=m),
+                 lambda m: MailboxModel(ring, 3, drop=(0, 2), variant="destructor",
+                                        properties=("freed",), matching=m),
+                 lambda m: NewestModel(make_graph("complete:2"), 3, variant="isend",
+                                       matching=m),
+                 lambda m: NewestModel(make_graph("complete:2"), 3,
+                                       variant="refill-in-flight",
+                                       properties=("version",), matching=m)):
+        demand, spont = explore(make("demand")), explore(make("spontaneous"))
+        assert (demand.verdict, demand.prop) == (spont.verdict, spont.prop)
+        if demand.verdict == "ok":      # (a violation stops the search anywhere)
+            assert demand.states < spont.states
+
+
+@pytest.mark.parametrize("make", [
+    lambda sym: MailboxModel(make_graph("ring:3"), 3, symmetry=sym),
+    lambda sym: MailboxModel(make_graph("complete:3"), 2, policy="bsp", symmetry=sym),
+    lambda sym: NewestModel(make_graph("complete:2"), 3, variant="no-version-check",
+                            symmetry=sym),
+    lambda sym: GossipPullModel(make_graph("complete:3"), 2, symmetry=sym),
+], ids=["hop-messages", "bsp-messages", "newest-broken", "gossip-pull"])
+def test_symmetry_reduction_of_the_message_models(make):
+    reduced, full = explore(make(True)), explore(make(False))
+    assert (reduced.verdict, reduced.prop) == (full.verdict, full.prop)
+    assert len(reduced.trace) == len(full.trace)
+    assert reduced.states < full.states
+
+
+def test_newest_buffer_renaming_keeps_verdicts():
+    for variant, props in (("correct", None), ("repost-slot", None),
+                           ("refill-in-flight", ("version",))):
+        kw = {"properties": props} if props else {}
+        a = explore(NewestModel(make_graph("complete:2"), 3, variant, **kw))
+        b = explore(NewestModel(make_graph("complete:2"), 3, variant, rename=False, **kw))
+        assert (a.verdict, a.prop, len(a.trace)) == (b.verdict, b.prop, len(b.trace))
+        assert a.states <= b.states
+
+
+def test_newest_last_version_stranded_behind_two_requests():
+    k2 = make_graph("complete:2")
+    # a settle between iterations sent the newest on the second request; the last put
+    # finds both requests in flight; the last settle leaves it waiting
+    r = explore(NewestModel(k2, 3, "settle-once", settle_after=2))
+    assert r.prop == "deadlock" and "newest version waiting: 3" in r.detail
+    assert "Exchange.settle() (pump: the newest to rank" in "\n".join(r.trace)
+    # (with every wait delivering, the quick scenario "correct settle after 2": ok)
+    assert explore(NewestModel(k2, 3, "settle-once")).verdict == "ok"
+
+
+def test_gossip_late_get_lands_between_the_check_and_the_copy():
+    r = explore(GossipPullModel(make_graph("complete:2"), 3, variant="abandon"))
+    assert r.prop == "version"
+    verify, land, copy = r.trace[-3:]
+    assert "verifies the pull buffer" in verify and "copies the verified slot" in copy
+    assert "MPI lands the timed-out get's payload" in land
+    assert "its MPI_Rget abandoned" in "\n".join(r.trace)
+    # the get completed before the buffer is reused, or its buffer retired (the quick
+    # scenarios); or the copy verified (abandon-copy-first, a full scenario: 220,000
+    # states)
+    assert explore(GossipPullModel(make_graph("complete:2"), 3,
+                                   variant="correct")).verdict == "ok"
+
+
+def test_drain_and_dropped_windows():
+    ring = make_graph("ring:3")
+    ok = explore(MailboxModel(ring, 2, tail="free", properties=DRAIN))
+    assert ok.verdict == "ok" and ok.states > 100
+    # free() without its drain: requests outlive the memory
+    r = explore(MailboxModel(make_graph("complete:2"), 2, tail="free", variant="no-drain",
+                             properties=("freed",)))
+    assert r.prop == "freed" and "still in flight" in r.detail
+    # a window dropped by an exception: the destructor of before a407441 freed buffers
+    # under requests; the leftovers keep them until MPI completes them
+    r = explore(MailboxModel(ring, 3, drop=(0, 2), variant="destructor",
+                             properties=("freed",)))
+    assert r.prop == "freed" and "after rank 0 released it" in r.detail
+    assert "raises before iteration 2" in "\n".join(r.trace)
+    assert explore(MailboxModel(ring, 3, drop=(0, 2),
+                                properties=("freed",))).verdict == "ok"
+
+
+def test_message_models_refuse_bad_options():
+    ring = make_graph("ring:3")
+    with pytest.raises(ValueError, match="release-before-reduce"):
+        MailboxModel(ring, 2, variant="release-before-reduce")
+    with pytest.raises(ValueError, match="drop"):
+        MailboxModel(ring, 2, variant="destructor")
+    with pytest.raises(ValueError, match="no-drain"):
+        MailboxModel(ring, 2, variant="no-drain")
+    with pytest.raises(ValueError, match="variant"):
+        NewestModel(ring, 2, variant="nope")
+    with pytest.raises(ValueError, match="variant"):
+        GossipPullModel(ring, 2, variant="nope")
+
+
 class Counter(Model):
     """Two ranks that each count to `n`; rank 1 passes 1 only once rank 0 did."""
 
@@ -220,6 +349,14 @@ def test_graph_specs_and_overrides():
 
 
 CLI = [sys.executable, "-m", "asapmpi", "check-protocol"]
+
+
+def test_cli_runs_the_gossip_pull_scenarios():
+    proc = subprocess.run([*CLI, "--protocol", "gossip-pull", "--quick", "--broken"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "violation: freed" in proc.stdout and "violation: version" in proc.stdout
+    assert "every verdict as expected" in proc.stdout.splitlines()[-1]
 
 
 def test_cli_runs_quick_scenarios_and_reports(tmp_path):

@@ -9,6 +9,11 @@
     notify_ack_shared.py    NOTIFY-ACK on the shared transport, single and double buffered
     notify_ack_messages.py  NOTIFY-ACK on the message transport
     hop.py                  Hop: rotating slots, tokens, backup, staleness, skipping
+    mailbox.py              Hop and BSP on the mailbox (messages), free()'s drain,
+                            dropped windows
+    newest.py               the mailbox of newest versions (async, backup_ps, elastic),
+                            its drain
+    gossip_pull.py          gossip's pulls: publish, MPI_Rget, verify, copy
     graphs.py               the small graphs, by spec ("ring:3", "offsets:6:1,4")
     scenarios.py            protocol x graph x bounds x variant, with expected verdicts
     cli.py                  `asapmpi check-protocol`

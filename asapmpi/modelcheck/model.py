@@ -22,7 +22,8 @@ Key = Tuple[str, Tuple[int, ...], Tuple[int, ...]]
 Violation = Tuple[str, str]
 
 #: the properties a model can check, in the order they are reported
-PROPERTIES = ("overlap", "version", "error", "gap", "ahead", "alias", "deadlock")
+PROPERTIES = ("overlap", "version", "error", "gap", "ahead", "alias", "stage", "monotone",
+              "inflight", "freed", "deadlock")
 DESCRIPTIONS = {
     "overlap": "no reduce reads a slot its writer may be writing",
     "version": "every reduced input is the version the policy claims (never a torn or "
@@ -32,6 +33,11 @@ DESCRIPTIONS = {
     "gap": "the iteration gap bound holds on every edge",
     "ahead": "a sender is at most one version ahead of its reader",
     "alias": "no two messages in flight on one channel share a tag",
+    "stage": "no send stage is refilled while a send from it is in flight",
+    "monotone": "the versions a reader sees from a sender never decrease",
+    "inflight": "at most two messages unmatched per channel (sender -> reader)",
+    "freed": "no request or message outlives free(): nothing MPI writes or reads lands "
+             "in memory already released",
     "deadlock": "no reachable state blocks for ever before the last iteration",
 }
 
@@ -202,6 +208,13 @@ class Model:
         (the first such observation wins)."""
         if not s[bad_pos]:
             s[bad_pos] = (prop, detail)
+
+    def note(self, s: list, prop: str, detail: str) -> None:
+        """Record that an action broke `prop`, if it is checked: a silent failure (a
+        wrong version reduced, a stage refilled) that the run itself does not notice,
+        so that a run checked for other properties goes on past it."""
+        if prop in self.properties:
+            self.flag(s, self.BAD, prop, detail)
 
     def drift(self, state: tuple) -> int:
         """How far the ranks are ahead of the slowest: the sum over the ranks of their

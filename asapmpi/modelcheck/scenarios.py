@@ -16,19 +16,32 @@ from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 from .explorer import SEARCHES, Result, explore
+from .gossip_pull import GossipPullModel
 from .graphs import make_graph
 from .hop import HopModel
+from .mailbox import MailboxModel
 from .model import PROPERTIES
+from .newest import NewestModel
 from .notify_ack_messages import NotifyAckMessages
 from .notify_ack_put import NotifyAckPut
 from .notify_ack_shared import NotifyAckShared
 from .onesided import ModelError, OneSidedModel
 
-#: the five protocol variants of issue 15
+#: the five protocol variants of issue 15, then the mailboxes, gossip's pulls and the
+#: drain at free()
 PROTOCOLS = ("notify-ack-put", "notify-ack-shared", "notify-ack-shared-db",
-             "notify-ack-messages", "hop")
+             "notify-ack-messages", "hop", "hop-messages", "bsp-messages", "newest",
+             "gossip-pull", "drain")
 NA = ("overlap", "version", "error", "gap", "deadlock")    # NOTIFY-ACK: gap 1 (lockstep)
 MSG = ("overlap", "version", "error", "gap", "ahead", "alias", "deadlock")
+MB = ("overlap", "version", "error", "gap", "stage", "deadlock")     # the mailbox
+NW = ("overlap", "version", "stage", "monotone", "inflight", "deadlock")   # newest
+GP = ("version", "freed", "deadlock")                                # gossip's pulls
+DR = ("overlap", "version", "error", "gap", "stage", "freed", "deadlock")  # drain
+DN = ("overlap", "version", "stage", "monotone", "inflight", "freed", "deadlock")
+#: the properties each protocol's scenarios check unless they say otherwise
+DEFAULTS = {"notify-ack-messages": MSG, "hop-messages": MB, "bsp-messages": MB,
+            "newest": NW, "gossip-pull": GP, "drain": DR}
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,7 @@ class Scenario:
                          or _KEYS.get(key, key + "={}").format(value))
         if self.straggler is not None:
             words.append(f"straggler={self.straggler}")
-        default = MSG if self.protocol == "notify-ack-messages" else NA
-        if self.properties != default:
+        if self.properties != DEFAULTS.get(self.protocol, NA):
             words.append("checks " + ",".join(self.properties))
         return " ".join(words)
 
@@ -76,12 +88,17 @@ class Scenario:
 _SHORT = {("landings", "spontaneous"): "spontaneous", ("parts", True): "parts",
           ("parts", False): "lumped", ("invalidate", False): "no-mark",
           ("checksum", True): "checksum"}
-_KEYS = {"tag_modulus": "tags mod {}", "skip_trigger": "trigger={}", "max_jump": "jump={}"}
+_KEYS = {"tag_modulus": "tags mod {}", "skip_trigger": "trigger={}", "max_jump": "jump={}",
+         "settle_after": "settle after {}", "policy": "{}", "tail": "tail={}",
+         "drop": "drop={0[0]}@{0[1]}"}
+_SHORT.update({("tail", "free"): "free()", ("final_wait", False): "no-final-wait"})
 
 
 def _s(protocol, graph, iterations, variant="correct", quick=False, **kw) -> Scenario:
     """Shorthand: model options as keywords, Scenario fields by name."""
     fields = {k: kw.pop(k) for k in list(kw) if k in Scenario.__dataclass_fields__}
+    if "properties" not in fields and protocol in DEFAULTS:
+        fields["properties"] = DEFAULTS[protocol]
     return Scenario(protocol, graph, iterations, variant, tuple(sorted(kw.items())),
                     quick=quick, **fields)
 
@@ -197,6 +214,117 @@ SCENARIOS: List[Scenario] = [
        skip_trigger=1, max_jump=4, search="drift", straggler=0, prop="deadlock",
        note="a jump past max_gap + 1 waits for an update its in-neighbours cannot send",
        **BROKEN),
+    # ---- Hop on the mailbox (messages)
+    _s("hop-messages", "ring:3", 3, quick=True, max_gap=1),
+    _s("hop-messages", "complete:2", 4, quick=True, max_gap=1, staleness=1),
+    _s("hop-messages", "ring:3", 3, max_gap=1, staleness=1,
+       note="a reader may complete an iteration without its writer's newest update"),
+    _s("hop-messages", "ring:4", 3, max_gap=2),
+    _s("hop-messages", "complete:3", 2, max_gap=1, backup=1, search="drift",
+       expect="bounded", max_states=100_000,
+       note="late arrivals: a reduce takes 1 of 2 inputs while the other still comes"),
+    _s("hop-messages", "complete:3", 3, max_gap=1, backup=1, search="drift",
+       expect="bounded", max_states=100_000),
+    _s("hop-messages", "ring:3", 3, "tokens-own-pump", quick=True, max_gap=1, staleness=1,
+       search="drift", prop="deadlock",
+       note="a token held back leaves only on its own window's pump: the rank waits in "
+            "free()'s collective, its in-neighbour for the token (the defect a407441 "
+            "fixed)", **BROKEN),
+    _s("hop-messages", "ring:3", 3, "tokens-settle-once", max_gap=1, staleness=1,
+       search="drift", prop="deadlock",
+       note="settle_all once before the collective is not enough: the token before the "
+            "one held back may still be in flight", **BROKEN),
+    _s("hop-messages", "ring:3", 3, "tokens-settle-waits", max_gap=1, staleness=1,
+       search="drift", prop="deadlock",
+       note="the code since 29bc8eb: settle waits at most a second for the token before; "
+            "if it is still in flight then (a standard send of 8 bytes that completes "
+            "only once matched, a reader out of MPI), the held-back token stays", **BROKEN),
+    _s("hop-messages", "complete:3", 3, "refill-in-flight", quick=True, max_gap=1,
+       backup=1, search="drift", prop="stage",
+       note="without _wait_stage: backup lets a reader go on without an update, whose "
+            "stage is then refilled", **BROKEN),
+    # ---- BSP on the mailbox
+    _s("bsp-messages", "ring:3", 3, quick=True),
+    _s("bsp-messages", "complete:3", 2, quick=True),
+    _s("bsp-messages", "complete:3", 3),
+    _s("bsp-messages", "ring:4", 3),
+    _s("bsp-messages", "complete:2", 3, "release-before-reduce", quick=True,
+       prop="overlap", note="the slot's receive reposted before the reduce reads it",
+       **BROKEN),
+    _s("bsp-messages", "complete:2", 3, "release-before-reduce", quick=True,
+       properties=("version", "error", "deadlock"), prop="error",
+       note="the repost zeroes the slot's words: the reduce finds the input it waited for "
+            "gone (never a torn one)", **BROKEN),
+    # ---- the mailbox of newest versions
+    _s("newest", "complete:2", 3, quick=True),
+    _s("newest", "complete:2", 3, quick=True, settle_after=2,
+       note="a settle between iterations puts a second message in flight"),
+    _s("newest", "complete:2", 4),
+    _s("newest", "complete:2", 4, settle_after=2),
+    _s("newest", "ring:3", 2),
+    _s("newest", "ring:3", 2, settle_after=1),
+    _s("newest", "complete:3", 2, search="drift", expect="bounded", max_states=100_000),
+    _s("newest", "complete:2", 3, "settle-once", quick=True, settle_after=2,
+       prop="deadlock",
+       note="the code today: a settle finds both of a channel's requests in flight, the "
+            "newest version stays waiting and nothing sends it once the writer waits in "
+            "free()'s collective", **BROKEN),
+    _s("newest", "complete:2", 3, "settle-once", broken=True,
+       note="without a settle before the last one, the second request is free for it"),
+    _s("newest", "complete:2", 3, "no-deliver", quick=True, prop="deadlock",
+       note="a settle that only pumps: a reader still stepping waits for ever", **BROKEN),
+    _s("newest", "complete:2", 3, "refill-in-flight", quick=True, prop="stage", **BROKEN),
+    _s("newest", "complete:2", 3, "refill-in-flight", quick=True, properties=("version",),
+       prop="version", note="the reader takes a payload of version 3 stamped 1", **BROKEN),
+    _s("newest", "complete:2", 3, "repost-slot", quick=True, prop="overlap", **BROKEN),
+    _s("newest", "complete:2", 3, "no-version-check", quick=True, prop="monotone",
+       **BROKEN),
+    _s("newest", "complete:2", 3, "isend", quick=True, prop="inflight", **BROKEN),
+    # ---- gossip's pulls
+    _s("gossip-pull", "complete:2", 3, quick=True),
+    _s("gossip-pull", "complete:3", 3, quick=True, note="two pullers"),
+    _s("gossip-pull", "complete:2", 5, pulls=3),
+    _s("gossip-pull", "complete:2", 4, "complete-copy-first", quick=True, pulls=3),
+    _s("gossip-pull", "complete:2", 3, "abandon", quick=True, prop="version",
+       note="before a407441: the late get lands between the check and the copy",
+       **BROKEN),
+    _s("gossip-pull", "complete:2", 2, "abandon-copy-first", broken=True,
+       note="copying first and verifying the copy is enough on its own"),
+    _s("gossip-pull", "complete:2", 3, "no-checksum", quick=True, prop="version",
+       **BROKEN),
+    _s("gossip-pull", "complete:2", 3, "retire-free", quick=True, prop="freed", **BROKEN),
+    # ---- free()'s drain and dropped windows (the mailbox)
+    _s("drain", "ring:3", 2, quick=True, policy="hop", tail="free"),
+    _s("drain", "ring:3", 3, quick=True, policy="bsp", tail="free"),
+    _s("drain", "ring:3", 3, policy="hop", staleness=1, tail="free"),
+    _s("drain", "complete:3", 3, policy="hop", backup=1, tail="free", search="drift",
+       expect="bounded", max_states=100_000),
+    _s("drain", "ring:3", 3, quick=True, policy="hop", drop=(0, 2),
+       properties=("overlap", "version", "stage", "freed"),
+       note="rank 0 raises; its neighbours go on stepping into its cancelled receives"),
+    _s("drain", "complete:3", 3, policy="hop", backup=1, drop=(0, 2), search="drift",
+       expect="bounded", max_states=100_000,
+       properties=("overlap", "version", "stage", "freed")),
+    _s("drain", "complete:2", 3, quick=True, policy="newest", tail="free", properties=DN),
+    _s("drain", "complete:2", 3, policy="newest", tail="free", settle_after=2,
+       properties=DN),
+    _s("drain", "ring:3", 2, policy="newest", tail="free", properties=DN),
+    _s("drain", "complete:2", 3, quick=True, policy="newest", drop=(0, 2),
+       properties=("overlap", "version", "freed")),
+    _s("drain", "ring:3", 2, policy="newest", drop=(0, 2),
+       properties=("overlap", "version", "freed")),
+    _s("drain", "complete:2", 2, "no-drain", quick=True, policy="hop", tail="free",
+       prop="freed", **BROKEN),
+    _s("drain", "complete:2", 3, "no-drain", quick=True, policy="newest", tail="free",
+       properties=("freed",), prop="freed", **BROKEN),
+    _s("drain", "complete:2", 3, "destructor", quick=True, policy="newest", drop=(0, 2),
+       properties=("freed",), prop="freed",
+       note="before a407441: the destructor freed the stages and spare buffers",
+       **BROKEN),
+    _s("drain", "ring:3", 3, "destructor", quick=True, policy="hop", drop=(0, 2),
+       properties=("freed",), prop="freed",
+       note="before a407441: the destructor frees buffers that requests still use",
+       **BROKEN),
 ]
 
 
@@ -257,10 +385,24 @@ def build(sc: Scenario):
         elif sc.protocol == "hop":
             model = HopModel(g, sc.iterations, variant=sc.variant,
                              properties=sc.properties, **opts)
+        elif sc.protocol == "drain" and opts.get("policy") == "newest":
+            del opts["policy"]
+            model = NewestModel(g, sc.iterations, variant=sc.variant,
+                                properties=sc.properties, **opts)
+        elif sc.protocol in ("hop-messages", "bsp-messages", "drain"):
+            opts.setdefault("policy", "bsp" if sc.protocol == "bsp-messages" else "hop")
+            model = MailboxModel(g, sc.iterations, variant=sc.variant,
+                                 properties=sc.properties, **opts)
+        elif sc.protocol == "newest":
+            model = NewestModel(g, sc.iterations, variant=sc.variant,
+                                properties=sc.properties, **opts)
+        elif sc.protocol == "gossip-pull":
+            model = GossipPullModel(g, sc.iterations, variant=sc.variant,
+                                    properties=sc.properties, **opts)
         else:
             raise ConfigError(f"unknown protocol {sc.protocol!r}; choose from "
                               f"{', '.join(PROTOCOLS)}")
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"{sc.protocol} on {sc.graph}: {exc}") from None
