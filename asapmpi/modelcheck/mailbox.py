@@ -67,7 +67,10 @@ Variants:
   tokens-settle-waits  the code since 29bc8eb: settle_all's _settle pumps until they
                        left, for a second at most, then goes on (a forced give-up)
   refill-in-flight     _send skips _wait_stage: a stage is refilled while in flight
+                       (option stages: fewer staging buffers than max(2, depth))
   release-before-reduce  (BSP) release(k) before the reduce
+  token-ahead          ack(k) sends k + 1: a token that counts the iteration entered,
+                       not the one completed
   no-drain             (tail free) free() releases the memory without _drain
   destructor           (drop) before a407441: the destructor frees the stages and token
                        buffers while their requests are in flight (the window's own
@@ -95,7 +98,8 @@ PHASES = {SEND: "waits for a free stage to send", POST: "fills its stage with",
           WAITALL: "waits for its requests in the drain after",
           DROPPED: "dropped its window in", EXIT: "has left after"}
 VARIANTS = ("correct", "tokens-own-pump", "tokens-settle-once", "tokens-settle-waits",
-            "refill-in-flight", "release-before-reduce", "no-drain", "destructor")
+            "refill-in-flight", "release-before-reduce", "token-ahead", "no-drain",
+            "destructor")
 POLICIES = ("hop", "bsp")
 #: a slot's receive: posted (MPI may write it), matched (written, complete, not yet
 #: pumped: words still 0), held (stamped: notify == header == footer == its version),
@@ -115,7 +119,7 @@ class MailboxModel(Model):
                  max_gap: int = 1, backup: int = 0, staleness: Optional[int] = None,
                  suppress_late: bool = True, variant: str = "correct",
                  tail: str = "arrive", drop: Optional[tuple] = None,
-                 matching: str = "demand",
+                 matching: str = "demand", stages: Optional[int] = None,
                  properties=("overlap", "version", "error", "gap", "stage", "deadlock"),
                  symmetry: bool = True):
         if policy not in POLICIES:
@@ -151,7 +155,10 @@ class MailboxModel(Model):
         # hop.py: depth max_gap + 1 + s, retain s; BSP: depth 1, retain 0
         self.depth = max_gap + 1 + (staleness or 0) if self.hop else 1
         self.retain = (staleness or 0) if self.hop else 0
-        self.stages = max(2, self.depth)            # mailbox.pxi _prepare
+        # mailbox.pxi _prepare: max(2, depth) staging buffers (the option: fewer)
+        self.stages = stages if stages is not None else max(2, self.depth)
+        if self.stages < 1:
+            raise ValueError(f"stages must be at least 1, got {stages}")
         self.split_fill = variant == "refill-in-flight"
         # where tokens held back leave besides the window's own pump and ack
         self.tokens = {"tokens-own-pump": "own-pump", "tokens-settle-once": "settle-once",
@@ -489,8 +496,7 @@ class MailboxModel(Model):
             s[self.stage[r, st]] = (k, state[self.stage[r, st]][1])
             if self.split_fill:
                 s[self.pc[r]] = POST
-                return [(f"rank {r}: put {k}: stage {st} free, its payload := {k}",
-                         tuple(s), True)]
+                return [(f"rank {r}: put {k}: the payload into stage {st}", tuple(s), True)]
             return [self._post(state, s, r, k, st, skipped)]
         if pc == POST:
             st = state[self.stnext[r]]
@@ -506,12 +512,13 @@ class MailboxModel(Model):
             if not all(s[self.ack[r, j]] >= k - self.max_gap for j in self.outs[r]):
                 return self._waits(state, list(state), r, False,
                                    f"tokens >= {k - self.max_gap}")
+            token = k + 1 if self.variant == "token-ahead" else k
             for i in self.ins[r]:
-                s[self.toknext[i, r]] = max(s[self.toknext[i, r]], k)
+                s[self.toknext[i, r]] = max(s[self.toknext[i, r]], token)
             self.send_tokens(s, r)
             self.repost(s, r, k - self.retain)
             label = (f"rank {r}: tokens >= {k - self.max_gap} seen; ack({k}): token "
-                     f"{k} to ranks {_names(self.ins[r])}")
+                     f"{token} to ranks {_names(self.ins[r])}")
             held = [i for i in self.ins[r] if s[self.toknext[i, r]]]
             if held:
                 label += f" (held back for {_names(held)}: one in flight)"

@@ -71,7 +71,10 @@ class Scenario:
                          or _KEYS.get(key, key + "={}").format(value))
         if self.straggler is not None:
             words.append(f"straggler={self.straggler}")
-        if self.properties != DEFAULTS.get(self.protocol, NA):
+        default = DEFAULTS.get(self.protocol, NA)
+        if self.protocol == "drain" and dict(self.options).get("policy") == "newest":
+            default = DN
+        if self.properties != default:
             words.append("checks " + ",".join(self.properties))
         return " ".join(words)
 
@@ -243,11 +246,23 @@ SCENARIOS: List[Scenario] = [
        backup=1, search="drift", prop="stage",
        note="without _wait_stage: backup lets a reader go on without an update, whose "
             "stage is then refilled", **BROKEN),
+    _s("hop-messages", "ring:3", 3, "token-ahead", quick=True, max_gap=1, prop="gap",
+       note="a token one iteration early lets a writer run max_gap + 1 ahead", **BROKEN),
+    _s("hop-messages", "complete:3", 3, "refill-in-flight", max_gap=1, backup=1,
+       search="drift", properties=("version", "error"), broken=True, expect="bounded",
+       max_states=100_000,
+       note="the refilled stage carries a version its reader is past (token bound): "
+            "never reduced"),
     # ---- BSP on the mailbox
     _s("bsp-messages", "ring:3", 3, quick=True),
     _s("bsp-messages", "complete:3", 2, quick=True),
     _s("bsp-messages", "complete:3", 3),
     _s("bsp-messages", "ring:4", 3),
+    _s("bsp-messages", "complete:2", 3, "refill-in-flight", quick=True, stages=1,
+       properties=("version",), prop="version",
+       note="one staging buffer refilled with k + 1 while the reader takes k", **BROKEN),
+    _s("bsp-messages", "ring:3", 3, quick=True, stages=1,
+       note="one staging buffer is enough for BSP: the barrier orders the refill"),
     _s("bsp-messages", "complete:2", 3, "release-before-reduce", quick=True,
        prop="overlap", note="the slot's receive reposted before the reduce reads it",
        **BROKEN),
