@@ -49,7 +49,6 @@ Variants:
 from __future__ import annotations
 
 from itertools import permutations, product
-from operator import itemgetter
 from typing import List
 
 from ..reduce.graphs import Graph
@@ -98,23 +97,10 @@ class GossipPullModel(Model):
         self.pbuf = {(r, j, f): c.add("pull buffer", (r,), (j, f))
                      for r in self.pullers for j in range(2) for f in range(4)}
 
-    def _prepare_symmetry(self) -> None:
+    def _symmetry_perms(self) -> list:
         # the pullers are interchangeable, the publisher is not
-        perms = [p for p in (permutations(range(self.n)) if self.symmetry
-                             else [tuple(range(self.n))]) if p[0] == 0]
-        self._getters, self._sig_getters = [], []
-        if len(perms) < 2:
-            return
-        for p in perms:
-            inverse = [0] * self.n
-            for r, image in enumerate(p):
-                inverse[image] = r
-            self._getters.append(self.cells.getter(p))
-            self._sig_getters.append(itemgetter(*inverse))
-        self._rank_getters = [itemgetter(self.BAD, *(i for i, (_, ranks, _) in
-                                                     enumerate(self.cells.keys)
-                                                     if ranks == (r,)))
-                              for r in range(self.n)]
+        return [p for p in (permutations(range(self.n)) if self.symmetry
+                            else [tuple(range(self.n))]) if p[0] == 0]
 
     def drift(self, state) -> int:
         return 0

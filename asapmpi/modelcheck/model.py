@@ -142,10 +142,15 @@ class Model:
         chosen = [g for sig, g in zip(sigs, self._getters) if sig == best]
         return chosen[0](state) if len(chosen) == 1 else min(g(state) for g in chosen)
 
-    def _prepare_symmetry(self) -> None:
+    def _symmetry_perms(self) -> list:
+        """The relabellings of the ranks that map the model onto itself."""
         perms = automorphisms(self.graph) if self.symmetry else []
         if self.straggler is not None:      # only the relabellings that keep it
             perms = [p for p in perms if p[self.straggler] == self.straggler]
+        return perms
+
+    def _prepare_symmetry(self) -> None:
+        perms = self._symmetry_perms()
         self._getters, self._sig_getters = [], []
         if len(perms) < 2:
             return
