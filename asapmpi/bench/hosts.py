@@ -10,9 +10,15 @@ Both kinds run a program on `ranks` ranks with `run()`; only EmulatedHosts has l
 shape and measure, and ranks on several hosts: with hydra or Open MPI's mpiexec on a
 hosts file, rank r lands on host r % hosts (netns-hosts places them round-robin, one per
 host in turn), so `ranks_of(h)` names the ranks of host h.
+
+EmulatedHosts(..., cores=0.45) also gives every host a CPU budget (netns-hosts cpu: a
+cgroup with a CFS quota): its ranks together compute with that many cores, whatever the
+other hosts do, so a slow host is one with less CPU (`budget({3: 0.25})`: host 3 gets a
+quarter), not one that spins and takes cores from the rest.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -22,6 +28,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..errors import AsapError, ConfigError
+
+
+def _span(hosts: List[int]) -> str:
+    """0, 1, 2 -> '0-2'; 3 -> '3'; 0, 2 -> '0, 2'."""
+    if len(hosts) > 2 and hosts == list(range(hosts[0], hosts[-1] + 1)):
+        return f"{hosts[0]}-{hosts[-1]}"
+    return ", ".join(map(str, hosts))
 
 #: the script that makes the hosts: a source checkout's launch/ folder
 NETNS_HOSTS = Path(__file__).resolve().parents[2] / "launch" / "netns-hosts"
@@ -53,11 +66,31 @@ def emulation_unavailable() -> Optional[str]:
     return None
 
 
+def default_cores(hosts: int) -> float:
+    """Each host's CPU budget by default: nine tenths of this machine's cores shared
+    evenly (the tenth left for mpiexec, the launcher and the system), to 0.01 core."""
+    return math.floor(90 * (os.cpu_count() or 1) / hosts) / 100
+
+
+def cgroup_cpu_unavailable() -> Optional[str]:
+    """Why CPU budgets (a cgroup cpu controller) cannot be set here, or None."""
+    if os.path.isfile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+        return None
+    try:
+        with open("/sys/fs/cgroup/cgroup.controllers") as f:
+            if "cpu" in f.read().split():
+                return None
+    except OSError:
+        pass
+    return "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu, or v2 with cpu)"
+
+
 class OneHost:
     """Every rank on this host: shared memory between all of them, no links."""
 
     hosts = 1
     emulated = False
+    budgeted = False
 
     def __enter__(self) -> "OneHost":
         return self
@@ -85,13 +118,29 @@ class EmulatedHosts:
     emulated = True
 
     def __init__(self, count: int, bandwidth: Optional[str] = None,
-                 prefix: Optional[str] = None):
+                 prefix: Optional[str] = None, cores: Optional[float] = None,
+                 period_us: int = 10000):
         if count < 2:
             raise ConfigError(f"--hosts must be at least 2 for emulated hosts, got {count}")
+        if cores is not None and not 0.001 <= cores * count <= (os.cpu_count() or 1):
+            raise ConfigError(f"--host-cores {cores:g}: {count} hosts of it need "
+                              f"{cores * count:g} cores, this machine has "
+                              f"{os.cpu_count()}; give at most "
+                              f"{(os.cpu_count() or 1) / count:g}")
         self.hosts = count
         self.bandwidth = bandwidth
         self.prefix = prefix or f"bt{uuid.uuid4().hex[:6]}"
         self.narrow: Dict[int, str] = {}
+        self.cores = cores
+        self.period_us = period_us
+        #: each host's CPU budget in cores (None: no limit), as netns-hosts set it
+        self.budgets: List[Optional[float]] = [None] * count
+        self.budget_text = ""
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether the hosts have CPU budgets (cores was given)."""
+        return self.cores is not None
 
     def _script(self, *args: str, timeout: float = 120) -> str:
         proc = subprocess.run([str(NETNS_HOSTS), *args], capture_output=True, text=True,
@@ -110,7 +159,38 @@ class EmulatedHosts:
 
     def __enter__(self) -> "EmulatedHosts":
         self._script("up", str(self.hosts), self.prefix, *self._shaping())
+        if self.budgeted:
+            try:
+                self.budget({})
+            except BaseException:
+                self.__exit__()
+                raise
         return self
+
+    def budget(self, fractions: Dict[int, float]) -> None:
+        """Every host `cores` cores of CPU, but host h `fractions[h]` of that."""
+        spec = [f"all={self.cores:g}"] + [f"{h}={self.cores * f:g}"
+                                          for h, f in sorted(fractions.items())]
+        out = self._script("cpu", self.prefix, "--period", str(self.period_us), *spec)
+        budgets, notes = [], []
+        for line in out.splitlines():
+            if line.startswith("cpu: "):
+                _, fields = line[5:].split(" ", 1)
+                kv = dict(f.split("=", 1) for f in fields.split())
+                budgets.append(None if kv["cores"] == "none" else float(kv["cores"]))
+                period = kv["period"]
+            else:
+                notes.append(line.removeprefix("netns-hosts: "))
+        self.budgets = budgets
+        groups: Dict[Optional[float], List[int]] = {}
+        for h, c in enumerate(budgets):
+            groups.setdefault(c, []).append(h)
+        parts = [f"host{'s' if len(hs) > 1 else ''} {_span(hs)} "
+                 f"{'unlimited' if c is None else f'{c:g} cores'}"
+                 for c, hs in groups.items()]
+        self.budget_text = (f"CPU budgets: {', '.join(parts)} (cgroup quota per "
+                            f"{int(period.removesuffix('us')) / 1000:g} ms)"
+                            + "".join(f"; {n}" for n in notes))
 
     def __exit__(self, *exc) -> None:
         subprocess.run([str(NETNS_HOSTS), "down", self.prefix], capture_output=True,
@@ -133,7 +213,8 @@ class EmulatedHosts:
         """One line for the report."""
         links = f"links {self.bandwidth}" if self.bandwidth else "unshaped links"
         narrow = "".join(f", host {h} at {r}" for h, r in sorted(self.narrow.items()))
-        return f"{self.hosts} emulated hosts ({links}{narrow})"
+        cpu = f"; {self.budget_text}" if self.budget_text else ""
+        return f"{self.hosts} emulated hosts ({links}{narrow}{cpu})"
 
     def ranks_of(self, host: int, ranks: int) -> List[int]:
         """The ranks netns-hosts puts on `host` (round-robin over the hosts)."""

@@ -5,25 +5,43 @@ under stragglers and narrow links, on emulated hosts with shaped links.
     asapmpi bench training [-n 8] [--hosts 4] [--bandwidth 1gbit] [--workload rcv1|mlp|small]
                            [--scenarios homogeneous,straggler-host,random-6x,narrow-link]
                            [--policies allreduce,notify_ack@ring,hop:backup=1,...]
-                           [--seeds 0,1,2] [--json F] [--h5 F] [--png F] [--one-host]
+                           [--seeds 0,1,2] [--repeats 1] [--host-cores 0.45]
+                           [--json F] [--h5 F] [--png F] [--one-host]
 
 Each (scenario, seed) is one mpiexec job of `asapmpi train` that runs every policy in
 turn (--compare), on `--hosts` network namespaces made by launch/netns-hosts: ranks of
 one host share memory, ranks of different hosts talk over veths shaped to --bandwidth
-(tc tbf).  Rank r is on host r % hosts.  Scenarios:
+(tc tbf).  Rank r is on host r % hosts.  Every host has a CPU budget of its own
+(--host-cores, a cgroup CPU quota set by netns-hosts cpu): its ranks compute with those
+cores and no more, whatever the other hosts' ranks do, so one host's load never speeds up
+or slows down another's, as on real hosts.  Scenarios:
 
-  homogeneous      every rank computes at its own speed, every link at --bandwidth
-  straggler-host   the ranks of the last host compute 4x slower, always (Hop 7.3)
-  random-6x        each iteration each rank is 6x slower with probability 1/n (Hop 7.3)
+  homogeneous      every host the same budget, every link at --bandwidth
+  straggler-host   the last host has a quarter of the others' CPU budget, so its ranks
+                   compute 4x slower, always (Hop 7.3; it computes less, it does not spin)
+  random-6x        each iteration each rank is 6x slower with probability 1/n (Hop 7.3):
+                   the slowed rank computes its step 5 more times over (a bounded spin
+                   of 5 median computes) inside its host's budget.  Not a quota change:
+                   the quota is its host's, and Hop slows one worker, not its host-mate;
+                   and a cgroup write per iteration would put root's file system calls
+                   into the step being timed
   narrow-link      the last host's link runs at --narrow-bandwidth (gossip's narrow node)
 
-Per scenario and policy the report gives the median over seeds and the spread (min-max)
+Without CPU budgets (--no-cpu-budgets, --one-host, or no cgroup cpu controller) a slow
+rank spins for its extra compute, and the ranks share the machine's cores as the
+scheduler splits them: the report says so, and its figures vary more between runs.
+
+Each (scenario, seed) job can be repeated (--repeats R): the same command R times.  Per
+scenario and policy the report gives the median over every run and the spread (min-max)
 of: time to the workload's target accuracy (the latest rank's clock at the first
 evaluation where the mean replica accuracy, averaged over that evaluation and the two
 before it, reaches it), final accuracy (the same average at the end; and the worst
 replica at the last evaluation), iterations per second, MB sent per rank, the share of
 time waiting, and the peak resident memory of a rank; and the ratios to allreduce in the
-same scenario.  Targets (issue 16) get PASS/FAIL.  Without root or `ip netns`, or with
+same scenario; the worst seed's ratio (each seed's runs by their median); the
+run-to-run spread of it/s (the widest (max - min) / min over a seed's repeats); and per
+seed, each policy's it/s and time to target over its repeats.  Targets (issue 32) get
+PASS/FAIL and hold by their worst seed.  Without root or `ip netns`, or with
 --one-host, every rank is on this host and the report says so.
 
 Cost: the defaults (workload rcv1, 8 policies, 4 scenarios, 3 seeds, 1 Gbit) are 96 runs
@@ -47,7 +65,8 @@ import numpy as np
 
 from ..errors import AsapError, ConfigError
 from .common import publish
-from .hosts import EmulatedHosts, OneHost, check_rate, emulation_unavailable
+from .hosts import (EmulatedHosts, OneHost, cgroup_cpu_unavailable, check_rate,
+                    default_cores, emulation_unavailable)
 
 SCENARIOS = ("homogeneous", "straggler-host", "random-6x", "narrow-link")
 DEFAULT_POLICIES = ("allreduce,notify_ack@root-expander,notify_ack@ring,hop:backup=1,"
@@ -140,6 +159,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_POLICIES})")
     parser.add_argument("--seeds", type=_list(int, "--seeds"), default=[0, 1, 2],
                         help="seeds of the runs (default 0,1,2)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each (scenario, seed) job this many times (default 1)")
+    parser.add_argument("--host-cores", type=float,
+                        help="each emulated host's CPU budget in cores (default: 0.9 of "
+                             "this machine's cores shared by the hosts)")
+    parser.add_argument("--cpu-period", type=int, default=10000, metavar="US",
+                        help="the CPU quota's period in microseconds (default 10000)")
+    parser.add_argument("--no-cpu-budgets", action="store_true",
+                        help="no CPU budgets: slow ranks spin, hosts share the cores")
     parser.add_argument("--timeout", type=float, default=120,
                         help="seconds any wait on a neighbour may take (default 120)")
     parser.add_argument("--job-timeout", type=float, default=3600,
@@ -178,6 +206,20 @@ def check(args: argparse.Namespace) -> List[str]:
         raise ConfigError(f"--seeds must be distinct integers >= 0, got {args.seeds}")
     if args.iters is not None and args.iters < 1:
         raise ConfigError(f"--iters must be >= 1, got {args.iters}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.host_cores is not None and not args.host_cores > 0:
+        raise ConfigError(f"--host-cores must be a positive number of cores, got "
+                          f"{args.host_cores:g}")
+    if args.host_cores is not None and not args.one_host \
+            and args.host_cores * args.hosts > (os.cpu_count() or 1):
+        raise ConfigError(f"--host-cores {args.host_cores:g} for {args.hosts} hosts is "
+                          f"{args.host_cores * args.hosts:g} cores, more than this "
+                          f"machine's {os.cpu_count()}; give at most "
+                          f"{(os.cpu_count() or 1) / args.hosts:.2f}")
+    if not 1000 <= args.cpu_period <= 1000000:
+        raise ConfigError(f"--cpu-period is microseconds from 1000 to 1000000, got "
+                          f"{args.cpu_period}")
     if args.target is not None and not 0 < args.target <= 1:
         raise ConfigError(f"--target is an accuracy in (0, 1], got {args.target}")
     for flag in ("timeout", "job_timeout"):
@@ -219,8 +261,9 @@ def straggler_ranks(hosts, ranks: int) -> List[int]:
 
 
 def scenario_argv(scenario: str, hosts, ranks: int) -> List[str]:
-    """The slowdown options of `scenario` (`asapmpi train`)."""
-    if scenario == "straggler-host":
+    """The slowdown options of `scenario` (`asapmpi train`): none for straggler-host on
+    hosts with CPU budgets (its host has less CPU instead: scenario_budget)."""
+    if scenario == "straggler-host" and not hosts.budgeted:
         slow = straggler_ranks(hosts, ranks)
         return ["--slowdown", "deterministic", "--slow-factor", str(STRAGGLER_FACTOR),
                 "--slow-ranks", *map(str, slow)]
@@ -229,15 +272,25 @@ def scenario_argv(scenario: str, hosts, ranks: int) -> List[str]:
     return []
 
 
+def scenario_budget(scenario: str, hosts) -> Dict[int, float]:
+    """{host: fraction of the others' CPU budget} of `scenario`."""
+    if scenario == "straggler-host":
+        return {hosts.hosts - 1: 1.0 / STRAGGLER_FACTOR}
+    return {}
+
+
 def describe_scenario(scenario: str, hosts, ranks: int, narrow: str) -> str:
     """What `scenario` does, in words, for the report."""
     if scenario == "straggler-host":
         slow = straggler_ranks(hosts, ranks)
         where = f"host {hosts.hosts - 1}" if hosts.emulated else "one rank"
-        return (f"{where} {STRAGGLER_FACTOR:g}x slower (ranks "
+        how = f"a 1/{STRAGGLER_FACTOR:g} CPU budget" if hosts.budgeted else "spinning"
+        return (f"{where} {STRAGGLER_FACTOR:g}x slower by {how} (ranks "
                 f"{', '.join(map(str, slow))})")
     if scenario == "random-6x":
-        return f"each rank {RANDOM_FACTOR:g}x slower with probability 1/{ranks} per iteration"
+        return (f"each rank {RANDOM_FACTOR:g}x slower with probability 1/{ranks} per "
+                f"iteration (a bounded spin"
+                + (" inside its host's budget)" if hosts.budgeted else ")"))
     if scenario == "narrow-link":
         return (f"host {hosts.hosts - 1}'s link at {narrow}" if hosts.emulated
                 else "narrow link (needs emulated hosts: same as homogeneous here)")
@@ -249,21 +302,25 @@ def _say(text: str) -> None:
 
 
 def run_jobs(args: argparse.Namespace, work: Workload, hosts, folder: str,
-             links: List[str]) -> List[Dict[str, Any]]:
-    """One `asapmpi train --compare` job per (scenario, seed); the runs they report.
-    The links measured before each scenario go to `links`."""
+             links: List[str], budgets: Dict[str, str]) -> List[Dict[str, Any]]:
+    """One `asapmpi train --compare` job per (scenario, seed, repeat); the runs they
+    report.  The links measured before each scenario go to `links`, the hosts' CPU
+    budgets to `budgets`."""
     from ..train import report
 
     runs = []
     for scenario in args.scenarios:
+        if hosts.budgeted:
+            hosts.budget(scenario_budget(scenario, hosts))
+            budgets[scenario] = hosts.budget_text
         if hosts.emulated:
             hosts.shape({hosts.hosts - 1: args.narrow_bandwidth}
                         if scenario == "narrow-link" else {})
             measured = hosts.measure(0, hosts.hosts - 1)
             links.append(f"{scenario}: {measured}")
             _say(f"{scenario}: {hosts.describe()}; {measured}")
-        for seed in args.seeds:
-            name = f"{scenario}-seed{seed}"
+        for seed, repeat in [(s, k) for s in args.seeds for k in range(args.repeats)]:
+            name = f"{scenario}-seed{seed}" + (f"-run{repeat}" if args.repeats > 1 else "")
             out = os.path.join(folder, name)
             program = [sys.executable, "-m", "asapmpi", "train", *work.argv(),
                        "--compare", args.policies, "--seed", str(seed),
@@ -280,8 +337,9 @@ def run_jobs(args: argparse.Namespace, work: Workload, hosts, folder: str,
                 check_placement(result.extra.get("hosts"), hosts, name)
                 curve = result.curve()
                 summary = dict(result.summary(), **smoothed(curve, work.target))
-                runs.append({"scenario": scenario, "seed": seed, "label": result.label,
-                             "summary": summary,
+                runs.append({"scenario": scenario, "seed": seed, "repeat": repeat,
+                             "label": result.label, "summary": summary,
+                             "batch_sizes": result.extra.get("batch_sizes"),
                              "curve": {k: v.tolist() for k, v in curve.items()}})
     return runs
 
@@ -346,16 +404,69 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
+def _per_seed(runs: Sequence[Dict[str, Any]]) -> Dict[int, Dict[str, Dict[str, Any]]]:
+    """{seed: {metric: spread over that seed's repeats}} of one (scenario, policy)."""
+    seeds = sorted({r["seed"] for r in runs})
+    return {seed: {m: _spread([METRICS[m](r["summary"]) for r in runs if r["seed"] == seed])
+                   for m in ("iters_per_s", "time_to_target_s", "final_accuracy")}
+            for seed in seeds}
+
+
+def _run_to_run(per_seed: Dict[int, Dict[str, Dict[str, Any]]]) -> Optional[Dict[str, Any]]:
+    """The widest run-to-run spread of it/s over a seed's repeats: (max - min) / min, with
+    its seed; None without repeats."""
+    widest = None
+    for seed, row in per_seed.items():
+        its = row["iters_per_s"]
+        if its["n"] < 2 or not its["min"]:
+            continue
+        spread = (its["max"] - its["min"]) / its["min"]
+        if widest is None or spread > widest["spread"]:
+            widest = {"spread": spread, "seed": seed, "min": its["min"], "max": its["max"]}
+    return widest
+
+
+def _worst_seed(mine: Dict[int, Dict[str, Dict[str, Any]]],
+                base: Dict[int, Dict[str, Dict[str, Any]]]) -> Dict[str, Any]:
+    """Against allreduce seed by seed (each seed's repeats by their median): the worst
+    seed's 'sooner' (a seed this policy never reached counts 0; one allreduce never
+    reached is left out), it/s ratio and final accuracy gap in points."""
+    sooner, its, gap = [], [], []
+    for seed, row in mine.items():
+        other = base.get(seed)
+        if other is None:
+            continue
+        t, t0 = row["time_to_target_s"]["median"], other["time_to_target_s"]["median"]
+        if t0 is not None:
+            sooner.append((t0 / t if t else 0.0, seed))
+        i, i0 = row["iters_per_s"]["median"], other["iters_per_s"]["median"]
+        if i is not None and i0:
+            its.append((i / i0, seed))
+        a, a0 = row["final_accuracy"]["median"], other["final_accuracy"]["median"]
+        if a is not None and a0 is not None:
+            gap.append((100 * (a - a0), seed))
+    least = (lambda pairs: min(pairs) if pairs else (None, None))
+    (s, s_seed), (i, i_seed), (g, g_seed) = least(sooner), least(its), least(gap)
+    return {"sooner": s, "sooner_seed": s_seed, "iters_per_s": i, "iters_per_s_seed": i_seed,
+            "accuracy_gap": g, "accuracy_gap_seed": g_seed, "seeds": len(sooner)}
+
+
 def analyze(runs: Sequence[Dict[str, Any]], scenarios: Sequence[str],
             labels: Sequence[str]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    """{scenario: {label: {metric: spread, ...ratios}}} over the seeds."""
+    """{scenario: {label: {metric: spread, ...ratios}}} over every run (seeds and
+    repeats); per seed, the spreads over its repeats and the worst seed against
+    allreduce."""
     table: Dict[str, Dict[str, Dict[str, Any]]] = {}
     for scenario in scenarios:
         rows = {}
         for label in labels:
-            mine = [r["summary"] for r in runs
-                    if r["scenario"] == scenario and r["label"] == label]
-            rows[label] = {m: _spread([get(s) for s in mine]) for m, get in METRICS.items()}
+            mine = [r for r in runs if r["scenario"] == scenario and r["label"] == label]
+            rows[label] = {m: _spread([get(r["summary"]) for r in mine])
+                           for m, get in METRICS.items()}
+            rows[label]["per_seed"] = _per_seed(mine)
+            rows[label]["run_to_run"] = _run_to_run(rows[label]["per_seed"])
+            sizes = [r["batch_sizes"] for r in mine if r.get("batch_sizes")]
+            rows[label]["batch_sizes"] = sizes[-1] if sizes else None
         base = rows.get("allreduce")
         for row in rows.values():
             ttt = row["time_to_target_s"]["median"]
@@ -363,6 +474,8 @@ def analyze(runs: Sequence[Dict[str, Any]], scenarios: Sequence[str],
                 if base else None
             row["iters_per_s_vs_allreduce"] = _ratio(row["iters_per_s"]["median"],
                                                      base["iters_per_s"]["median"]) \
+                if base else None
+            row["worst_seed"] = _worst_seed(row["per_seed"], base["per_seed"]) \
                 if base else None
         table[scenario] = rows
     return table
@@ -373,66 +486,102 @@ def _verdict(ok: Optional[bool]) -> str:
 
 
 def _best(rows: Dict[str, Dict[str, Any]]):
-    """The decentralized run that reached the target soonest against allreduce:
-    (label, row), or (None, None) when none did."""
+    """The policy other than allreduce whose worst seed reached the target soonest
+    against allreduce: (label, row), or (None, None) when none is comparable."""
     others = {k: v for k, v in rows.items()
-              if k != "allreduce" and v["sooner_than_allreduce"] is not None}
+              if k != "allreduce" and v["worst_seed"]["sooner"] is not None}
     if not others:
         return None, None
-    label = max(others, key=lambda k: others[k]["sooner_than_allreduce"])
+    label = max(others, key=lambda k: others[k]["worst_seed"]["sooner"])
     return label, others[label]
+
+
+def _worst_text(row: Dict[str, Any]) -> str:
+    w = row["worst_seed"]
+    return f"{w['sooner']:.2f}x sooner on its worst seed ({w['sooner_seed']})" \
+        if w["sooner"] else f"the target missed on seed {w['sooner_seed']}"
+
+
+#: seeds a target needs before its verdict counts (issue 32)
+SEEDS_COUNTED = 5
 
 
 def targets(table: Dict[str, Dict[str, Dict[str, Any]]], seeds: int,
             emulated: bool) -> List[Dict[str, Any]]:
-    """Issue 16's targets, each with its measured figures and verdict.  A verdict from
-    fewer than 3 seeds or from one host says so: the issue counts neither."""
+    """Issue 32's targets, each with its measured figures and its verdict, which holds by
+    the worst seed.  A verdict from fewer than SEEDS_COUNTED seeds or from one host says
+    so: the issue counts neither."""
     out = []
-    note = "" if seeds >= 3 and emulated else \
-        " (not counted: needs >= 3 seeds on emulated hosts)"
+    note = "" if seeds >= SEEDS_COUNTED and emulated else \
+        f" (not counted: needs >= {SEEDS_COUNTED} seeds on emulated hosts)"
 
     def add(target: str, ok: Optional[bool], measured: str) -> None:
         out.append({"target": target, "measured": measured + note, "verdict": _verdict(ok)})
 
+    what = "repeatable: it/s of the same run within 10% of each other, every policy"
+    widest = [(row["run_to_run"], scenario, label) for scenario, rows in table.items()
+              for label, row in rows.items() if row["run_to_run"]]
+    if not widest:
+        add(what, None, "run with --repeats 2 or more")
+    else:
+        w, scenario, label = max(widest, key=lambda x: x[0]["spread"])
+        add(what, w["spread"] <= 0.10,
+            f"widest {100 * w['spread']:.0f}%: {label} in {scenario}, seed {w['seed']} "
+            f"({w['min']:.2f} to {w['max']:.2f} it/s)")
     rows = table.get("straggler-host")
     if rows:
-        label, row = _best(rows)
-        base_acc = rows["allreduce"]["final_accuracy"]["median"]
-        if row is None or base_acc is None:
-            add("straggler host: the best policy >= 2x sooner than allreduce, accuracy "
-                "within 0.5 points", False, "allreduce or every other policy missed "
-                                            "the target")
-        else:
-            gap = 100 * (row["final_accuracy"]["median"] - base_acc)
-            add("straggler host: the best policy >= 2x sooner than allreduce, accuracy "
-                "within 0.5 points", row["sooner_than_allreduce"] >= 2.0 and gap >= -0.5,
-                f"{label} {row['sooner_than_allreduce']:.2f}x sooner, final accuracy "
-                f"{gap:+.2f} points against allreduce")
-    rows = table.get("homogeneous")
-    if rows:
+        what = ("straggler host: the best policy >= 2x sooner than allreduce, accuracy "
+                "within 0.5 points, every seed")
         label, row = _best(rows)
         if row is None:
-            add("homogeneous: the best policy <= 1.1x allreduce's time to target", False,
-                "allreduce or every other policy missed the target")
+            add(what, False, "allreduce or every other policy missed the target")
         else:
-            slower = 1.0 / row["sooner_than_allreduce"]
-            add("homogeneous: the best policy <= 1.1x allreduce's time to target",
-                slower <= 1.1, f"{label} at {slower:.2f}x allreduce's time")
+            w = row["worst_seed"]
+            gap = w["accuracy_gap"]
+            add(what, w["sooner"] >= 2.0 and gap is not None and gap >= -0.5,
+                f"{label} {_worst_text(row)}, final accuracy "
+                + ("-" if gap is None else f"{gap:+.2f} points") + " against allreduce "
+                f"(seed {w['accuracy_gap_seed']})")
+        balanced = {k: v for k, v in rows.items()
+                    if k.startswith("allreduce:") and "balance=1" in k}
+        what = ("straggler host: load-balanced allreduce >= 2.5x allreduce's it/s at "
+                "the same accuracy, every seed")
+        if not balanced:
+            add(what, None, "no allreduce:balance=1 run")
+        else:
+            label = max(balanced, key=lambda k: balanced[k]["worst_seed"]["iters_per_s"]
+                        or 0.0)
+            w = balanced[label]["worst_seed"]
+            its, gap = w["iters_per_s"] or 0.0, w["accuracy_gap"]
+            add(what, its >= 2.5 and gap is not None and gap >= -0.5,
+                f"{label}: {its:.2f}x the it/s on its worst seed ({w['iters_per_s_seed']}), "
+                "final accuracy " + ("-" if gap is None else f"{gap:+.2f} points"))
+    rows = table.get("homogeneous")
+    if rows:
+        what = "homogeneous: the best policy <= 1.1x allreduce's time to target, every seed"
+        label, row = _best(rows)
+        if row is None or not row["worst_seed"]["sooner"]:
+            add(what, False, "allreduce or every other policy missed the target")
+        else:
+            slower = 1.0 / row["worst_seed"]["sooner"]
+            add(what, slower <= 1.1, f"{label} at {slower:.2f}x allreduce's time on its "
+                                     f"worst seed ({row['worst_seed']['sooner_seed']})")
     rows = table.get("random-6x")
     if rows:
         hop = {k: v for k, v in rows.items() if k.startswith("hop") and "backup=" in k
                and "backup=0" not in k}
         what = "random 6x: hop with backup workers >= 1.8x allreduce's iterations/s " \
-               "and >= 1.5x sooner"
+               "and >= 1.5x sooner, every seed"
         if not hop:
             add(what, None, "no hop run with backup workers")
         else:
-            label = max(hop, key=lambda k: hop[k]["iters_per_s_vs_allreduce"] or 0)
-            its = hop[label]["iters_per_s_vs_allreduce"] or 0.0
-            sooner = hop[label]["sooner_than_allreduce"]
+            label = max(hop, key=lambda k: hop[k]["worst_seed"]["iters_per_s"] or 0)
+            w = hop[label]["worst_seed"]
+            its, sooner = w["iters_per_s"] or 0.0, w["sooner"]
             add(what, its >= 1.8 and sooner is not None and sooner >= 1.5,
                 f"{label}: {its:.2f}x the iterations/s, "
-                + (f"{sooner:.2f}x sooner" if sooner else "time to target not comparable"))
+                + ("time to target not comparable" if sooner is None
+                   else _worst_text(hop[label])) + " (worst seeds)")
     peaks = [row["peak_rss_mb"]["max"] for rows in table.values() for row in rows.values()
              if row["peak_rss_mb"]["max"] is not None]
     if peaks:
@@ -462,25 +611,73 @@ def _x(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _columns(lines: List[Sequence[str]]) -> str:
+    """Rows of cells as aligned text: the first column left, the others right."""
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))) for row in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def _worst_cell(row: Dict[str, Any]) -> str:
+    w = row.get("worst_seed")
+    if not w or w["seeds"] == 0:
+        return "-"
+    return "never" if not w["sooner"] else f"{w['sooner']:.2f}x"
+
+
+def _run_to_run_cell(row: Dict[str, Any]) -> str:
+    w = row.get("run_to_run")
+    return "-" if w is None else f"{100 * w['spread']:.0f}%"
+
+
 def scenario_table(rows: Dict[str, Dict[str, Any]]) -> str:
     """One scenario's table: a row per policy."""
-    head = ("policy", "to target s", "sooner", "it/s", "vs allreduce", "final acc %",
-            "worst replica %", "MB/rank", "wait %", "peak MB")
-    lines = [head]
+    head = ("policy", "to target s", "sooner", "worst seed", "it/s", "vs allreduce",
+            "run to run", "final acc %", "worst replica %", "MB/rank", "wait %", "peak MB")
+    lines: List[Sequence[str]] = [head]
     for label, r in rows.items():
         lines.append((label, _cell(r["time_to_target_s"], ".2f", missing="not reached"),
-                      _x(r["sooner_than_allreduce"]), _cell(r["iters_per_s"], ".1f"),
-                      _x(r["iters_per_s_vs_allreduce"]),
+                      _x(r["sooner_than_allreduce"]), _worst_cell(r),
+                      _cell(r["iters_per_s"], ".1f"), _x(r["iters_per_s_vs_allreduce"]),
+                      _run_to_run_cell(r),
                       _cell(r["final_accuracy"], ".2f", 100),
                       _cell(r["worst_replica_accuracy"], ".2f", 100),
                       _cell(r["mb_sent_per_rank"], ".0f"),
                       _cell(r["wait_fraction"], ".0f", 100),
                       _cell(r["peak_rss_mb"], ".0f")))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                      for i, (c, w) in enumerate(zip(row, widths))) for row in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return _columns(lines)
+
+
+def _range(spread: Dict[str, Any], spec: str, missing: str) -> str:
+    """A seed's value over its repeats: the value, or min-max; `missing` where none."""
+    if spread["min"] is None:
+        return missing
+    low, high = format(spread["min"], spec), format(spread["max"], spec)
+    text = low if low == high else f"{low}-{high}"
+    return text + (f" ({spread['missing']} never)" if spread["missing"] else "")
+
+
+def seed_table(rows: Dict[str, Dict[str, Any]]) -> str:
+    """Per seed, each policy's it/s and time to target (s) over the seed's repeats."""
+    seeds = sorted({seed for r in rows.values() for seed in r["per_seed"]})
+    lines: List[Sequence[str]] = [("per seed: it/s, s to target", *map(str, seeds))]
+    for label, r in rows.items():
+        cells = []
+        for seed in seeds:
+            row = r["per_seed"].get(seed)
+            cells.append("-" if row is None else
+                         f"{_range(row['iters_per_s'], '.1f', '-')}, "
+                         f"{_range(row['time_to_target_s'], '.1f', 'never')}")
+        lines.append((label, *cells))
+    return _columns(lines)
+
+
+def balance_lines(rows: Dict[str, Dict[str, Any]]) -> List[str]:
+    """The per-rank batch sizes of the load-balanced runs (the last run's)."""
+    return [f"  {label}: batch per rank {r['batch_sizes']}" for label, r in rows.items()
+            if r.get("batch_sizes")]
 
 
 def reading(report: Dict[str, Any]) -> str:
@@ -511,13 +708,20 @@ def format_report(report: Dict[str, Any]) -> str:
     w = report["workload"]
     lines = [f"training benchmark: {report['ranks']} ranks on {report['hosts_text']}; "
              f"{w['about']}, {w['iters']} iterations, batch {w['batch_size']} per rank, "
-             f"target {100 * w['target']:.1f}%; seeds {report['seeds']} (median "
-             f"[min-max])"]
+             f"target {100 * w['target']:.1f}%; seeds {report['seeds']}"
+             + (f", {report['repeats']} runs of each" if report.get("repeats", 1) > 1
+                else "") + " (median [min-max])"]
     for note in report.get("links", []):
         lines.append(f"  link: {note}")
+    if not report.get("budgets"):
+        lines.append("  no CPU budgets: the ranks share this machine's cores as the "
+                     "scheduler splits them, and slow ranks spin")
     for scenario in report["scenarios"]:
-        lines += ["", f"{scenario}: {report['scenario_text'][scenario]}",
-                  scenario_table(report["table"][scenario])]
+        rows = report["table"][scenario]
+        lines += ["", f"{scenario}: {report['scenario_text'][scenario]}"]
+        if report.get("budgets", {}).get(scenario):
+            lines.append(f"  {report['budgets'][scenario]}")
+        lines += [scenario_table(rows), "", seed_table(rows), *balance_lines(rows)]
     lines += ["", "targets:"]
     for t in report["targets"]:
         lines.append(f"  {t['verdict']:4s}  {t['target']}: {t['measured']}")
@@ -527,13 +731,15 @@ def format_report(report: Dict[str, Any]) -> str:
 
 def write_h5(path: str, report: Dict[str, Any], runs: Sequence[Dict[str, Any]]) -> None:
     """/SCENARIO/seed_S/LABEL/{time_s,accuracy,iteration,bytes_sent} with the run's
-    summary as an attribute; the report (JSON) on the root."""
+    summary as an attribute (seed_S_run_K with --repeats); the report (JSON) on the
+    root."""
     import h5py
 
     with h5py.File(path, "w") as f:
         f.attrs["report"] = json.dumps(report)
         for run in runs:
-            g = f.require_group(f"{run['scenario']}/seed_{run['seed']}").create_group(
+            repeat = f"_run_{run['repeat']}" if report.get("repeats", 1) > 1 else ""
+            g = f.require_group(f"{run['scenario']}/seed_{run['seed']}{repeat}").create_group(
                 run["label"].replace("/", "_"))
             g.attrs["summary"] = json.dumps(run["summary"])
             for key, values in run["curve"].items():
@@ -560,9 +766,10 @@ def draw(report: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str) -> s
             series[label] = (chosen["curve"]["time_s"],
                              100 * np.asarray(chosen["curve"]["accuracy"]))
         panels.append((series, f"{scenario}: wall time (s)"))
-    return line_panels(panels, path, title=f"time to {100 * report['workload']['target']:.1f}%"
-                       f" test accuracy, {report['ranks']} ranks on {report['hosts_text']}",
-                       ylabel="test accuracy (%)")
+    return line_panels(panels, path, title=f"test accuracy over time (target "
+                       f"{100 * report['workload']['target']:.1f}%), {report['ranks']} "
+                       f"ranks on {report['hosts_text']}", ylabel="test accuracy (%)",
+                       panel_width=640 if len(panels) > 1 else 880, height=560)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -573,20 +780,30 @@ def run(args: argparse.Namespace) -> int:
     if why_not:
         print(f"[bench training] no emulated hosts ({why_not}): every rank on this host",
               file=sys.stderr, flush=True)
+    cores = None
+    if not (args.one_host or why_not or args.no_cpu_budgets):
+        no_cgroup = cgroup_cpu_unavailable()
+        if no_cgroup:
+            _say(f"no CPU budgets ({no_cgroup}): slow ranks spin, hosts share the cores")
+        else:
+            cores = args.host_cores or default_cores(args.hosts)
     hosts = OneHost() if args.one_host or why_not else \
-        EmulatedHosts(args.hosts, args.bandwidth)
+        EmulatedHosts(args.hosts, args.bandwidth, cores=cores, period_us=args.cpu_period)
     links: List[str] = []
+    budgets: Dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-training-") as tmp:
         folder = args.keep or tmp
         os.makedirs(folder, exist_ok=True)
         with hosts:
-            runs = run_jobs(args, work, hosts, folder, links)
+            runs = run_jobs(args, work, hosts, folder, links, budgets)
             hosts_text = hosts.describe() if not hosts.emulated else \
-                f"{hosts.hosts} emulated hosts, links {args.bandwidth}"
+                f"{hosts.hosts} emulated hosts, links {args.bandwidth}" + \
+                (f", {cores:g} cores each" if cores else "")
     table = analyze(runs, args.scenarios, labels)
     report = {"ranks": args.ranks, "hosts": hosts.hosts, "emulated": hosts.emulated,
               "hosts_text": hosts_text, "bandwidth": args.bandwidth,
               "narrow_bandwidth": args.narrow_bandwidth, "workload": dict(work.__dict__),
+              "host_cores": cores, "budgets": budgets, "repeats": args.repeats,
               "scenarios": list(args.scenarios), "labels": labels, "seeds": args.seeds,
               "scenario_text": {s: describe_scenario(s, hosts, args.ranks,
                                                      args.narrow_bandwidth)

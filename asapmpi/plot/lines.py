@@ -7,6 +7,7 @@ and one legend.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Dict, Sequence, Tuple
 
 import numpy as np
@@ -19,6 +20,28 @@ Panel = Tuple
 
 LEGEND_MAX = 20   # more series than this: no legend, it would hide the panels
 MARKERS_MAX = 40  # points per series up to which each point is marked
+# widths in pixels of the house style's text (DejaVu Sans; a little over the average
+# glyph, measured on a legend of 5 entries and a title of 94 characters, so that text
+# estimated to fit does): a title character at 13 pt, a legend
+# character at 9 pt, and a legend entry's line, gap and padding
+TITLE_CHAR_PX = 10.0
+LEGEND_CHAR_PX = 6.5
+LEGEND_ENTRY_PX = 80
+
+
+def legend_columns(names: Sequence[str], width: int, most: int = 5) -> int:
+    """The most columns (up to `most`) whose entries fit `width` pixels side by side;
+    matplotlib sizes every column to its widest entry."""
+    for ncols in range(min(most, len(names)), 1, -1):
+        # matplotlib fills column by column, the first len % ncols columns one longer
+        longer, per = len(names) % ncols, len(names) // ncols
+        starts = [i * per + min(i, longer) for i in range(ncols + 1)]
+        need = sum(LEGEND_ENTRY_PX + LEGEND_CHAR_PX * max(len(n) for n in
+                                                          names[starts[i]:starts[i + 1]])
+                   for i in range(ncols))
+        if need <= 0.95 * width:
+            return ncols
+    return 1
 
 
 def _draw_panel(ax, series: Series, color: Dict[str, str], xlabel: str, ylabel: str) -> None:
@@ -43,17 +66,20 @@ def line_panels(panels: Sequence[Panel], path: Path, title: str = "", ylabel: st
         raise ValueError("line_panels needs at least one panel")
     names = list(dict.fromkeys(n for panel in panels for n in panel[0]))
     color = dict(zip(names, colors(len(names))))
-    with figure(path, panel_width * len(panels), height) as fig:
+    width = panel_width * len(panels)
+    with figure(path, width, height) as fig:
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
         for ax, panel in zip(axes, panels):
             series, xlabel = panel[0], panel[1]
             _draw_panel(ax, series, color, xlabel, panel[2] if len(panel) > 2 else ylabel)
         if title:
-            fig.suptitle(title)
+            # constrained layout does not wrap a title: one wider than the figure is cut
+            # at both edges
+            fig.suptitle("\n".join(textwrap.wrap(title, int(width / TITLE_CHAR_PX))))
         if 0 < len(names) <= LEGEND_MAX:
             handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
             fig.legend([handles[n] for n in names], names, loc="outside lower center",
-                       ncols=min(len(names), 5))
+                       ncols=legend_columns(names, width))
     return path
 
 
