@@ -30,6 +30,7 @@ from .config import (
     TrainConfig,
     parse_options,
     runs_from,
+    split_options,
 )
 
 
@@ -61,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run several configurations in turn and print a table; "
                              "RUN = POLICY[@GRAPH][:OPTION=VALUE...], e.g. "
                              "allreduce,notify_ack@ring,hop:backup=1")
+    parser.add_argument("--balance", action="store_true",
+                        help="load balancing (LB-BSP): per-rank batch sizes from measured "
+                             "compute per sample, the global batch unchanged, the "
+                             "gradients weighted by samples; with --compare write "
+                             "balance=1 in a run (allreduce:balance=1)")
+    parser.add_argument("--balance-every", type=int, default=20, metavar="K",
+                        help="re-balance every K own steps (default 20)")
     parser.add_argument("--period", type=int, default=1,
                         help="exchange every PERIOD optimizer steps (default 1)")
     parser.add_argument("--mode", default="serial", choices=MODES,
@@ -121,11 +129,12 @@ TRAIN_MODULES = ("torch", "sklearn", "scipy", "tqdm", "matplotlib")
 def configs(args: argparse.Namespace) -> List[TrainConfig]:
     """The checked configuration of every run the command asks for (no MPI needed)."""
     check_extras(TRAIN_MODULES, "train", "asapmpi train")
+    options, trainer = split_options(parse_options(args.options, "of --hop"), "in --hop")
     base = TrainConfig(
         model=args.model, data=args.data, test_data=args.test_data,
         data_options=parse_options(args.data_options, "of --data-option"),
         sync=args.sync,
-        graph=args.graph, policy_options=parse_options(args.options, "of --hop"),
+        graph=args.graph, policy_options=options,
         period=args.period,
         mode=args.mode, iters=args.iters, batch_size=args.batch_size, lr=args.lr,
         lam=args.lam, optimizer=args.optimizer, eval_every=args.eval_every,
@@ -134,7 +143,8 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         slowdown=args.slowdown, slow_factor=args.slow_factor,
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
         threads=args.threads, width=args.width, kill_rank=args.kill_rank, kill_at=args.kill_at,
-        kill_in=args.kill_in, kill_signal=args.kill_signal)
+        kill_in=args.kill_in, kill_signal=args.kill_signal,
+        **{"balance": args.balance, "balance_every": args.balance_every, **trainer})
     from .data import _LOADERS
 
     for flag, name in (("--data", args.data), ("--test-data", args.test_data)):
@@ -146,6 +156,9 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     if args.compare and args.options:
         raise ConfigError("with --compare, put policy options in each run "
                           "(hop:backup=1), not in --hop")
+    if args.compare and args.balance:
+        raise ConfigError("with --compare, put balance=1 in the runs to balance "
+                          "(allreduce:balance=1), not --balance")
     for flag, path in (("--json", args.json), ("--png", args.png), ("--h5", args.h5)):
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.path.isdir(folder):
@@ -232,8 +245,18 @@ def _say_report(s: dict) -> None:
           flush=True)
 
 
+def _say_balance(s: dict) -> None:
+    if "batch_sizes" not in s:
+        return
+    mean = ", ".join(f"{b:.1f}" for b in s["mean_batch_sizes"])
+    print(f"{s['label']}: per-rank batch sizes {s['batch_sizes']} at the end (mean "
+          f"{mean}; global batch {s['global_batch']}), re-balanced "
+          f"{max(s['rebalances'])} times", flush=True)
+
+
 def _say_one(s: dict) -> None:
     _say_report(s)
+    _say_balance(s)
     reached = "not reached" if s["time_to_target_s"] is None else \
         f"{s['time_to_target_s']:.2f} s"
     print(f"{s['label']}: test accuracy {100 * s['final_test_accuracy']:.2f}% after "

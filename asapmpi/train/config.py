@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
+from ..loadbalance import check as check_balance
+from ..loadbalance import check_every
 from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 from ..sync import policy as make_policy
@@ -54,9 +56,23 @@ def _value(text: str) -> Any:
     return text
 
 
+#: options of a run spec that belong to the trainer, not to the policy: the policy object
+#: and its Exchange never see them (load balancing: asapmpi.loadbalance)
+TRAINER_OPTIONS = ("balance", "balance_every")
+
+
 def parse_run_spec(spec: str, default_graph: str) -> Tuple[str, str, Dict[str, Any], str]:
     """"hop@ring:backup=1:max_gap=3" -> ("hop", "ring", {"backup": 1, "max_gap": 3},
-    label).  The graph defaults to `default_graph`."""
+    label).  The graph defaults to `default_graph`.  The trainer's options (balance=1,
+    balance_every=K) are checked and left out of the policy's options: see parse_run."""
+    sync, graph, options, _, label = parse_run(spec, default_graph)
+    return sync, graph, options, label
+
+
+def parse_run(spec: str, default_graph: str
+              ) -> Tuple[str, str, Dict[str, Any], Dict[str, Any], str]:
+    """"allreduce:balance=1" -> (sync, graph, policy options, trainer options (the
+    TrainConfig fields they set: {"balance": True}), label); the label stays as written."""
     text = spec.strip()
     if not text:
         raise ConfigError("an empty run in --compare; write POLICY[@GRAPH][:OPTION=VALUE]")
@@ -68,7 +84,26 @@ def parse_run_spec(spec: str, default_graph: str) -> Tuple[str, str, Dict[str, A
     if graph and graph not in GRAPHS:
         raise ConfigError(f"unknown graph {graph!r} in {spec!r}; choose one of "
                           f"{sorted(GRAPHS)}")
-    return sync, graph or default_graph, parse_options(opts, f"in {spec!r}"), text
+    policy_options, trainer = split_options(parse_options(opts, f"in {spec!r}"),
+                                            f"in {spec!r}")
+    return sync, graph or default_graph, policy_options, trainer, text
+
+
+def split_options(options: Dict[str, Any], where: str
+                  ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """{"backup": 1, "balance": 1} -> ({"backup": 1}, {"balance": True}): the policy's
+    options and the trainer's (TRAINER_OPTIONS, as TrainConfig fields), checked."""
+    policy_options = {k: v for k, v in options.items() if k not in TRAINER_OPTIONS}
+    trainer = {k: v for k, v in options.items() if k in TRAINER_OPTIONS}
+    if "balance" in trainer:
+        value = trainer["balance"]
+        if value not in (0, 1) or isinstance(value, float):
+            raise ConfigError(f"balance={value!r} {where}: write balance=1 (on) or "
+                              f"balance=0 (off)")
+        trainer["balance"] = bool(value)
+    if "balance_every" in trainer:
+        check_every(trainer["balance_every"], where)
+    return policy_options, trainer
 
 
 def parse_options(pairs, where: str) -> Dict[str, Any]:
@@ -134,6 +169,12 @@ class TrainConfig:
     kill_at: Optional[int] = None
     kill_in: Optional[str] = None
     kill_signal: str = "kill"
+    #: load balancing (LB-BSP): per-rank batch sizes from measured paces, re-balanced
+    #: every `balance_every` own steps (asapmpi.loadbalance); a trainer option on every
+    #: policy, never passed to the policy
+    balance: bool = False
+    balance_every: int = 20
+
     def resolved(self) -> "TrainConfig":
         """Defaults of the chosen demo filled in, every field checked (ConfigError)."""
         if self.model not in MODELS:
@@ -199,6 +240,9 @@ class TrainConfig:
                               f"{self.kill_signal!r}")
         if (self.kill_in is not None or self.kill_at is not None) and self.kill_rank is None:
             raise ConfigError("--kill-at/--kill-in need --kill-rank (which rank dies)")
+        check_every(self.balance_every, "(--balance-every)")
+        if self.balance:
+            check_balance(self.batch_size, self.balance_every)
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0 (0: cores / ranks on the host), got "
                               f"{self.threads}")
@@ -236,10 +280,10 @@ def runs_from(base: TrainConfig, compare: Optional[str]) -> List[TrainConfig]:
         return [base.resolved()]
     runs, labels = [], set()
     for spec in compare.split(","):
-        sync, graph, options, label = parse_run_spec(spec, base.graph)
+        sync, graph, options, trainer, label = parse_run(spec, base.graph)
         if label in labels:
             raise ConfigError(f"--compare lists {label!r} twice")
         labels.add(label)
         runs.append(replace(base, sync=sync, graph=graph, policy_options=options,
-                            label=label).resolved())
+                            label=label, **trainer).resolved())
     return runs

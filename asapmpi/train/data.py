@@ -773,18 +773,35 @@ def batch_indices(shard_indices: np.ndarray, batch_size: int, iteration: int, se
     ``default_rng([seed, rank, e])``), so batches wrap into the next epoch when the shard
     size is not a multiple of batch_size and every batch has exactly batch_size examples.
     """
-    shard_indices = np.asarray(shard_indices)
-    m = len(shard_indices)
-    if not 1 <= batch_size <= m:
-        raise ConfigError(f"batch_size={batch_size} with a shard of {m} examples: pass "
-                          f"1 <= batch_size <= shard size (or use fewer ranks)")
     if iteration < 0:
         raise ConfigError(f"iteration={iteration}: pass a non-negative iteration")
+    return batch_span(shard_indices, int(iteration) * int(batch_size), batch_size, seed,
+                      rank)
+
+
+def batch_span(shard_indices: np.ndarray, start: int, size: int, seed: int,
+               rank: int) -> np.ndarray:
+    """The ``size`` examples at positions start .. start+size-1 of the same concatenation
+    of per-epoch permutations as batch_indices (a pure function of its arguments).
+
+    A rank whose batch size changes from step to step (load balancing) passes the
+    number of examples it drew before (its cursor) as ``start``: it still sweeps its
+    shard epoch by epoch, each example once per epoch, and the batch is determined by
+    (seed, rank, cursor, size); with a fixed size the cursor is iteration * size and the
+    batch that of batch_indices.  A batch never exceeds the shard (1 <= size <= shard).
+    """
+    shard_indices = np.asarray(shard_indices)
+    m = len(shard_indices)
+    if not 1 <= size <= m:
+        raise ConfigError(f"batch_size={size} with a shard of {m} examples: pass "
+                          f"1 <= batch_size <= shard size (or use fewer ranks)")
+    if start < 0:
+        raise ConfigError(f"start={start}: pass a non-negative position")
     if rank < 0:
         raise ConfigError(f"rank={rank}: pass the non-negative rank of this process")
     seed, rank = _seed(seed), int(rank)
-    start = int(iteration) * int(batch_size)  # Python ints: no overflow
-    end = start + int(batch_size)
+    start = int(start)  # Python ints: no overflow
+    end = start + int(size)
     epoch = start // m
     offset = start - epoch * m
     head = _epoch_permutation(seed, rank, m, epoch)[offset:min(end - epoch * m, m)]

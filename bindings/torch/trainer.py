@@ -1,6 +1,8 @@
 """The training loop of the demos (`asapmpi train svm|cnn|mlp`), one run on every rank of
 `comm`: data sharded by rank, a DecentralizedOptimizer, periodic evaluation, progress,
-checkpoints, resume, slowdown injection; returns the gathered metrics on rank 0."""
+checkpoints, resume, slowdown injection, load balancing (--balance: per-rank batch sizes
+and samples-weighted gradients, asapmpi.loadbalance); returns the gathered metrics on
+rank 0."""
 from __future__ import annotations
 
 import collections
@@ -18,6 +20,7 @@ from mpi4py import MPI
 
 from asapmpi import collectives
 from asapmpi.errors import ConfigError
+from asapmpi.loadbalance import Balancer, SpeedBoard
 from asapmpi.rc import rc
 from asapmpi.slowdown import from_environment, from_options, hold
 from asapmpi.sync import POLICIES
@@ -122,9 +125,12 @@ class _Data:
         rows = x[index].toarray() if datasets.is_sparse(x) else x[index]
         return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
 
-    def batch(self, cfg: TrainConfig, iteration: int, rank: int):
-        """The minibatch of `iteration`: a pure function of it (resumes draw the same)."""
-        idx = datasets.batch_indices(self.shard, cfg.batch_size, iteration, cfg.seed, rank)
+    def batch(self, cfg: TrainConfig, iteration: int, rank: int, span=None):
+        """The minibatch of `iteration`: a pure function of it (resumes draw the same);
+        with `span` (cursor, size), the `size` examples after the `cursor` this rank drew
+        before (load balancing: sizes change from step to step)."""
+        idx = datasets.batch_indices(self.shard, cfg.batch_size, iteration, cfg.seed, rank) \
+            if span is None else datasets.batch_span(self.shard, *span, cfg.seed, rank)
         x = self._dense(self.ds.x_train, idx)
         y = torch.from_numpy(np.asarray(self.ds.y_train[idx], dtype=np.int64))
         return x, y
@@ -184,30 +190,80 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
                   f"checkpoints under {ckpts.root}", flush=True)
 
     bar = ProgressBar(cfg.iters, cfg.label) if progress and rank == 0 else None
-    loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar)
-    if resumed_loop:
-        loop.restore(resumed_loop)
-    # the clocks of all ranks start together
-    collectives.barrier(comm, timeout, "the start of the clocks")
-    try:
-        loop.run(elapsed)
-    finally:
-        if bar:
-            bar.close()
-    _maybe_die(cfg, rank, "end")
-    logs = collectives.gather(comm, log.arrays(), timeout, "the final gather of metrics")
-    # where each rank ran and the most memory it held (bench training reports both)
-    places = collectives.gather(comm, (MPI.Get_processor_name(), peak_rss_bytes()),
-                                timeout, "the final gather of hosts and memory")
+    with _balancer(cfg, comm, opt, data, timeout) as balancer:
+        loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar, balancer)
+        if resumed_loop:
+            loop.restore(resumed_loop)
+        # the clocks of all ranks start together
+        collectives.barrier(comm, timeout, "the start of the clocks")
+        try:
+            loop.run(elapsed)
+        finally:
+            if bar:
+                bar.close()
+        _maybe_die(cfg, rank, "end")
+        logs = collectives.gather(comm, log.arrays(), timeout, "the final gather of metrics")
+        # where each rank ran and the most memory it held (bench training reports both)
+        places = collectives.gather(comm, (MPI.Get_processor_name(), peak_rss_bytes()),
+                                    timeout, "the final gather of hosts and memory")
+        balances = collectives.gather(comm, balancer.report(), timeout,
+                                      "the final gather of batch sizes") \
+            if balancer else None
     opt.free()
     if rank != 0:
         return None
-    return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target,
-                     extra={"sync": cfg.sync, "graph": opt.exchange.graph.name,
-                            "model_bytes": opt.flat.nbytes,
-                            "policy_report": opt.exchange.report,
-                            "hosts": [host for host, _ in places],
-                            "peak_rss_bytes": [peak for _, peak in places]})
+    extra = {"sync": cfg.sync, "graph": opt.exchange.graph.name,
+             "model_bytes": opt.flat.nbytes,
+             "policy_report": opt.exchange.report,
+             "hosts": [host for host, _ in places],
+             "peak_rss_bytes": [peak for _, peak in places]}
+    if balances:
+        extra.update({"batch_sizes": [b["batch_size"] for b in balances],
+                      "mean_batch_sizes": [b["mean_batch_size"] for b in balances],
+                      "rebalances": [b["rebalances"] for b in balances],
+                      "paces_s": [b["pace_s"] for b in balances],
+                      "global_batch": balancer.global_batch})
+    return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target, extra=extra)
+
+
+class _NoBalancer:
+    """What the loop holds when --balance is off: nothing to measure or free."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class _Balanced:
+    """A Balancer over its SpeedBoard, freed (collectively) when the run ends normally."""
+
+    def __init__(self, board: SpeedBoard, balancer: Balancer):
+        self.board, self.balancer = board, balancer
+
+    def __enter__(self) -> Balancer:
+        return self.balancer
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.board.__exit__(kind, value, traceback)
+
+
+def _balancer(cfg: TrainConfig, comm: MPI.Comm, opt, data: _Data, timeout: float):
+    """Collective: the run's Balancer (--balance) as a context, or one that holds None.
+    A parameter server computes nothing: it takes no batch and is left out; a batch never
+    exceeds the smallest shard of the ranks that compute."""
+    if not cfg.balance:
+        return _NoBalancer()
+    computes = opt.exchange.role != "server"
+    board = SpeedBoard(comm, computes, timeout)
+    shards = collectives.allgather(comm, len(data.shard) if computes else None, timeout,
+                                   "the shard sizes of the ranks that balance")
+    cap = min(m for m in shards if m is not None)
+    return _Balanced(board, Balancer(board, cfg.batch_size, cfg.balance_every, cap))
 
 
 def peak_rss_bytes() -> int:
@@ -264,24 +320,30 @@ class _Loop:
     """The iterations of one run, with its clocks (evaluation and checkpoint time are
     not training time), evaluations, checkpoints and the fault injector."""
 
-    def __init__(self, cfg, opt, model, data, log, ckpts, slow, rank, bar):
+    def __init__(self, cfg, opt, model, data, log, ckpts, slow, rank, bar, balancer=None):
         self.cfg, self.opt, self.model, self.data = cfg, opt, model, data
         self.log, self.ckpts, self.slow, self.rank, self.bar = log, ckpts, slow, rank, bar
         self.loss_sum, self.loss_n = 0.0, 0
         self.last_eval = (opt.iteration, 0.0)       # (iteration, training seconds)
-        self.computes = collections.deque(maxlen=64)  # recent compute times (slowdown)
+        # recent compute seconds per sample (slowdown: a slowed rank holds its batch
+        # times their median, so the hold follows a batch size that load balancing moves)
+        self.computes = collections.deque(maxlen=64)
         self.steps = opt.iteration                    # optimizer steps this rank took
+        self.balancer = balancer or None              # asapmpi.loadbalance.Balancer
+        self.cursor = self.steps * cfg.batch_size     # examples drawn so far (balance)
 
     def loop_state(self) -> dict:
         """The loop's own state: the running loss and the last evaluation."""
         return {"loss_sum": self.loss_sum, "loss_n": self.loss_n,
-                "last_eval": list(self.last_eval), "steps": self.steps}
+                "last_eval": list(self.last_eval), "steps": self.steps,
+                "cursor": self.cursor}
 
     def restore(self, state: dict) -> None:
         """Continue from state()."""
         self.loss_sum, self.loss_n = float(state["loss_sum"]), int(state["loss_n"])
         self.last_eval = tuple(state["last_eval"])
         self.steps = int(state["steps"])
+        self.cursor = int(state.get("cursor", self.steps * self.cfg.batch_size))
 
     def now(self) -> float:
         """Training seconds so far (pauses excluded)."""
@@ -317,26 +379,40 @@ class _Loop:
         """Compute, (slowdown), Appl and the exchange (DecentralizedOptimizer.step).
         `iteration` is this rank's own step count: it picks the batch and the learning
         rate (the global iteration may jump (hop) or stand still (elastic))."""
-        cfg, opt, model = self.cfg, self.opt, self.model
-        x, y = self.data.batch(cfg, iteration, self.rank)
+        cfg, opt, model, balancer = self.cfg, self.opt, self.model, self.balancer
+        server = opt.exchange.role == "server"
+        if balancer:
+            # the size of this step (publishes this rank's pace and re-balances on
+            # schedule); a server takes no batch
+            size = balancer.before_step(iteration)
+            if not server:
+                x, y = self.data.batch(cfg, iteration, self.rank, (self.cursor, size))
+                self.cursor += size
+        else:
+            x, y = self.data.batch(cfg, iteration, self.rank)
         lr = learning_rate(cfg, iteration)
         for group in opt.param_groups:
             group["lr"] = lr
-        if opt.exchange.role == "server":
+        if server:
             opt.step()          # a parameter server computes nothing: it averages
             return
         started = time.perf_counter()
         opt.zero_grad()
         loss = model.loss(model(x), y)
-        loss.backward()
-        self.computes.append(time.perf_counter() - started)
+        # samples-weighted averaging: this rank's mean gradient counts b_i / B in the
+        # replicas' average, not 1 / n (asapmpi.loadbalance)
+        (loss * balancer.loss_scale if balancer else loss).backward()
+        self.computes.append((time.perf_counter() - started) / len(y))
         factor = self.slow.factor_for(self.rank, iteration + 1)
         if factor > 1.0:
             # a slowed worker computes `factor` times as long as it usually does: the
             # median of recent computes, not this one, which a context switch on an
             # oversubscribed host may have stretched already; busy, not asleep
             # (slowdown.hold)
-            hold(statistics.median(self.computes) * (factor - 1.0))
+            hold(statistics.median(self.computes) * len(y) * (factor - 1.0))
+        if balancer:
+            # the pace balancing sees includes the hold, as a slow host's compute would
+            balancer.record(time.perf_counter() - started, len(y))
         opt.step()
         self.loss_sum += float(loss.detach())
         self.loss_n += 1
