@@ -65,8 +65,14 @@ import numpy as np
 
 from ..errors import AsapError, ConfigError
 from .common import publish
-from .hosts import (EmulatedHosts, OneHost, cgroup_cpu_unavailable, check_rate,
-                    default_cores, emulation_unavailable)
+from .hosts import (
+    EmulatedHosts,
+    OneHost,
+    cgroup_cpu_unavailable,
+    check_rate,
+    default_cores,
+    emulation_unavailable,
+)
 
 SCENARIOS = ("homogeneous", "straggler-host", "random-6x", "narrow-link")
 DEFAULT_POLICIES = ("allreduce,notify_ack@root-expander,notify_ack@ring,hop:backup=1,"
@@ -445,8 +451,8 @@ def _worst_seed(mine: Dict[int, Dict[str, Dict[str, Any]]],
         a, a0 = row["final_accuracy"]["median"], other["final_accuracy"]["median"]
         if a is not None and a0 is not None:
             gap.append((100 * (a - a0), seed))
-    least = (lambda pairs: min(pairs) if pairs else (None, None))
-    (s, s_seed), (i, i_seed), (g, g_seed) = least(sooner), least(its), least(gap)
+    (s, s_seed), (i, i_seed), (g, g_seed) = (min(pairs) if pairs else (None, None)
+                                             for pairs in (sooner, its, gap))
     return {"sooner": s, "sooner_seed": s_seed, "iters_per_s": i, "iters_per_s_seed": i_seed,
             "accuracy_gap": g, "accuracy_gap_seed": g_seed, "seeds": len(sooner)}
 
