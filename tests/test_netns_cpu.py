@@ -7,6 +7,7 @@ no process behind.
 Needs root, `ip netns` and a cgroup cpu controller (skipped otherwise)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_multihost import NETNS_HOSTS, SKIP
+from test_multihost import NETNS_HOSTS, SKIP, across_hosts
 from test_netns_links import ok, run
 
 from asapmpi.bench.hosts import cgroup_cpu_unavailable
@@ -81,6 +82,40 @@ def test_each_host_gets_its_quota_and_its_processes_are_held_to_it(hosts):
     assert ok("cpu", hosts, "--clear").splitlines() == [
         "cpu: h0 cores=none period=10000us", "cpu: h1 cores=none period=10000us"]
     assert quota(f"{hosts}-h0")[0] is None and quota(f"{hosts}-h1")[0] is None
+
+
+# each rank's host and cpu cgroup, printed by rank 0 in one line (ranks' own lines
+# interleave)
+CGROUP_OF_RANK = ("import json, socket; from mpi4py import MPI\n"
+                  "text = open('/proc/self/cgroup').read()\n"
+                  "cpu = [l for l in text.splitlines() if ':cpu:' in l]\n"
+                  "mine = (socket.gethostname(), cpu[0].split(':')[2] if cpu else "
+                  "text.split('::')[-1].strip())\n"
+                  "rows = MPI.COMM_WORLD.gather(mine)\n"
+                  "if rows: print('RANKS', json.dumps(rows), flush=True)")
+
+
+def test_the_ranks_of_an_mpi_job_run_in_their_hosts_budget(hosts):
+    # mpiexec's launcher must see /sys/fs/cgroup when it starts the hosts' proxies: under
+    # `ip netns exec` (a sysfs of its own over /sys) the ranks ran unlimited, silently
+    ok("cpu", hosts, "all=0.5", "1=0.25")
+    proc = across_hosts(hosts, 4, sys.executable, "-c", CGROUP_OF_RANK, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rows,) = [json.loads(line[6:]) for line in proc.stdout.splitlines()
+               if line.startswith("RANKS ")]
+    assert len(rows) == 4, rows
+    for rank, (host, cgroup) in enumerate(rows):
+        assert host == f"{hosts}-h{rank % 2}", rows
+        assert cgroup == f"/netns-hosts/{host}", rows
+
+
+def test_a_budget_the_launcher_cannot_see_is_an_error_not_unlimited(hosts):
+    ok("cpu", hosts, "all=0.5")
+    proc = subprocess.run(["ip", "netns", "exec", f"{hosts}-h0", str(NETNS_SSH),
+                           f"{hosts}-h1", "true"], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode != 0
+    assert "has a CPU budget but its cgroup is not visible" in proc.stderr, proc.stderr
 
 
 def test_a_small_budget_raises_the_period_to_the_kernels_smallest_quota(hosts):
