@@ -49,10 +49,11 @@ def _backoff(polls: int) -> None:
     time.sleep(0 if polls < 32 else min(_MAX_SLEEP_S, 1e-6 * (polls - 31) ** 2))
 
 
-def _wait_all(requests: List[MPI.Request], deadline: float) -> List[int]:
-    """Poll until every request completed or the deadline passed; returns the indices
-    still pending (each request tested on its own, so that one late peer is told
-    apart from the rest)."""
+def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
+    """Poll until every request completed or the deadline (time.monotonic()) passed,
+    yielding, then sleeping up to a millisecond between polls; returns the indices still
+    pending (each request tested on its own, so that one late peer is told apart from
+    the rest)."""
     pending = list(range(len(requests)))
     polls = 0
     while pending:
@@ -86,14 +87,14 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
         byte = np.zeros(size, dtype=np.uint8)
         recvs = [comm.Irecv([byte[r:r + 1], MPI.BYTE], source=r, tag=ARRIVE_TAG)
                  for r in range(1, size)]
-        missing = [i + 1 for i in _wait_all(recvs, deadline)]
+        missing = [i + 1 for i in wait_polled(recvs, deadline)]
         _cancel([recvs[r - 1] for r in missing])
         verdict[0] = len(missing)
         verdict[1:1 + len(missing)] = missing
         present = [r for r in range(1, size) if r not in missing]
         sends = [comm.Isend([verdict, MPI.INT64_T], dest=r, tag=VERDICT_TAG) for r in present]
         # the verdict is small (sent eagerly): a rank that arrived cannot keep it waiting
-        late = _wait_all(sends, time.monotonic() + timeout)
+        late = wait_polled(sends, time.monotonic() + timeout)
         _cancel([sends[i] for i in late])
     else:
         one = np.ones(1, dtype=np.uint8)
@@ -101,7 +102,7 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
         recv = comm.Irecv([verdict, MPI.INT64_T], source=0, tag=VERDICT_TAG)
         # rank 0 sends its verdict at its own deadline, which may be after ours: wait a
         # little longer, so that the missing rank, not rank 0, is named
-        if _wait_all([recv], deadline + min(timeout, VERDICT_GRACE_S)):
+        if wait_polled([recv], deadline + min(timeout, VERDICT_GRACE_S)):
             _cancel([recv, send])
             raise NeighbourTimeoutError(rank, f"{what} (relayed by rank 0)", [0], [], [],
                                         timeout)

@@ -50,7 +50,8 @@ class NeighbourTimeoutError(AsapError, TimeoutError):
         # a collective has no per-rank value to show: just the ranks that never arrived
         detail = ", ".join(
             f"rank {r} (expected {e}, last seen {o})" for r, e, o in zip(ranks, expected, observed)
-        ) if self.expected else ", ".join(f"rank {r}" for r in ranks)
+        ) if self.expected else ", ".join(f"rank {r}" for r in ranks) or \
+            "a rank of the communicator (an MPI collective does not say which)"
         super().__init__(
             f"rank {rank}: timed out after {timeout:g} s waiting for {what} from {detail}; "
             f"the neighbour is dead or stalled (raise the timeout with ASAPMPI_TIMEOUT if "

@@ -1,4 +1,4 @@
-"""The all-reduce baseline: the same averaging as a complete graph, by MPI_Allreduce."""
+"""The all-reduce baseline: the same averaging as a complete graph, by MPI_Iallreduce."""
 from __future__ import annotations
 
 import time
@@ -22,12 +22,25 @@ class Allreduce(Policy):
         """Nothing to publish ahead: the collective moves the data in receive()."""
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Average the buffer over all ranks."""
+        """Average the buffer over all ranks.  MPI_Iallreduce, waited for by polling with
+        backoff (collectives.wait_polled) rather than a blocking MPI_Allreduce, which
+        spins in the MPI's progress loop: a rank waiting there for a slow rank that
+        shares its cores (or its host's CPU budget) would take their cycles."""
         # imported here, not with the module: importing asapmpi.sync starts no MPI
         from mpi4py import MPI
 
+        from ..collectives import wait_polled
+        from ..errors import NeighbourTimeoutError
+
         t = time.perf_counter()
-        ctx.comm.Allreduce(MPI.IN_PLACE, ctx.array, op=MPI.SUM)
+        request = ctx.comm.Iallreduce(MPI.IN_PLACE, ctx.array, op=MPI.SUM)
+        if wait_polled([request], time.monotonic() + ctx.timeout):
+            # a collective request can be neither cancelled nor freed while the others
+            # may still take part: it stays referenced (with the buffer) and the job ends
+            self._stuck = request
+            raise NeighbourTimeoutError(ctx.comm.Get_rank(),
+                                        f"the allreduce of version {version}", [], [], [],
+                                        ctx.timeout)
         self.seconds += time.perf_counter() - t
         ctx.array /= ctx.comm.Get_size()
         self.calls += 1
