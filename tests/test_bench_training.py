@@ -1,10 +1,13 @@
 """`asapmpi bench training`: bad input is refused before anything starts; the statistics
 over seeds and the targets' verdicts on made-up runs; a short run end to end on one
-host, and one on two emulated hosts with shaped links (root and `ip netns` only)."""
+host, one on two emulated hosts with shaped links, and a benchmark killed by SIGTERM that
+leaves no hosts, CPU budgets or ranks behind (root and `ip netns` only)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import pytest
@@ -222,3 +225,41 @@ def test_emulated_hosts_shape_the_narrow_link_and_measure_it(tmp_path):
     assert report["scenario_text"]["narrow-link"] == "host 1's link at 20mbit"
     homogeneous, narrow = report["links"]
     assert "200mbit" in homogeneous and "20mbit" in narrow
+
+
+def _bench_sets():
+    """The namespaces and CPU-budget cgroups of bench training's host sets (bt...)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    names = {line.split()[0] for line in out.splitlines() if line.startswith("bt")}
+    for root in ("/sys/fs/cgroup/cpu/netns-hosts", "/sys/fs/cgroup/netns-hosts"):
+        if os.path.isdir(root):
+            names |= {f"cgroup {d}" for d in os.listdir(root) if d.startswith("bt")}
+    return names
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(NO_HOSTS is not None, reason=NO_HOSTS or "")
+def test_a_killed_benchmark_leaves_no_hosts_budgets_or_ranks():
+    before = _bench_sets()
+    with subprocess.Popen([sys.executable, "-m", "asapmpi", "bench", "training", "-n",
+                           "4", "--hosts", "2", "--workload", "small", "--iters",
+                           "100000", "--scenarios", "straggler-host", "--seeds", "0",
+                           "--policies", "allreduce"], cwd=ROOT, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        try:
+            said = []
+            for line in proc.stderr:                   # until the job has started
+                said.append(line)
+                if "4 ranks, 100000 iterations" in line:
+                    break
+            assert _bench_sets() - before, f"the benchmark made no hosts: {said}"
+            time.sleep(2)                              # its ranks are running
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            proc.kill()
+    assert _bench_sets() == before
+    ranks = subprocess.run(["pgrep", "-f", "--iters 100000"], capture_output=True,
+                           text=True, check=False).stdout.split()
+    assert ranks == [], ranks

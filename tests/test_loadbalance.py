@@ -85,6 +85,16 @@ def test_bad_balance_values_are_one_line(spec, message):
     assert "\n" not in str(err.value)
 
 
+def test_the_transport_is_a_trainer_option_too():
+    runs = runs_from(TrainConfig(model="svm"),
+                     "backup_ps:backup=2,backup_ps:backup=2:transport=messages")
+    assert [(r.label, r.transport, r.policy_options) for r in runs] == [
+        ("backup_ps:backup=2", "auto", {"backup": 2}),
+        ("backup_ps:backup=2:transport=messages", "messages", {"backup": 2})]
+    with pytest.raises(ConfigError, match=r"transport='pigeon' in .*write one of auto, put"):
+        runs_from(TrainConfig(model="svm"), "hop:transport=pigeon")
+
+
 def test_a_batch_of_one_cannot_be_split():
     with pytest.raises(ConfigError, match="balance needs --batch-size >= 2"):
         TrainConfig(model="svm", batch_size=1, balance=True).resolved()

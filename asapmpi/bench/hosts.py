@@ -122,11 +122,9 @@ class EmulatedHosts:
                  period_us: int = 10000):
         if count < 2:
             raise ConfigError(f"--hosts must be at least 2 for emulated hosts, got {count}")
-        if cores is not None and not 0.001 <= cores * count <= (os.cpu_count() or 1):
-            raise ConfigError(f"--host-cores {cores:g}: {count} hosts of it need "
-                              f"{cores * count:g} cores, this machine has "
-                              f"{os.cpu_count()}; give at most "
-                              f"{(os.cpu_count() or 1) / count:g}")
+        # (netns-hosts cpu refuses budgets that add up to more than the machine's cores)
+        if cores is not None and not cores >= 0.001:
+            raise ConfigError(f"--host-cores {cores:g}: give at least 0.001")
         self.hosts = count
         self.bandwidth = bandwidth
         self.prefix = prefix or f"bt{uuid.uuid4().hex[:6]}"
@@ -158,13 +156,8 @@ class EmulatedHosts:
         return args
 
     def __enter__(self) -> "EmulatedHosts":
+        # the CPU budgets come with budget(), which each scenario calls with its own
         self._script("up", str(self.hosts), self.prefix, *self._shaping())
-        if self.budgeted:
-            try:
-                self.budget({})
-            except BaseException:
-                self.__exit__()
-                raise
         return self
 
     def budget(self, fractions: Dict[int, float]) -> None:

@@ -56,6 +56,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -217,12 +218,15 @@ def check(args: argparse.Namespace) -> List[str]:
     if args.host_cores is not None and not args.host_cores > 0:
         raise ConfigError(f"--host-cores must be a positive number of cores, got "
                           f"{args.host_cores:g}")
-    if args.host_cores is not None and not args.one_host \
-            and args.host_cores * args.hosts > (os.cpu_count() or 1):
-        raise ConfigError(f"--host-cores {args.host_cores:g} for {args.hosts} hosts is "
-                          f"{args.host_cores * args.hosts:g} cores, more than this "
-                          f"machine's {os.cpu_count()}; give at most "
-                          f"{(os.cpu_count() or 1) / args.hosts:.2f}")
+    if args.host_cores is not None and not args.one_host:
+        # the most the budgets of one scenario add up to (a slow host takes less)
+        share = max(args.hosts - 1 + (1 / STRAGGLER_FACTOR if s == "straggler-host"
+                                      else 1) for s in args.scenarios)
+        if args.host_cores * share > (os.cpu_count() or 1):
+            raise ConfigError(f"--host-cores {args.host_cores:g} for {args.hosts} hosts "
+                              f"is {args.host_cores * share:g} cores, more than this "
+                              f"machine's {os.cpu_count()}; give at most "
+                              f"{(os.cpu_count() or 1) / share:.2f}")
     if not 1000 <= args.cpu_period <= 1000000:
         raise ConfigError(f"--cpu-period is microseconds from 1000 to 1000000, got "
                           f"{args.cpu_period}")
@@ -346,6 +350,7 @@ def run_jobs(args: argparse.Namespace, work: Workload, hosts, folder: str,
                 runs.append({"scenario": scenario, "seed": seed, "repeat": repeat,
                              "label": result.label, "summary": summary,
                              "batch_sizes": result.extra.get("batch_sizes"),
+                             "transport": result.extra.get("transport"),
                              "curve": {k: v.tolist() for k, v in curve.items()}})
     return runs
 
@@ -473,6 +478,10 @@ def analyze(runs: Sequence[Dict[str, Any]], scenarios: Sequence[str],
             rows[label]["run_to_run"] = _run_to_run(rows[label]["per_seed"])
             sizes = [r["batch_sizes"] for r in mine if r.get("batch_sizes")]
             rows[label]["batch_sizes"] = sizes[-1] if sizes else None
+            # "auto" measures the transports at every start: say what each run took
+            rows[label]["transports"] = {
+                t: sum(r.get("transport") == t for r in mine)
+                for t in sorted({r["transport"] for r in mine if r.get("transport")})}
         base = rows.get("allreduce")
         for row in rows.values():
             ttt = row["time_to_target_s"]["median"]
@@ -681,9 +690,15 @@ def seed_table(rows: Dict[str, Dict[str, Any]]) -> str:
 
 
 def balance_lines(rows: Dict[str, Dict[str, Any]]) -> List[str]:
-    """The per-rank batch sizes of the load-balanced runs (the last run's)."""
-    return [f"  {label}: batch per rank {r['batch_sizes']}" for label, r in rows.items()
-            if r.get("batch_sizes")]
+    """The per-rank batch sizes of the load-balanced runs (the last run's), and the
+    transports the runs took (transport="auto" measures at every start)."""
+    out = [f"  {label}: batch per rank {r['batch_sizes']}" for label, r in rows.items()
+           if r.get("batch_sizes")]
+    taken = [f"{label} {', '.join(f'{t} x{n}' for t, n in r['transports'].items())}"
+             for label, r in rows.items() if r.get("transports")]
+    if taken:
+        out.append(f"  transports taken: {'; '.join(taken)}")
+    return out
 
 
 def reading(report: Dict[str, Any]) -> str:
@@ -797,6 +812,9 @@ def run(args: argparse.Namespace) -> int:
         EmulatedHosts(args.hosts, args.bandwidth, cores=cores, period_us=args.cpu_period)
     links: List[str] = []
     budgets: Dict[str, str] = {}
+    # a `kill` (SIGTERM) unwinds like Ctrl-C, so that the hosts, their CPU budgets and
+    # whatever still runs on them are removed (netns-hosts down)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-training-") as tmp:
         folder = args.keep or tmp
         os.makedirs(folder, exist_ok=True)

@@ -58,7 +58,7 @@ def _value(text: str) -> Any:
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
 #: and its Exchange never see them (load balancing: asapmpi.loadbalance)
-TRAINER_OPTIONS = ("balance", "balance_every")
+TRAINER_OPTIONS = ("balance", "balance_every", "transport")
 
 
 def parse_run_spec(spec: str, default_graph: str) -> Tuple[str, str, Dict[str, Any], str]:
@@ -103,6 +103,12 @@ def split_options(options: Dict[str, Any], where: str
         trainer["balance"] = bool(value)
     if "balance_every" in trainer:
         check_every(trainer["balance_every"], where)
+    if "transport" in trainer:
+        from ..transports.channels import FAMILIES
+
+        if trainer["transport"] not in ("auto", *FAMILIES):
+            raise ConfigError(f"transport={trainer['transport']!r} {where}: write one of "
+                              f"auto, {', '.join(FAMILIES)}")
     return policy_options, trainer
 
 
@@ -174,6 +180,9 @@ class TrainConfig:
     #: policy, never passed to the policy
     balance: bool = False
     balance_every: int = 20
+    #: the Exchange's transport (transport=FAMILY in a run spec): "auto" measures the
+    #: candidates at creation and takes the faster (Exchange's docstring)
+    transport: str = "auto"
 
     def resolved(self) -> "TrainConfig":
         """Defaults of the chosen demo filled in, every field checked (ConfigError)."""

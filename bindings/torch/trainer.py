@@ -174,7 +174,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     opt = DecentralizedOptimizer(
         make_optimizer(cfg, model), None if fixed else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
-        **cfg.policy_options)
+        transport=cfg.transport, **cfg.policy_options)
     ckpts = CheckpointDir(cfg.checkpoint_root(), rank, cfg.keep)
     log, elapsed, resumed_loop = MetricsLog(), 0.0, None
     if cfg.resume:
@@ -213,6 +213,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     if rank != 0:
         return None
     extra = {"sync": cfg.sync, "graph": opt.exchange.graph.name,
+             "transport": opt.exchange.transport_report.get("chosen"),  # None: no window
+             "transport_reason": opt.exchange.transport_report.get("reason"),
              "model_bytes": opt.flat.nbytes,
              "policy_report": opt.exchange.report,
              "hosts": [host for host, _ in places],
