@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from mpilaunch import PATHS, RESULT_TAG, launch, run
+from mpilaunch import PATHS, launch, run
 
 pytestmark = pytest.mark.mpi
 
@@ -49,10 +49,11 @@ def test_the_mean_and_a_wait_that_sleeps(path):
         assert r["cpu"] < 0.5 * r["wall"], r
 
 
-def absent_rank(comm, timeout=2.0):
+def absent_rank(comm, out, timeout=2.0):
     """The last rank never joins the allreduce; the others must time out.  The stuck
     collective can be neither completed nor freed, and the runner's gather would match
-    it: every rank prints its own result and leaves without MPI_Finalize."""
+    it: every rank writes its own result to out/RANK.json (ranks' printed lines
+    interleave) and leaves without MPI_Finalize."""
     import os
 
     from asapmpi import Exchange
@@ -69,17 +70,17 @@ def absent_rank(comm, timeout=2.0):
         except NeighbourTimeoutError as exc:
             result["error"] = str(exc)
             result["after"] = time.monotonic() - start
-    print(f"ASAPMPI-RESULT {comm.rank} {json.dumps(result)}", flush=True)
+    with open(os.path.join(out, f"{comm.rank}.json"), "w") as f:
+        json.dump(result, f)
     if comm.rank == comm.size - 1:
         time.sleep(timeout + 3)             # alive, outside MPI, until the others gave up
     os._exit(0)
 
 
-def test_a_rank_that_never_comes_is_a_timeout_not_a_hang():
-    proc = launch("test_allreduce_policy:absent_rank", 3, "shm", 60)
+def test_a_rank_that_never_comes_is_a_timeout_not_a_hang(tmp_path):
+    proc = launch("test_allreduce_policy:absent_rank", 3, "shm", 60, out=str(tmp_path))
     # leaving without MPI_Finalize is an error exit for Open MPI's mpiexec, not MPICH's
-    found = {int(line.split(" ", 2)[1]): json.loads(line.split(" ", 2)[2])
-             for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)}
+    found = {int(p.stem): json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert sorted(found) == [0, 1, 2], proc.stdout + proc.stderr
     for r in (found[0], found[1]):
         assert r["error"] and "the allreduce of version 1" in r["error"], r
