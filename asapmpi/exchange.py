@@ -250,10 +250,9 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
         report.update(chosen=window, reason=f"an update of {nbytes} bytes is more than "
                                             f"one message carries ({limit})")
         return window, report
-    # where the window's reduce reads each update in place, a message moves it into
-    # the slot first: there the messages carry the update's size
+    # both move the update, as the exchange will (a signal's cost does not rank them
+    # for a megabyte), except where the window's reduce reads each update in place
     in_place = channel[window].in_place_read
-    message_bytes = nbytes if in_place else 8
     measured: Dict[str, Dict[str, float]] = {}
     for name in ("same host", "other host"):
         keep = [[j for j in g.out_neighbours(r)
@@ -262,7 +261,7 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
             continue
         try:
             measured[name] = transport_probe.measure(comm, Graph(g.n, keep, name), timeout,
-                                                     slack_ns, message_bytes)
+                                                     slack_ns, nbytes, not in_place)
         except MPIError as exc:
             raise _explained(exc) from None
     if not measured:
@@ -275,11 +274,12 @@ def _choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: L
     words_us = max(m["words"] for m in rounds.values())
     messages_us = max(m["messages"] for m in rounds.values())
     chosen = messages_family if messages_us < words_us else window
-    carried = f"{nbytes}-byte updates" if in_place else "8-byte signals"
-    report.update(chosen=chosen, reason=f"measured: window words {words_us:.0f} us, "
-                                        f"messages ({carried}) {messages_us:.0f} us "
-                                        f"a round",
-                  rounds=rounds, unit="us per round", message_bytes=message_bytes)
+    report.update(chosen=chosen, reason=f"measured with {nbytes}-byte updates: window "
+                                        f"words {words_us:.0f} us"
+                                        f"{' (read in place)' if in_place else ''}, "
+                                        f"messages {messages_us:.0f} us a round",
+                  rounds=rounds, unit="us per round", message_bytes=nbytes,
+                  window_bytes=8 if in_place else nbytes)
     return chosen, report
 
 

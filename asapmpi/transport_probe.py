@@ -14,11 +14,17 @@ ROUNDS NOTIFY-ACK steps on each after WARMUP steps, alternating, so that both se
 same load (ranks oversubscribing cores, other jobs).  It runs the slot
 window's own code, with its waits, progress and timeouts.  Collective.
 
-Where the window alternative is the shared transport (one host), whose reduce reads
-each update in place, the messages carry the update's size (up to
-MESSAGE_PROBE_BYTES): a message moves its bytes through MPI into the reader's slot, a
-cost the shared transport does not have (3x at 1 MB on Open MPI's shared memory, 1.5x
-at 64 KB on MPICH's, where messages signal faster).
+Both carry the update's size (up to MESSAGE_PROBE_BYTES, the time scaled above), as
+the exchange will: what a signal costs is not what moving a megabyte costs, and the
+two can rank the transports differently.  Over TCP to a host whose CPU is starved, a
+put's flush waits for the target to copy every put into its window (MPICH's
+active-message RMA), while the messages' receives were posted ahead: timed with 8-byte
+signals the two were within noise and either was taken, and backup_ps ran at 1.5 or
+7.3 it/s by which (docs/BENCHMARKS.md, issue 32).  Where the window alternative is the
+shared transport (one host), whose reduce reads each update in place, the window words
+carry 8 bytes: the shared transport moves no payload, a message moves its bytes
+through MPI into the reader's slot (3x at 1 MB on Open MPI's shared memory, 1.5x at
+64 KB on MPICH's, where messages signal faster).
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from mpi4py import MPI
 from ._core import Layout, MessageWindow, PutWindow
 from ._core.layout import window_offsets
 from ._core.slotwin import settle_all
-from .rc import rc
+from .rc import max_transfer, rc
 from .transports import MessageTransport, PutTransport
 
 WARMUP = 3
@@ -52,25 +58,30 @@ def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int,
                  out_slot, out_notify, in_ack, 8, poll_yields=rc.poll_yields,
                  poll_max_sleep_us=rc.poll_max_sleep_us, poll_slack_ns=slack_ns,
                  flush_timeout=timeout)
+    # the exchange's piece size: MPICH's active-message RMA crashes on larger puts
+    # (asapmpi.rc.AM_RMA_MAX_TRANSFER)
+    win.max_transfer = max_transfer()
     transport = (MessageTransport if messages else PutTransport)(win)
     transport.start(False)
     return transport
 
 
 def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
-            message_bytes: int = 8) -> Dict[str, float]:
+            update_bytes: int = 8, words_carry_update: bool = True) -> Dict[str, float]:
     """Seconds per notify/ack round of window words ("words") and of messages
-    ("messages", updates of `message_bytes`, the time scaled by message_bytes /
-    MESSAGE_PROBE_BYTES above it) over graph `g`: the median round after the warm-up,
-    the slowest rank's; the windows' waits sleep with timer slack `slack_ns` (0: the
-    thread's own), as the exchange's will.  Collective."""
-    sent = max(8, min(message_bytes, MESSAGE_PROBE_BYTES)) // 8 * 8
-    bufs = {"words": np.zeros(1, dtype=np.float64),
-            "messages": np.zeros(sent // 8, dtype=np.float64)}
+    ("messages") over graph `g`, each step moving an update of `update_bytes` (the
+    words: 8 bytes unless `words_carry_update`, for a window whose reduce reads in
+    place), the time scaled by update_bytes / MESSAGE_PROBE_BYTES above it: the median
+    round after the warm-up, the slowest rank's; the windows' waits sleep with timer
+    slack `slack_ns` (0: the thread's own), as the exchange's will.  Collective."""
+    sent = max(8, min(update_bytes, MESSAGE_PROBE_BYTES)) // 8 * 8
+    words_sent = sent if words_carry_update else 8
+    sizes = {"words": words_sent, "messages": sent}
+    bufs = {name: np.zeros(size // 8, dtype=np.float64) for name, size in sizes.items()}
     times: Dict[str, list] = {"words": [], "messages": []}
     # on an error (a neighbour's timeout) the windows are left to MPI_Abort or
     # MPI_Finalize: freeing is collective and could wait for the rank that failed
-    transports = {"words": _window(comm, g, False, timeout, slack_ns)}
+    transports = {"words": _window(comm, g, False, timeout, slack_ns, words_sent)}
     transports["messages"] = _window(comm, g, True, timeout, slack_ns, sent)
     for k in range(1, WARMUP + ROUNDS + 1):
         for name, transport in transports.items():
@@ -91,6 +102,7 @@ def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
                 times[name].append(time.perf_counter() - t0)
     for transport in transports.values():
         transport.free()
-    scale = {"words": 1.0, "messages": max(1.0, message_bytes / sent)}
+    scale = {"words": max(1.0, update_bytes / sent) if words_carry_update else 1.0,
+             "messages": max(1.0, update_bytes / sent)}
     return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX) * scale[name]
             for name, ts in times.items()}

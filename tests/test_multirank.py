@@ -80,9 +80,10 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
     assert report["chosen"] == auto[0]["transport"] and report["requested"] == "auto"
     rounds = report["rounds"]["same host"]                 # every rank on this host
     window = "shared" if path == "shm" else "put"
-    # on one host the messages carry the update (the shared transport reads it in
-    # place); elsewhere both sides time 8-byte signals
-    assert report["message_bytes"] == (8000 if window == "shared" else 8), report
+    # the messages carry the update; so do the window words, except on the shared
+    # transport, whose reduce reads each update in place
+    assert report["message_bytes"] == 8000, report
+    assert report["window_bytes"] == (8 if window == "shared" else 8000), report
     assert auto[0]["transport"] == ("messages" if rounds["messages"] < rounds["words"]
                                     else window), report
     assert results[0]["put"]["report"]["reason"] == "asked for"
@@ -91,12 +92,16 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
         "the only transport sync='gossip' has"
     assert results[0]["gossip"]["transport"] == "put"
     # Hop and async run on window words or on a mailbox of messages: measured like
-    # NOTIFY-ACK, with 8-byte signals on both sides (their slots are always put)
+    # NOTIFY-ACK, with the update on both sides (their slots are always put)
     for sync in ("hop", "async"):
         chosen = results[0][sync]
         rounds = chosen["report"]["rounds"]["same host"]
         assert chosen["transport"] == ("messages" if rounds["messages"] < rounds["words"]
                                        else "put"), chosen["report"]
+    # backup_ps's star: every worker's 160 KB update measured on both sides
+    star = results[0]["backup_ps"]["report"]
+    assert star["message_bytes"] == star["window_bytes"] == 160000, star
+    assert results[0]["backup_ps"]["transport"] == star["chosen"], star
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -946,14 +946,19 @@ def trace_streams_whole_run(comm, trace_file, sync="hop", steps=300, keep=50,
 
 def transport_choice(comm):
     """transport="auto" measures and reports; an explicit transport and a policy with
-    one transport are reported as such."""
+    one transport are reported as such.  backup_ps's server takes puts from every
+    worker at once, each larger than one MPICH active-message put may be: the probe
+    cuts them into the exchange's pieces as the exchange does."""
     buf = np.zeros(1000)
     out = {}
     for label, options in (("auto", {}), ("put", {"transport": "put"}),
                            ("hop", {"sync": "hop"}), ("async", {"sync": "async"}),
-                           ("gossip", {"sync": "gossip", "graph": None})):
+                           ("gossip", {"sync": "gossip", "graph": None}),
+                           ("backup_ps", {"sync": "backup_ps", "backup": 1, "graph": None,
+                                          "buffer": np.zeros(20000)})):
         kwargs = {"graph": "ring", **options}
-        with asapmpi.Exchange(buf, comm=comm, timeout=60, **kwargs) as ex:
+        with asapmpi.Exchange(kwargs.pop("buffer", buf), comm=comm, timeout=60,
+                              **kwargs) as ex:
             for _ in range(3):
                 ex.step()
             out[label] = {"transport": ex.transport, "report": ex.transport_report}
