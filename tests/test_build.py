@@ -148,7 +148,7 @@ def test_cmake_install(cmake_build, tmp_path):
         timeout=120, env=clean_env())
     site = tmp_path / "prefix" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     site = site / "site-packages"
-    assert (site / "asapmpi" / "exchange.py").is_file()
+    assert (site / "asapmpi" / "exchange" / "exchange.py").is_file()
     rec = import_check(sys.executable, site, cwd=tmp_path, PYTHONPATH=str(site))
     assert rec["BUILT_BY"] == "cmake"
 

@@ -193,7 +193,9 @@ def test_the_graph_sees_the_package():
     assert "asapmpi.exchange" in graph and "asapmpi.torch.trainer" in graph
     assert "asapmpi._core.slotwin" in graph["asapmpi._core"]
     assert "asapmpi.errors" in graph["asapmpi._core.slotwin"]       # a .pyx's import
-    assert "asapmpi.transports" in graph["asapmpi.exchange"]
+    assert "asapmpi.transports" in graph["asapmpi.exchange.choice"]
+    # a package's __init__ reads what its submodule defines
+    assert "asapmpi.exchange.exchange" in graph["asapmpi.exchange"]
     # a function's import counts
     assert "asapmpi.torch.trainer" in graph["asapmpi.train.cli"]
     # as does reading a name from a package's __init__

@@ -147,7 +147,7 @@ def test_updates_larger_than_one_message_refuse_messages_and_auto_takes_words():
 
     import asapmpi
     from asapmpi.errors import ConfigError
-    from asapmpi.exchange import _choose_transport
+    from asapmpi.exchange.choice import choose_transport
     from asapmpi.sync import policy
     from asapmpi.transports.channels import MESSAGE_LIMIT
 
@@ -156,8 +156,8 @@ def test_updates_larger_than_one_message_refuse_messages_and_auto_takes_words():
     with pytest.raises(ConfigError, match="transport='messages' sends each update as one "
                                           "message"):
         asapmpi.Exchange(huge, graph="ring", transport="messages", comm=MPI.COMM_SELF)
-    chosen, report = _choose_transport("auto", policy("notify_ack"), MPI.COMM_SELF, None,
-                                       ["h"], 10.0, MESSAGE_LIMIT + 1)
+    chosen, report = choose_transport("auto", policy("notify_ack"), MPI.COMM_SELF, None,
+                                      ["h"], 10.0, MESSAGE_LIMIT + 1)
     assert chosen in ("put", "shared") and "more than one message carries" in report["reason"]
 
 

@@ -29,7 +29,7 @@ subclass in its own .pxi file, with one hook per job: send an update, where a sl
 progress, drain at free) advertises the needs it serves and what it can do, a policy
 declares what it needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain), and
 `channels.resolve(family, policy)` gives the channel.  NOTIFY-ACK's step over a channel
-is one Transport class here.  `asapmpi.transport_probe` times the window words against
+is one Transport class here.  `asapmpi.exchange.probe` times the window words against
 messages and `Exchange(transport="auto")` takes the faster among the families that fit.
 A new channel (GPU memory, say) is one more window class, one more row in
 channels.CHANNELS and, for NOTIFY-ACK, one more module with a Transport subclass,

@@ -29,7 +29,7 @@ A channel fits a policy when it serves the policy's Reads and, for a policy whos
 writers never wait for a reader, lets a writer run ahead.  `families(policy)` are the
 families with a channel that fits, `resolve(family, policy)` the channel a family gives
 it (a one-line ConfigError naming what fits otherwise).  Exchange(transport="auto")
-measures among the families that fit (asapmpi.exchange, asapmpi.transport_probe).  A
+measures among the families that fit (asapmpi.exchange.choice, asapmpi.exchange.probe).  A
 new channel (GPU memory, say) is one more window class and one more row here.
 
 Importing this module loads no MPI: a channel names its window class, which

@@ -35,11 +35,10 @@ from typing import Dict
 import numpy as np
 from mpi4py import MPI
 
-from ._core import Layout, MessageWindow, PutWindow
-from ._core.layout import window_offsets
-from ._core.slotwin import settle_all
-from .rc import max_transfer, rc
-from .transports import MessageTransport, PutTransport
+from .._core import Layout, MessageWindow, PutWindow
+from .._core.slotwin import settle_all
+from ..transports import MessageTransport, PutTransport
+from .construction import open_window
 
 WARMUP = 3
 ROUNDS = 15
@@ -49,18 +48,10 @@ MESSAGE_PROBE_BYTES = 1 << 20
 
 def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int,
             nbytes: int = 8):
-    rank = comm.Get_rank()
     layouts = [Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0, False)
                for r in range(g.n)]
-    out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
-    window = MessageWindow if messages else PutWindow
-    win = window(comm, layouts[rank], g.in_neighbours(rank), g.out_neighbours(rank),
-                 out_slot, out_notify, in_ack, 8, poll_yields=rc.poll_yields,
-                 poll_max_sleep_us=rc.poll_max_sleep_us, poll_slack_ns=slack_ns,
-                 flush_timeout=timeout)
-    # the exchange's piece size: MPICH's active-message RMA crashes on larger puts
-    # (asapmpi.rc.AM_RMA_MAX_TRANSFER)
-    win.max_transfer = max_transfer()
+    win = open_window(comm, g, layouts, comm.Get_rank(),
+                      MessageWindow if messages else PutWindow, 8, timeout, slack_ns)
     transport = (MessageTransport if messages else PutTransport)(win)
     transport.start(False)
     return transport

@@ -1,0 +1,503 @@
+"""The Exchange object: its steps, its state and its lifetime.  What it is made of is
+decided elsewhere in this package: checks.py (each rank's own input), agreement.py
+(what the ranks agree on), choice.py (the transport), construction.py (the window)."""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any, Deque, Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import _core, collectives, cores
+from ..errors import ConfigError, FreedError, NonFiniteError
+from ..faults import install_abort_hook
+from ..ranks import check_world_size
+from ..rc import rc
+from ..sync import Reads, StepContext
+from ..sync.records import Records
+from ..transports import make_transport, resolve
+from .agreement import agree
+from .checks import DTYPES, GraphSpec, check_locally
+from .choice import choose_transport
+from .construction import exchange_window
+
+#: steps timed before the default timeout follows the measured step times
+STEPS_MEASURED = 16
+
+
+class Exchange:
+    """Mix `buffer` with its in-neighbours' copies, one step at a time.
+
+    Parameters
+    ----------
+    buffer: writable C-contiguous float32 or float64 buffer (a NumPy array, say).  It is
+        sent from and reduced into in place: no copies.
+    graph: a graph name ("root-expander", "ring", "complete", ...: asapmpi.reduce.GRAPHS),
+        a Graph (asapmpi.graph(...), asapmpi.graph_from(...)), an edge list or adjacency
+        matrix, or this rank's neighbours as {"in": [...], "out": [...]}.  Default: the
+        root expander, or the graph the policy fixes (backup_ps: a star).
+        "hierarchical" by name finds the hosts with MPI's shared-memory split.
+    sync: "notify_ack" (ASAP's NOTIFY-ACK over the graph); "bsp" and "async" (ASAP's
+        baselines: barrier, or no wait at all; whole versions only, renormalized);
+        "allreduce" (the same averaging by MPI_Allreduce over all ranks; graph must be
+        left out or "complete"); "backup_ps" (a parameter server averaging the first N
+        of N + b workers' updates; options backup, server); "elastic" (ElasticBSP: a
+        server picks each worker's next barrier with ZipLine; options R, algorithm);
+        "hop" (Hop's update and
+        token queues; options max_gap, backup, ...); or a Policy class or instance
+        (asapmpi.sync.Policy) of a policy outside asapmpi.sync.POLICIES.
+    comm: the mpi4py communicator (default COMM_WORLD); duplicated internally.
+    weights: "auto" (uniform on regular graphs, Metropolis-Hastings on other undirected
+        ones), "uniform", "metropolis", an n x n matrix (rows = receivers), or this
+        rank's {rank: weight} row.  The result must be doubly stochastic.
+    timeout: seconds any wait on a neighbour may take.  Default: derived from measured
+        iteration times, step to step (asapmpi.rc: timeout_factor x the median and at
+        least 3 x the longest of the last 64, within [timeout_min, timeout]; rc.timeout
+        until 16 iterations are timed).
+    reject_nonfinite: refuse to send a buffer holding NaN or Inf (NonFiniteError on the
+        rank that has it, before anything is sent).
+    checksum: put a checksum of the payload in every slot footer and verify it.
+    transport: how updates reach the slots.  "put": MPI_Put into each out-neighbour's
+        slot (any MPI path).  "shared": every rank copies its update once into its own
+        slot in shared memory and its out-neighbours reduce from it in place (one host
+        only; notify_ack only).  "messages": every update is one two-sided message per
+        out-neighbour, received straight into the reader's slot; the receive posted for
+        the next version is the ack (any path: on TCP networks MPICH runs one-sided
+        operations as active messages that cost each target CPU time per piece, and
+        Open MPI's need the target's progress, while two-sided messages are their
+        fastest path).  For hop and bsp the window becomes a mailbox: their updates
+        and tokens travel as messages that the reader's waits complete into the same
+        slots and words (docs/PROTOCOL.md 2d); async, backup_ps and elastic run on a
+        mailbox of newest versions (2e); gossip pulls one-sidedly ("put").  Which
+        transports fit a policy follows from what it needs (asapmpi.transports.channels:
+        asapmpi.transports.families(policy)); one that does not fit is refused.  "auto"
+        (default): by measurement at creation, among those that fit: the window words of
+        "shared" (notify_ack, every rank on one host, the network path not forced) or else
+        "put", against messages, each timed over the graph's edges per neighbour class
+        (same host, other host); messages win when faster (both probes carry the
+        update, except the window words of "shared", which reads in place;
+        docs/PROTOCOL.md 2g).  ex.transport_report says what was chosen and why.
+    double_buffer: with the shared transport, keep the buffer in two slots of this
+        rank's shared memory, computed on in place and reduced from one into the other:
+        no copy at all per step (the reduce moves only its own inputs and output, the
+        memory-bandwidth bound).  `buffer` is copied in at creation and the values are
+        then in `ex.buffer`, which step() and receive() return and which alternates
+        between the two slots: after each step use the array they return (the previous
+        one turns read-only: its neighbours may still be reading it).  free() copies the
+        final values back into `buffer`.  On the put transport nothing changes:
+        ex.buffer is `buffer`.
+    trace_file: stream the policy's whole per-iteration trace (entry times, versions
+        reduced, pulls, supersteps) to this HDF5 file: every rank writes its rows in
+        chunks to FILE.rankNNNNN.part, and free() merges the parts into FILE (check it
+        with `asapmpi trace check FILE`).  Without it only the newest
+        asapmpi.rc.trace_iterations iterations are kept, in `ex.trace`: memory stays flat
+        over any number of steps.
+    options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
+
+    An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
+    rank: freeing is collective.
+    """
+
+    def __init__(self, buffer, graph: Optional[GraphSpec] = None, sync: str = "notify_ack",
+                 comm: Optional[MPI.Comm] = None, *,
+                 weights: Union[str, Mapping[int, float], Any] = "auto",
+                 timeout: Optional[float] = None, checksum: bool = False,
+                 reject_nonfinite: bool = False, transport: str = "auto",
+                 double_buffer: bool = False, trace_file: Optional[str] = None, **options):
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if isinstance(trace_file, os.PathLike):
+            trace_file = os.fspath(trace_file)
+        if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+            raise ConfigError("comm must be a valid mpi4py communicator")
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self._win = None
+        self._comm = None
+        self._segments = None
+        self._slots: Tuple[np.ndarray, ...] = ()
+        if comm == MPI.COMM_WORLD:
+            check_world_size(size)      # a singleton from a mismatched mpiexec, say
+        local = check_locally(buffer, graph, sync, weights, timeout, checksum, options,
+                              rank, size, transport, double_buffer, trace_file)
+        meta, g, w = agree(comm, local, rank)
+
+        self.buffer = buffer
+        self._user_buffer = buffer
+        self.comm = comm
+        self.hosts = [m["host"] for m in meta]
+        #: this rank's host runs more ranks than it has cores (asapmpi.cores): the
+        #: waits then sleep with the kernel's coarse timer slack, else precisely
+        self.oversubscribed = cores.oversubscribed(meta, rank)
+        self._slack_ns = cores.sleep_slack_ns(meta, rank, rc.poll_timer_slack_ns)
+        self.trace_file = trace_file
+        self.dtype, self.nbytes = local["dtype"], local["nbytes"]
+        self.rank, self.size = rank, size
+        self.graph = g
+        self.in_neighbours = g.in_neighbours(rank)
+        self.out_neighbours = g.out_neighbours(rank)
+        self.sync = local["policy"].name
+        self.timeout = local["timeout"]
+        self._adaptive = timeout is None
+        self._step_seconds: Deque[float] = deque(maxlen=64)
+        self._last_start: Optional[float] = None
+        self._timed = 0                 # iterations timed
+        self.reject_nonfinite = bool(reject_nonfinite)
+        if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
+            install_abort_hook()
+        self.version = 0            # steps completed, earlier runs (load_state_dict) included
+        self._base = 0              # steps completed before this window existed
+        self._window_version = 0    # steps completed on this window (versions start at 1)
+        self._sending = False
+        self._carried = {"bytes_sent": 0, "wait_seconds": 0.0}
+        self.mixing = w
+        self._policy = local["policy"]
+        self._ctx = StepContext(float(w[rank, rank]),
+                                np.ascontiguousarray(w[rank, self.in_neighbours]),
+                                self.timeout, bool(checksum))
+        self.transport = "put"
+        self.transport_report: Dict[str, Any] = {"requested": transport, "chosen": None,
+                                                 "reason": "no window: MPI collectives"}
+        self.double_buffered = False
+        if self._policy.uses_window:
+            self.transport, self.transport_report = choose_transport(
+                transport, self._policy, comm, g, self.hosts, self.timeout, self.nbytes,
+                self._slack_ns)
+            # the window class the chosen family gives this policy, and what it can do
+            self._channel = resolve(self.transport, self._policy)
+            # double buffering computes in the slot the neighbours read in place
+            self.double_buffered = bool(double_buffer) and self._channel.in_place_read
+            self._win, self._segments = exchange_window(
+                comm, g, rank, self._policy, self._channel, self.nbytes,
+                DTYPES["f" if self.dtype == "float32" else "d"][1], self.double_buffered,
+                self.timeout, self._slack_ns)
+            if self._policy.reads is Reads.EXACT:
+                # NOTIFY-ACK's steps go through a transport over the channel; every other
+                # policy's through the window's own put, waits and ack
+                self._ctx.channel = make_transport(self.transport, self._win,
+                                                   self.double_buffered)
+                # the "ack" of version 0: every slot is free for version 1
+                self._ctx.channel.start(self._ctx.checksum)
+            if self.double_buffered:
+                self._enter_slots()
+            self._policy.records = Records(path=trace_file, rank=rank)
+            self._policy.start()
+        else:
+            self._comm = comm.Dup()
+            self._ctx.comm = self._comm
+            self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
+
+    def _enter_slots(self) -> None:
+        """Double buffering: the buffer's values move into own slot 1 (version 1 is
+        computed there), and ex.buffer follows the slots from now on."""
+        layout = self._policy.layouts[self.rank]
+        count = self.nbytes // np.dtype(self.dtype).itemsize
+        def slot(s):
+            return np.frombuffer(self._segments.own, dtype=self.dtype, count=count,
+                                 offset=layout.segment_payload(s))
+        # the policy's (flat, always writable) and the user's (in the shape of the
+        # array given, one of them read-only at a time)
+        self._ctx.buffers = (slot(0), slot(1))
+        shape = getattr(self._user_buffer, "shape", (count,))
+        self._slots = (slot(0).reshape(shape), slot(1).reshape(shape))
+        self._ctx.buffers[1][...] = np.frombuffer(self._user_buffer, dtype=self.dtype)
+        self._follow_slots()
+
+    def _follow_slots(self) -> None:
+        # the next version is computed in slot (next % 2); the other is what the
+        # out-neighbours may still be reading: read-only, so a stale reference fails
+        # loudly instead of corrupting their reduce
+        current = self._slots[(self._window_version + 1) % 2]
+        other = self._slots[self._window_version % 2]
+        other.flags.writeable = False
+        current.flags.writeable = True
+        self.buffer = current
+        self._ctx.array = self._ctx.buffers[(self._window_version + 1) % 2]
+
+    # ------------------------------------------------------------------ use
+
+    def step(self):
+        """Send the buffer to the out-neighbours and reduce the in-neighbours' into it.
+        Returns the array holding the result: `ex.buffer` (with double_buffer, not the
+        array computed on before)."""
+        win = self._alive()
+        if self._sending:
+            raise ConfigError("send() was called without its receive(); call receive() "
+                              "before step()")
+        self._check_finite()
+        self._iteration_started()
+        done = self._policy.step(win, self.buffer, self._window_version + 1, self._ctx)
+        self._advance(done)
+        return self.buffer
+
+    def send(self) -> None:
+        """The first half of step(): publish the buffer.  Until receive() the buffer may
+        be read (gradients computed on it: Hop's parallel computation graph) but not
+        written."""
+        win = self._alive()
+        if self._sending:
+            raise ConfigError("send() twice without receive(); call receive() first")
+        self._check_finite()
+        self._iteration_started()
+        self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
+        self._sending = True
+        if self.double_buffered:
+            # the out-neighbours read this slot in place until they acknowledge it: a
+            # write through ex.buffer now fails here instead of tearing their reduce
+            self.buffer.flags.writeable = False
+
+    def receive(self):
+        """The second half of step(): wait for the neighbours, reduce into the buffer.
+        Returns `ex.buffer`, as step()."""
+        win = self._alive()
+        if not self._sending:
+            raise ConfigError("receive() without send(); call send() first (or step())")
+        self._sending = False
+        done = self._policy.receive(win, self.buffer, self._window_version + 1, self._ctx)
+        self._advance(done)
+        return self.buffer
+
+    def _iteration_started(self) -> None:
+        """Time whole iterations, from one step (or send) to the next: a neighbour's
+        wait for this rank covers this rank's compute too, not only its exchange."""
+        now = time.perf_counter()
+        if self._adaptive and self._last_start is not None:
+            self._step_seconds.append(now - self._last_start)
+            self._timed += 1
+            # a median per step would cost an allocation on the hot path: refresh the
+            # derived timeout every STEPS_MEASURED iterations
+            if self._timed % STEPS_MEASURED == 0:
+                # a typical iteration times the factor, but never less than a few of the
+                # longest recent ones (evaluations, checkpoints, ElasticBSP supersteps)
+                times = np.asarray(self._step_seconds)
+                derived = max(rc.timeout_factor * float(np.median(times)),
+                              3.0 * float(times.max()))
+                self._ctx.timeout = min(max(derived, rc.timeout_min), self.timeout)
+        self._last_start = now
+
+    def _advance(self, done: Optional[int]) -> None:
+        # a policy that skips iterations (hop) reports the last one it completed
+        self._window_version = self._window_version + 1 if done is None else done
+        self.version = self._base + self._window_version
+        if self._slots:
+            self._follow_slots()
+
+    @property
+    def policy(self):
+        """The synchronization policy object (asapmpi.sync): its options, role and
+        trace; read it, do not call its steps."""
+        return self._policy
+
+    @property
+    def current_timeout(self) -> float:
+        """The seconds the next wait on a neighbour may take (see `timeout` above)."""
+        return self._ctx.timeout
+
+    def _check_finite(self) -> None:
+        if not self.reject_nonfinite:
+            return
+        array = self._ctx.array if self._ctx.array is not None else \
+            np.frombuffer(self.buffer, dtype=self.dtype)
+        # one pass without a temporary: NaN and Inf survive a float64 sum
+        if np.isfinite(np.add.reduce(array, dtype=np.float64)):
+            return
+        bad = np.flatnonzero(~np.isfinite(array))
+        if len(bad) == 0:
+            return                              # only the float64 sum overflowed
+        raise NonFiniteError(f"rank {self.rank}: the buffer holds {len(bad)} NaN/Inf "
+                             f"value(s) (first at element {bad[0]}) before step "
+                             f"{self.version + 1}; nothing was sent: lower the learning "
+                             f"rate or clip gradients")
+
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes this rank's one-sided operations moved: its puts, and the gets
+        of pull gossip (slot headers, footers and control words not counted).
+        sync="allreduce": an estimate, 2(n-1)/n of the buffer per call, what a ring or
+        reduce-scatter + allgather all-reduce sends."""
+        win = self._alive()
+        if win is not None:
+            # pull gossip moves its bytes with gets: count them on the rank that pulls
+            # (a mailbox's bytes_got are updates it received, sent by others)
+            sent = win.bytes_put + (win.bytes_got if self._policy.publish_slots else 0)
+        else:
+            n = self.size
+            sent = self._policy.calls * (2 * (n - 1) * self.nbytes // n)
+        return self._carried["bytes_sent"] + int(sent)
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds this rank has spent waiting for its neighbours (backing off in waits
+        and barriers; sync="allreduce": inside MPI_Allreduce)."""
+        win = self._alive()
+        spent = win.wait_seconds if win is not None else self._policy.seconds
+        # policies whose communication is not a wait (gossip's pulls) add their own
+        spent += getattr(self._policy, "extra_wait_seconds", 0.0)
+        return self._carried["wait_seconds"] + float(spent)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint needs to continue this exchange: steps completed, traffic
+        and waiting so far, and what it was created with (checked on load)."""
+        return {"version": int(self.version), "sync": self.sync,
+                "options": dict(self._policy.options()), "size": self.size,
+                "graph": self.graph.name, "edges": [list(e) for e in self.graph.edges()],
+                "bytes_sent": self.bytes_sent, "wait_seconds": self.wait_seconds}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a state_dict() of an earlier run of the same configuration.
+        Every rank of a job must load the same step count, before its first step: the
+        new window starts empty, so the ranks restart its versions together."""
+        if self._window_version or self._sending:
+            raise ConfigError("load_state_dict() must come before the first step()")
+        if "version" not in state:
+            raise ConfigError("exchange state has no 'version'; pass what "
+                              "Exchange.state_dict() returned")
+        for key, mine in (("sync", self.sync), ("size", self.size),
+                          ("options", dict(self._policy.options())),
+                          ("edges", [list(e) for e in self.graph.edges()])):
+            if key not in state:
+                raise ConfigError(f"exchange state has no {key!r}; pass what "
+                                  f"Exchange.state_dict() returned")
+            theirs = state[key]
+            if key == "options":
+                theirs = dict(theirs)
+            if theirs != mine:
+                shown = "graph" if key == "edges" else key
+                raise ConfigError(f"the checkpoint's exchange has {shown} "
+                                  f"{state.get('graph') if key == 'edges' else theirs!r}, "
+                                  f"this one {self.graph.name if key == 'edges' else mine!r}; "
+                                  f"resume with the configuration that wrote it")
+        self._base = int(state["version"])
+        self.version = self._base
+        self._carried = {"bytes_sent": int(state.get("bytes_sent", 0)),
+                         "wait_seconds": float(state.get("wait_seconds", 0.0))}
+
+    @property
+    def report(self):
+        """What the policy measured about the run, if anything (gossip: the congestion
+        condition of its eq. (1)-(2)), else None."""
+        return getattr(self._policy, "report", None)
+
+    @property
+    def global_iterations(self) -> bool:
+        """True when `version` counts global iterations that a step may leave unchanged
+        (sync="elastic": local steps between supersteps)."""
+        return bool(getattr(self._policy, "global_iterations", False))
+
+    @property
+    def role(self) -> str:
+        """"server" or "worker" under a parameter-server policy, else "peer"."""
+        role = getattr(self._policy, "role", None)
+        return role(self.rank) if role else "peer"
+
+    @property
+    def weights(self) -> Dict[int, float]:
+        """{rank: weight} used by this rank's reduce, this rank included."""
+        w = {self.rank: self._ctx.w_self}
+        w.update(zip(self.in_neighbours, self._ctx.weights.tolist()))
+        return w
+
+    @property
+    def stats(self) -> Dict[int, Dict[str, int]]:
+        """Per in-neighbour counts of consistent, torn, stale and ahead reads."""
+        win = self._alive()
+        if win is None:
+            return {}
+        return {r: dict(zip(_core.STATUS_NAMES, map(int, row)))
+                for r, row in zip(self.in_neighbours, win.stats)}
+
+    @property
+    def trace(self) -> Dict[str, np.ndarray]:
+        """The policy's iteration trace (hop: entry times "lo"/"hi" of iterations 1, 2,
+        ...; see asapmpi.trace), or {}."""
+        tr = getattr(self._policy, "trace", None)
+        if not tr:
+            return {}
+        return dict(tr, in_neighbours=np.array(self.in_neighbours, dtype=np.int64))
+
+    @property
+    def last_status(self) -> Dict[int, str]:
+        """{in-neighbour: consistent | torn | stale | ahead} of the last reduce."""
+        win = self._alive()
+        if win is None:
+            return {}
+        return {r: _core.STATUS_NAMES[s] for r, s in zip(self.in_neighbours, win.last_status())}
+
+    @property
+    def window(self):
+        """The underlying asapmpi._core.SlotWindow (for experts and tests)."""
+        return self._alive()
+
+    # ------------------------------------------------------------------ lifetime
+
+    def _alive(self):
+        if self._win is not None and not self._win.freed:
+            return self._win
+        if self._comm is not None and self._comm != MPI.COMM_NULL:
+            return None
+        raise FreedError("this Exchange was freed; create a new one")
+
+    def free(self) -> None:
+        """Release the window and communicator (collective). Safe to call twice.  With
+        double_buffer, the final values are copied back into the buffer given at
+        creation first; arrays of the slots stay readable (not exchanged any more).  With
+        trace_file, rank 0 writes the trace file from every rank's part first.  A rank
+        that does not come to free() within the timeout (rc.timeout_startup if longer,
+        under policies that let ranks drift apart) is named (NeighbourTimeoutError)
+        instead of hanging the others in MPI_Win_free."""
+        live = (self._win is not None and not self._win.freed) or \
+            (self._comm is not None and self._comm != MPI.COMM_NULL)
+        if live:
+            records = self._policy.records
+            if records is not None:
+                records.close()         # this rank's part of the trace file is complete
+            # lockstep policies reach free() within a step of each other; the others
+            # may leave a slow rank far behind, alive, with steps still to do
+            deadline = self.timeout if self._policy.lockstep else \
+                max(self.timeout, rc.timeout_startup)
+            collectives.arrive(self.comm, deadline, "free() of an Exchange")
+            if self.trace_file and self.rank == 0:
+                from .. import trace
+
+                trace.merge_parts(self.trace_file, self)
+        if self._slots and self._win is not None and not self._win.freed:
+            np.frombuffer(self._user_buffer, dtype=self.dtype)[...] = self.buffer.reshape(-1)
+        if self._win is not None:
+            self._win.free()
+        if self._segments is not None:
+            self._segments.close()
+        if self._comm is not None and self._comm != MPI.COMM_NULL:
+            self._comm.Free()
+
+    def settle(self) -> None:
+        """Complete this process's pending notifies and acks (issued lazily by step()).
+        asapmpi's own collectives and free() call it; call it yourself after the last
+        step before waiting in an MPI call of your own that a neighbour still stepping
+        could wait on (an MPI may defer issuing one-sided operations until a
+        synchronization call: Open MPI's osc pt2pt over TCP does)."""
+        from .._core import slotwin
+
+        slotwin.settle_all(self.timeout)
+
+    def __enter__(self) -> "Exchange":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # Freeing is collective.  While an exception propagates, the other ranks may be
+        # dead, waiting elsewhere or gone: freeing here could hang the job instead of
+        # letting the error end it.  The window is then left to MPI_Finalize or MPI_Abort
+        # (the asapmpi CLI aborts the job on any error).
+        if exc_type is None:
+            self.free()
+
+    def __repr__(self):
+        try:
+            self._alive()
+            state = f"version {getattr(self, 'version', 0)}"
+        except FreedError:
+            state = "freed"
+        return (f"Exchange(rank {getattr(self, 'rank', '?')}, "
+                f"in={getattr(self, 'in_neighbours', [])}, "
+                f"out={getattr(self, 'out_neighbours', [])}, "
+                f"sync={getattr(self, 'sync', '?')!r}, {state})")
