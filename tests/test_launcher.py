@@ -119,7 +119,7 @@ def test_doctor_passes_and_reports_the_path(tmp_path, network):
 def test_doctor_fails_when_the_smoke_test_fails(tmp_path, monkeypatch, capsys):
     import argparse
 
-    from asapmpi import doctor
+    from asapmpi.cli import doctor
 
     broken = _fake_broken(tmp_path)
     name, ok, detail = doctor._smoke_checks(broken, dict(os.environ))[0]

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from .reduce.graphs import GRAPHS
-from .slowdown import add_arguments as slowdown_arguments
-from .slowdown import from_environment, from_options
-from .sync import POLICIES
+from ..reduce.graphs import GRAPHS
+from ..slowdown import add_arguments as slowdown_arguments
+from ..slowdown import from_environment, from_options
+from ..sync import POLICIES
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """Refuse bad options before any rank starts (ConfigError, one line)."""
-    from .errors import ConfigError
-    from .sync import policy
+    from ..errors import ConfigError
+    from ..sync import policy
 
     for flag, value in (("--size", args.size), ("--steps", args.steps)):
         if value < 1:
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> dict:
     summary (others: {})."""
     from mpi4py import MPI
 
-    from .exchange import Exchange
+    from ..exchange import Exchange
 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.rank, comm.size
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> dict:
         stats = ex.stats
         iterations = comm.gather(ex.version, root=0)
         if args.trace:
-            from . import trace
+            from .. import trace
 
             trace.save(args.trace, ex, comm)
     totals = comm.gather(stats, root=0)

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from .errors import AsapError, ConfigError
+from ..errors import AsapError, ConfigError
 
 MULTI_RANK = {"demo", "bench", "train"}
 
@@ -23,16 +23,18 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    from . import demo, doctor, graph_cli, trace_cli
-    from .bench import consistency as bench_consistency
-    from .bench import core as bench_core
-    from .bench import reduce as bench_reduce
-    from .bench import soak as bench_soak
-    from .bench import stragglers as bench_stragglers
-    from .bench import training as bench_training
-    from .bench import zipline as bench_zipline
-    from .modelcheck import cli as modelcheck_cli
-    from .train import cli as train_cli
+    from ..bench import consistency as bench_consistency
+    from ..bench import core as bench_core
+    from ..bench import reduce as bench_reduce
+    from ..bench import soak as bench_soak
+    from ..bench import stragglers as bench_stragglers
+    from ..bench import training as bench_training
+    from ..bench import zipline as bench_zipline
+    from ..modelcheck import cli as modelcheck_cli
+    from ..train import cli as train_cli
+    from . import demo, doctor
+    from . import graph as graph_cli
+    from . import trace as trace_cli
 
     parser = OneLineErrorParser(prog="asapmpi", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True,
@@ -121,33 +123,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if getattr(args, "png", None):      # before any rank starts or any work is done
-            from .extras import check
+            from ..extras import check
 
             check(["matplotlib"], "plot", "--png")
         if args.command == "bench" and args.bench == "zipline":
-            from .bench import zipline as bench_zipline
+            from ..bench import zipline as bench_zipline
 
             return bench_zipline.run(args)      # one process: no mpiexec, no -n
         if args.command == "bench" and args.bench == "reduce":
-            from .bench import reduce as bench_reduce
+            from ..bench import reduce as bench_reduce
 
             return bench_reduce.run(args)       # launches one job per path and rank count
         if args.command == "bench" and args.bench == "soak":
-            from .bench import soak as bench_soak
+            from ..bench import soak as bench_soak
 
             return bench_soak.run(args)         # launches one job per run
         if args.command == "bench" and args.bench == "training":
-            from .bench import training as bench_training
+            from ..bench import training as bench_training
 
             return bench_training.run(args)     # one job per scenario and seed
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
         if args.command == "graph":
-            from . import graph_cli
+            from . import graph as graph_cli
 
             return graph_cli.run(args)
         if args.command == "trace":
-            from . import trace_cli
+            from . import trace as trace_cli
 
             return trace_cli.run(args)
         if args.command == "doctor":
@@ -155,7 +157,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             return doctor.run(args)
         if args.command == "check-protocol":
-            from .modelcheck import cli as modelcheck_cli
+            from ..modelcheck import cli as modelcheck_cli
 
             return modelcheck_cli.run(args)     # one process, no MPI
     except ConfigError as exc:
@@ -173,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
-    from .ranks import inside_mpi_job, relaunch
+    from ..ranks import inside_mpi_job, relaunch
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
@@ -182,7 +184,7 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
                           f"got {args.job_timeout}")
     # bad input fails here, before any rank starts
     if args.command == "train":
-        from .train import cli as train_cli
+        from ..train import cli as train_cli
 
         runs = train_cli.configs(args)
         if not inside_mpi_job():
@@ -203,7 +205,7 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
 
 def _is_rank_zero() -> bool:
-    from .ranks import inside_mpi_job
+    from ..ranks import inside_mpi_job
 
     if not inside_mpi_job():
         return True
@@ -217,7 +219,7 @@ def _abort_job(exc: BaseException) -> None:
     for this one in a collective or a one-sided wait."""
     from mpi4py import MPI
 
-    from .faults import abort_job, report_error
+    from ..faults import abort_job, report_error
 
     if MPI.COMM_WORLD.Get_size() > 1:
         abort_job(exc)
@@ -226,7 +228,7 @@ def _abort_job(exc: BaseException) -> None:
 
 def _run_command(args: argparse.Namespace) -> int:
     if args.command == "train":
-        from .train import cli as train_cli
+        from ..train import cli as train_cli
 
         return train_cli.run(args)
     if args.command == "demo":
@@ -235,13 +237,13 @@ def _run_command(args: argparse.Namespace) -> int:
         demo.run(args)
         return 0
     if args.bench == "consistency":
-        from .bench import consistency as bench_consistency
+        from ..bench import consistency as bench_consistency
 
         return bench_consistency.run(args)
     if args.bench == "stragglers":
-        from .bench import stragglers as bench_stragglers
+        from ..bench import stragglers as bench_stragglers
 
         return bench_stragglers.run(args)
-    from .bench import core_job as bench_core
+    from ..bench import core_job as bench_core
 
     return bench_core.run(args)

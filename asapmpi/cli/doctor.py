@@ -16,8 +16,8 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
-from .launchers import network_forced
-from .ranks import active_message_rma
+from ..launchers import network_forced
+from ..ranks import active_message_rma
 
 SMOKE_TAG = "ASAPMPI-DOCTOR"
 
@@ -70,7 +70,7 @@ def library_checks() -> List[Tuple[str, bool, str]]:
                                     f"{MPI.Get_version()[1]}"))
     except ImportError as exc:
         return [("mpi4py", False, f"cannot import mpi4py: {exc}")]
-    from ._core.mpiabi import build_config, runtime_abi
+    from .._core.mpiabi import build_config, runtime_abi
 
     abi, version = runtime_abi()
     out.append(("MPI library loaded", True, f"{version} (ABI {abi})"))
@@ -84,7 +84,7 @@ def library_checks() -> List[Tuple[str, bool, str]]:
                 "yes" if abi == config.MPI_ABI else
                 f"no: rebuild with MPICC=<the mpicc of {version}>"))
     try:
-        from . import _core  # noqa: F401  (the import runs the ABI check)
+        from .. import _core  # noqa: F401  (the import runs the ABI check)
 
         out.append(("extension import", True, "asapmpi._core loads"))
     except Exception as exc:  # noqa: BLE001  (report whatever stops the import)
@@ -98,7 +98,7 @@ def smoke() -> int:
     import numpy as np
     from mpi4py import MPI
 
-    from .exchange import Exchange
+    from ..exchange import Exchange
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -137,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
         return smoke()
     if args.json and (os.path.isdir(args.json)
                       or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"--json {args.json}: not a file in an existing folder")
-    from .launchers import flavour, network_env
-    from .ranks import find_mpiexec
+    from ..launchers import flavour, network_env
+    from ..ranks import find_mpiexec
 
     checks = library_checks()
     mpiexec = find_mpiexec()
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 def _leftovers(clean: bool) -> Tuple[Tuple[str, bool, str], list]:
     """The stale shared-memory files check (asapmpi.shm_leftovers), removing them with
     --clean: (check, True, detail) and the files."""
-    from . import shm_leftovers
+    from .. import shm_leftovers
 
     files = shm_leftovers.stale_files()
     what = shm_leftovers.summary(files)
@@ -190,8 +190,8 @@ def _leftovers(clean: bool) -> Tuple[Tuple[str, bool, str], list]:
 
 
 def _smoke_checks(mpiexec: str, env: Dict[str, str]) -> List[Tuple[str, bool, str]]:
-    from .launchers import command, flavour
-    from .ranks import RANK_VARIABLES
+    from ..launchers import command, flavour
+    from ..ranks import RANK_VARIABLES
 
     cmd, extra = command(flavour(mpiexec), mpiexec, 2,
                          [sys.executable, "-m", "asapmpi", "doctor", "--smoke"],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import trace
+from .. import trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     """Exit 0 when every file keeps every bound, 1 otherwise."""
     import os
 
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     for path in args.files if args.trace_command == "check" else [args.file]:
         if not os.path.isfile(path):

@@ -12,8 +12,8 @@ from typing import List
 
 import numpy as np
 
-from .errors import ConfigError
-from .reduce import (
+from ..errors import ConfigError
+from ..reduce import (
     DESCRIPTIONS,
     GRAPHS,
     Graph,
@@ -23,7 +23,7 @@ from .reduce import (
     second_singular_value,
     spectral_gap,
 )
-from .reduce.weights import check_stochastic
+from ..reduce.weights import check_stochastic
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     g = _build(args)
     print("\n".join(describe(g, args.weights, args.model_size)))
     if args.png:
-        from .plot.graph_png import draw_graph
+        from ..plot.graph_png import draw_graph
 
         draw_graph(g.n, g.edges(), args.png, title=f"{g.name}, {g.n} ranks")
         print(f"  drawn to {args.png}")
