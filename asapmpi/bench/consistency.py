@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -191,24 +191,36 @@ def write_h5(path: str, env: Dict[str, Any], per_policy: Dict[str, List[Dict[str
             g.create_dataset("elapsed_seconds", data=[r["elapsed"] for r in records])
 
 
-def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> int:
-    """Run the benchmark on every rank of `comm` (default COMM_WORLD); rank 0 reports."""
-    from mpi4py import MPI
-
-    from .._core.mpiabi import library_version
+def check(args: argparse.Namespace, ranks: int) -> Tuple[List[str], int]:
+    """The policies and the bytes per buffer of a run on `ranks` ranks, or ConfigError in
+    one line: before any rank starts (the command line) and on every rank alike."""
     from ..errors import ConfigError
-
-    comm = MPI.COMM_WORLD if comm is None else comm
+    from ..sync import policy
 
     policies = [p.strip() for p in args.sync.split(",") if p.strip()]
+    if not policies:
+        raise ConfigError(f"--sync names no policy: {args.sync!r}")
+    for name in policies:
+        policy(name)            # an unknown name says which there are
     try:
         (nbytes,) = parse_sizes(args.size) if isinstance(args.size, str) else (args.size,)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         raise ConfigError(f"--size: {exc}") from None
     if args.iters < 1:
         raise ConfigError(f"--iters must be at least 1, got {args.iters}")
-    if comm.Get_size() < 2:
+    if ranks < 2:
         raise ConfigError("the consistency benchmark needs at least 2 ranks (-n)")
+    return policies, nbytes
+
+
+def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> int:
+    """Run the benchmark on every rank of `comm` (default COMM_WORLD); rank 0 reports."""
+    from mpi4py import MPI
+
+    from .._core.mpiabi import library_version
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    policies, nbytes = check(args, comm.Get_size())
     per_policy = {sync: comm.gather(run_policy(comm, sync, args, nbytes), root=0)
                   for sync in policies}
     if comm.Get_rank() != 0:

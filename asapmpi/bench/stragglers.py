@@ -31,7 +31,7 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -150,13 +150,11 @@ def format_report(env: Dict[str, Any], results: Dict[str, Dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> int:
-    """Run every configuration on every rank of `comm` (default COMM_WORLD); rank 0
-    prints and writes --json."""
-    from mpi4py import MPI
+def check(args: argparse.Namespace, n: int) -> Tuple[Dict[str, Any], List[str]]:
+    """The configurations and the names to run on `n` ranks, or ConfigError in one line:
+    before any rank starts (the command line) and on every rank alike."""
+    from ..sync import policy
 
-    comm = MPI.COMM_WORLD if comm is None else comm
-    n = comm.Get_size()
     if n < 2:
         raise ConfigError("the stragglers benchmark needs at least 2 ranks (-n)")
     if args.iters < 1 or args.compute_ms < 0 or args.size < 1:
@@ -166,6 +164,19 @@ def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> int:
     unknown = [c for c in names if c not in configs]
     if unknown:
         raise ConfigError(f"unknown configuration(s) {unknown}; choose from {list(configs)}")
+    for name in names:
+        policy("hop", **configs[name][0])      # Hop's own checks of its options
+    return configs, names
+
+
+def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> int:
+    """Run every configuration on every rank of `comm` (default COMM_WORLD); rank 0
+    prints and writes --json."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    n = comm.Get_size()
+    configs, names = check(args, n)
     if args.trace_dir and comm.Get_rank() == 0:
         os.makedirs(args.trace_dir, exist_ok=True)
     results: Dict[str, Dict[str, Any]] = {}

@@ -193,6 +193,14 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         from . import demo
 
         demo.check(args)
+    elif args.bench == "consistency":
+        from ..bench import consistency as bench_consistency
+
+        bench_consistency.check(args, args.ranks)
+    elif args.bench == "stragglers":
+        from ..bench import stragglers as bench_stragglers
+
+        bench_stragglers.check(args, args.ranks)
     if not inside_mpi_job():
         return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
     try:
