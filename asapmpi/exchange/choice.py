@@ -25,16 +25,16 @@ def on_one_host(comm: MPI.Comm) -> bool:
 
 
 def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
-                      timeout: float, nbytes: int,
-                      slack_ns: int = 0) -> Tuple[str, Dict[str, Any]]:
+                     timeout: float, nbytes: int,
+                     slack_ns: int = 0) -> Tuple[str, Dict[str, Any]]:
     """The transport (channel family) of this exchange, the same on every rank, and the
     report of how it was chosen (ex.transport_report).  Collective.
 
     What fits the policy is the resolver's (asapmpi.transports.channels).  An explicit
     choice wins.  Under "auto", a policy that one family fits gets it; where several fit
-    (window words or messages) the signals each would wait on are timed
-    (asapmpi.exchange.probe), per neighbour class, and the faster one taken: the step
-    waits for its slowest neighbour, so a transport costs its slowest class."""
+    (window words or messages) a NOTIFY-ACK step of each, moving an update of `nbytes`,
+    is timed (asapmpi.exchange.probe), per neighbour class, and the faster one taken:
+    the step waits for its slowest neighbour, so a transport costs its slowest class."""
     report: Dict[str, Any] = {"requested": requested}
     fit = families(policy)
     if requested != "auto" or len(fit) == 1:

@@ -1,6 +1,6 @@
-"""transport="auto" by measurement: time what each transport's protocol waits on.
+"""transport="auto" by measurement: time a step of each transport that fits.
 
-NOTIFY-ACK waits, every step, for one small signal per neighbour and direction: on the
+NOTIFY-ACK waits, every step, for one signal per neighbour and direction: on the
 put and shared transports a notify or an ack is an int64 word written into the
 neighbour's window (MPI_Fetch_and_op, completed lazily), on the message transport the
 update is a message and its posted receive the ack.  Which is faster is a property of
@@ -8,11 +8,11 @@ the MPI stack, not of its name: on shared memory a window word costs a store, on
 MPICH's active-message network path and on Open MPI's UCX over TCP it is several round
 trips that wait for the target's CPU, while a message costs one.
 
-`measure` opens two small slot windows on the graph given (8-byte updates: the
-signals, not the payload), one with window words and one with messages, and times
+`measure` opens two slot windows on the graph given (asapmpi.exchange.construction, as
+the exchange makes its own), one with window words and one with messages, and times
 ROUNDS NOTIFY-ACK steps on each after WARMUP steps, alternating, so that both see the
-same load (ranks oversubscribing cores, other jobs).  It runs the slot
-window's own code, with its waits, progress and timeouts.  Collective.
+same load (ranks oversubscribing cores, other jobs).  It runs the slot window's own
+code, with its waits, progress and timeouts.  Collective.
 
 Both carry the update's size (up to MESSAGE_PROBE_BYTES, the time scaled above), as
 the exchange will: what a signal costs is not what moving a megabyte costs, and the
