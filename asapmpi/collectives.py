@@ -44,6 +44,16 @@ def _settle() -> None:
         slotwin.settle_all()
 
 
+def _release_held() -> None:
+    """Between two polls here: what this process's mailboxes hold back and may send now
+    leaves (a held-back token, the newest version waiting for a free request): a
+    neighbour still stepping may wait for it, and no window of this rank pumps while it
+    waits here (docs/MODELCHECK.md, the message paths)."""
+    slotwin = sys.modules.get("asapmpi._core.slotwin")
+    if slotwin is not None:
+        slotwin.release_all()
+
+
 def _backoff(polls: int) -> None:
     # yield at first, then sleep up to a millisecond: ranks may share cores
     time.sleep(0 if polls < 32 else min(_MAX_SLEEP_S, 1e-6 * (polls - 31) ** 2))
@@ -57,6 +67,7 @@ def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
     pending = list(range(len(requests)))
     polls = 0
     while pending:
+        _release_held()
         pending = [i for i in pending if not requests[i].Test()]
         if not pending or time.monotonic() > deadline:
             break

@@ -74,6 +74,11 @@ def absent_rank(comm, out, timeout=2.0):
         json.dump(result, f)
     if comm.rank == comm.size - 1:
         time.sleep(timeout + 3)             # alive, outside MPI, until the others gave up
+    # the first rank to leave may take the others with it (an exit without MPI_Finalize):
+    # leave once every rank wrote its result (a loaded machine may time one out late)
+    deadline = time.monotonic() + 60
+    while len(os.listdir(out)) < comm.size and time.monotonic() < deadline:
+        time.sleep(0.05)
     os._exit(0)
 
 

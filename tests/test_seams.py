@@ -240,6 +240,80 @@ def test_a_token_held_back_leaves_while_its_rank_waits_on_another_window():
     assert res[0]["waited"] < 8.0
 
 
+def tokens_held_in_a_collective(comm, flood=2000, flood_bytes=4096, stall=2.5,
+                                timeout=10.0):
+    """As tokens_across_windows, but rank 0 then waits in asapmpi's collective, not on
+    another window, and rank 1 stays outside MPI longer than settle's second: the
+    held-back token is still held when the collective's polls begin.  Rank 1 waits for
+    it before it comes to the collective.  Only polls that release held-back tokens end
+    this without a timeout (docs/MODELCHECK.md, "Tokens held back")."""
+    from asapmpi import _core, collectives
+
+    a = _pair_window(comm, _core.MailboxWindow, timeout=timeout)
+    result = {}
+    chunk = np.ones(flood_bytes, dtype=np.uint8)
+    comm.Barrier()
+    if comm.rank == 0:
+        sends = [comm.Isend(chunk, dest=1, tag=77) for _ in range(flood)]
+        a.ack(1)
+        a.ack(2)
+        result["held"] = a.tokens_held
+        t0 = time.monotonic()
+        collectives.arrive(comm, 3 * timeout, "the scenario's collective")
+        result["waited"] = time.monotonic() - t0
+        for req in sends:
+            req.Wait()
+    else:
+        time.sleep(stall)               # outside MPI: rank 0's sends queue up
+        a.wait_acks(2, timeout)
+        collectives.arrive(comm, 3 * timeout, "the scenario's collective")
+        for _ in range(flood):
+            comm.Recv(chunk, source=0, tag=77)
+    comm.Barrier()
+    a.free()
+    return result
+
+
+def test_a_token_held_back_leaves_while_its_rank_waits_in_a_collective():
+    # shared memory only, as above
+    res = run("test_seams:tokens_held_in_a_collective", 2, "shm", timeout=90)
+    assert res[0]["held"] == [1], res[0]
+    # rank 0 waited for rank 1's stall and its wait for the token, not for a timeout
+    assert res[0]["waited"] < 8.0, res[0]
+
+
+def newest_stranded(comm, stall=1.5, timeout=8.0, n=64):
+    """async on the mailbox of newest versions, two ranks: rank 0 steps three times
+    while rank 1 computes outside MPI, with Exchange.settle() between its second and
+    third step (version 1 in flight, version 2 sent beside it by the settle, version 3
+    waiting behind both), then frees.  Rank 1 then waits for version 3, as a backup_ps
+    worker waits for the server's last theta.  Only a free() whose collective's polls
+    deliver what waits ends this without a timeout (docs/MODELCHECK.md, "The newest
+    version stranded")."""
+    from asapmpi import Exchange
+
+    buf = np.full(n, float(comm.rank))
+    ex = Exchange(buf, graph="complete", sync="async", transport="messages",
+                  timeout=timeout)
+    result = {}
+    if comm.rank == 0:
+        ex.step()
+        ex.step()
+        ex.settle()
+        ex.step()
+    else:
+        time.sleep(stall)               # outside MPI: rank 0's sends stay unmatched
+        result["newest"] = ex.window.wait_newest(3, 3, timeout).tolist()
+    ex.free()
+    return result
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_newest_version_reaches_a_reader_after_its_writer_settled_and_left(path):
+    res = run("test_seams:newest_stranded", 2, path, timeout=90)
+    assert res[1]["newest"] == [3], res[1]
+
+
 # ---------------------------------------------------------------- 4: writes after send()
 
 def written_after_send(comm, transport, n=1 << 17, stall=0.5):

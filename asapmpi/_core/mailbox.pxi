@@ -576,6 +576,14 @@ cdef class MailboxWindow(SlotWindow):
             self._pump()
         return 0
 
+    cdef int _release_outside(self) except -1 nogil:
+        # One poll of a wait outside the windows (asapmpi's collectives, after their
+        # settle_all): what the channels let go leaves now, without waiting.  A token
+        # held back past _settle's second leaves once the one before it completed: this
+        # rank's own pump, which would send it, does not run while it waits there
+        # (docs/MODELCHECK.md, "Tokens held back").
+        return self._pump()
+
     def notify(self, int64_t version):
         """Refused: a mailbox notifies with each put."""
         raise ConfigError("a mailbox window (transport='messages') notifies with "
@@ -717,6 +725,15 @@ cdef void _forget_mailbox(MailboxWindow w) noexcept nogil:
             _n_mailbox -= 1
             _mailbox_win[i] = _mailbox_win[_n_mailbox]
             return
+
+
+cdef int _release_mailboxes() except -1 nogil:
+    # one poll outside the windows: every mailbox releases what it may (_release_outside)
+    cdef int i
+    for i in range(_n_mailbox):
+        with gil:
+            (<MailboxWindow>_mailbox_win[i])._release_outside()
+    return 0
 
 
 cdef int _settle_mailboxes(double timeout, bint deliver, PyObject *pumped) except -1 nogil:

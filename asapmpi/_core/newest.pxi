@@ -229,6 +229,13 @@ cdef class NewestWindow(MailboxWindow):
                 self._send_newest(j, 0)
         return self._send_tokens()
 
+    cdef int _release_outside(self) except -1 nogil:
+        # one poll of a wait outside the windows: as a settle (it never waits).  A
+        # channel whose two requests were both in flight at the settle before the wait
+        # (an earlier settle between iterations used the second) gets its newest version
+        # once one of them completes (docs/MODELCHECK.md, "The newest version stranded")
+        return self._settle(0.0)
+
     cdef int _settle(self, double timeout) except -1 nogil:
         # before waiting outside the windows: every waiting channel gets the newest now
         cdef int j

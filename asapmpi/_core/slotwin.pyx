@@ -125,6 +125,15 @@ def settle_all(double timeout=60.0):
     _reap_leftovers()
 
 
+def release_all():
+    """One poll of a wait outside this process's slot windows (asapmpi's collectives
+    call it between their polls, after settle_all): what its mailboxes hold back and
+    may send now leaves (a token whose predecessor's send completed, the newest version
+    for a channel that has a free request).  Never waits."""
+    with nogil:
+        _release_mailboxes()
+
+
 # ------------------------------------------------------------------ leftovers
 # A window dropped without a finished free() (collected after an exception left its
 # Exchange, or a free() whose drain failed) may still have receives posted into its

@@ -60,11 +60,12 @@ lets the writer go on sooner); a token receive likewise.  Matching on demand (be
 Variants:
   correct              tokens held back leave from any wait of the rank, the
                        collective's polls included (every wait pumps every live
-                       mailbox's tokens held back)
+                       mailbox's tokens held back): the code since the collectives'
+                       polls call slotwin.release_all()
   tokens-own-pump      before a407441: they leave only on their own window's pump or
                        ack; a rank that waits elsewhere (free()'s collective) keeps them
   tokens-settle-once   settle_all sends them if the token before has left, once
-  tokens-settle-waits  the code since 29bc8eb: settle_all's _settle pumps until they
+  tokens-settle-waits  the code from 29bc8eb until then: settle_all's _settle pumps until they
                        left, for a second at most, then goes on (a forced give-up)
   refill-in-flight     _send skips _wait_stage: a stage is refilled while in flight
                        (option stages: fewer staging buffers than max(2, depth))

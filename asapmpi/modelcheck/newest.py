@@ -40,8 +40,9 @@ and the writer sees it at its next MPI_Testsome.
 Variants:
   correct            what waits leaves from any wait of the rank: settle_all before the
                      collective, and its polls after (every wait pumps every live
-                     mailbox of newest versions and delivers what waits)
-  settle-once        the code today: _settle once, before the collective; a channel
+                     mailbox of newest versions and delivers what waits): the code since
+                     the collectives' polls call slotwin.release_all()
+  settle-once        the code before that: _settle once, before the collective; a channel
                      whose two requests are both in flight keeps its newest version
                      waiting, and nothing sends it later (newest.pxi _settle)
   refill-in-flight   the stage search ignores the sends in flight (mb_refs): the first
