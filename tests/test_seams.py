@@ -189,6 +189,26 @@ def test_a_pull_that_timed_out_leaves_its_get_out_of_the_next_pull(path):
 
 # ---------------------------------------------------------------- 3: tokens held back
 
+def _flood_and_hold(comm, a, flood, flood_bytes):
+    """Rank 0: flood rank 1, which computes outside MPI meanwhile, with messages of its
+    own, so that token sends queue behind them; then ack twice on mailbox `a` (the
+    second token is held back: the first is still in flight).  Returns the flood's
+    requests with their buffer (wait for them once rank 1 took the flood) and the
+    in-neighbours whose token is held."""
+    chunk = np.ones(flood_bytes, dtype=np.uint8)
+    sends = [comm.Isend(chunk, dest=1, tag=77) for _ in range(flood)]
+    a.ack(1)
+    a.ack(2)
+    return (sends, chunk), a.tokens_held
+
+
+def _take_flood(comm, flood, flood_bytes):
+    """Rank 1: receive rank 0's flood (_flood_and_hold)."""
+    chunk = np.empty(flood_bytes, dtype=np.uint8)
+    for _ in range(flood):
+        comm.Recv(chunk, source=0, tag=77)
+
+
 def tokens_across_windows(comm, flood=2000, flood_bytes=4096, stall=1.0, timeout=8.0):
     """Two mailboxes A and B between ranks 0 and 1.  Rank 0 floods rank 1, which
     computes outside MPI meanwhile, with messages of its own, so that its token sends
@@ -201,26 +221,21 @@ def tokens_across_windows(comm, flood=2000, flood_bytes=4096, stall=1.0, timeout
     a = _pair_window(comm, _core.MailboxWindow, timeout=timeout)
     b = _pair_window(comm, _core.MailboxWindow, timeout=timeout)
     result = {}
-    chunk = np.ones(flood_bytes, dtype=np.uint8)
     comm.Barrier()
     if comm.rank == 0:
-        sends = [comm.Isend(chunk, dest=1, tag=77) for _ in range(flood)]
-        a.ack(1)
-        a.ack(2)
-        result["held"] = a.tokens_held
+        (sends, _sent_buf), result["held"] = _flood_and_hold(comm, a, flood, flood_bytes)
         t0 = time.monotonic()
         b.wait_acks(1, timeout)
         result["waited"] = time.monotonic() - t0
         comm.send("done", dest=1, tag=78)
-        for req in sends:
+        for req in sends:             # _sent_buf stays alive until they complete
             req.Wait()
     else:
         time.sleep(stall)               # outside MPI: rank 0's sends queue up
         a.wait_acks(2, timeout)
         b.ack(1)
         comm.recv(source=0, tag=78)
-        for _ in range(flood):
-            comm.Recv(chunk, source=0, tag=77)
+        _take_flood(comm, flood, flood_bytes)
     comm.Barrier()
     a.free()
     b.free()
@@ -251,24 +266,19 @@ def tokens_held_in_a_collective(comm, flood=2000, flood_bytes=4096, stall=2.5,
 
     a = _pair_window(comm, _core.MailboxWindow, timeout=timeout)
     result = {}
-    chunk = np.ones(flood_bytes, dtype=np.uint8)
     comm.Barrier()
     if comm.rank == 0:
-        sends = [comm.Isend(chunk, dest=1, tag=77) for _ in range(flood)]
-        a.ack(1)
-        a.ack(2)
-        result["held"] = a.tokens_held
+        (sends, _sent_buf), result["held"] = _flood_and_hold(comm, a, flood, flood_bytes)
         t0 = time.monotonic()
         collectives.arrive(comm, 3 * timeout, "the scenario's collective")
         result["waited"] = time.monotonic() - t0
-        for req in sends:
+        for req in sends:             # _sent_buf stays alive until they complete
             req.Wait()
     else:
         time.sleep(stall)               # outside MPI: rank 0's sends queue up
         a.wait_acks(2, timeout)
         collectives.arrive(comm, 3 * timeout, "the scenario's collective")
-        for _ in range(flood):
-            comm.Recv(chunk, source=0, tag=77)
+        _take_flood(comm, flood, flood_bytes)
     comm.Barrier()
     a.free()
     return result
