@@ -16,6 +16,7 @@ Two traps this file avoids:
   may load the MPICH ABI: the ABI we built against is recorded in
   ``asapmpi/_core/_build_config.py`` and checked at import.
 """
+import glob
 import os
 import shlex
 import shutil
@@ -185,9 +186,8 @@ def extensions():
             define_macros=FLAGS["macros"],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=FLAGS["other_link"],
-            depends=[os.path.join(core, name) for name in (
-                "kernels.h", "ucx_teardown.h", "chkerr.pxi", "put.pxi", "shared.pxi",
-                "messages.pxi", "mailbox.pxi", "newest.pxi")],
+            depends=sorted(glob.glob(os.path.join(core, "*.pxi"))
+                           + glob.glob(os.path.join(core, "*.h"))),
         )
         for module, source in read_extension_list()
     ]

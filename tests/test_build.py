@@ -36,9 +36,11 @@ IMPORT_CHECK = textwrap.dedent("""
     import sys
     import numpy as np
     import asapmpi._core as c, asapmpi._core._build_config as b
+    import asapmpi.sync._sweep as sweep
     root = sys.argv[1]
-    for mod in (c, c.kernels, c.slotwin, b):
+    for mod in (c, c.kernels, c.slotwin, b, sweep):
         assert mod.__file__.startswith(root), (mod.__name__, mod.__file__, root)
+    assert sweep.covering_window(np.array([[0.0, 2.0], [1.0, 3.0]]))[0] == 0.0
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
         own, x1, x2 = (rng.standard_normal(1000).astype(dtype) for _ in range(3))
@@ -128,11 +130,13 @@ def cmake_build(tmp_path_factory):
 
 def test_cmake_build(cmake_build):
     src, _ = cmake_build
-    built = sorted(p.name.split(".")[0] for p in (src / "asapmpi" / "_core").glob("*.so"))
-    listed = [line.split()[0].rsplit(".", 1)[1] for line in
+    # every listed module lands in its own package's folder (asapmpi.sync._sweep too)
+    built = sorted(".".join(p.relative_to(src).with_suffix("").with_suffix("").parts)
+                   for p in (src / "asapmpi").rglob("*.so"))
+    listed = [line.split()[0] for line in
               (REPO / "asapmpi" / "_core" / "extensions.txt").read_text().splitlines()
               if line.split("#", 1)[0].strip()]
-    assert built == sorted(listed) and "slotwin" in built, (built, listed)
+    assert built == sorted(listed) and "asapmpi._core.slotwin" in built, (built, listed)
     rec = import_check(sys.executable, src, cwd=src.parent, PYTHONPATH=str(src))
     assert rec["BUILT_BY"] == "cmake"
     assert rec["MPI_ABI"] == "mpich"          # the dev venv's mpich wheel
@@ -149,6 +153,7 @@ def test_cmake_install(cmake_build, tmp_path):
     site = tmp_path / "prefix" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     site = site / "site-packages"
     assert (site / "asapmpi" / "exchange" / "exchange.py").is_file()
+    assert list((site / "asapmpi" / "sync").glob("_sweep*.so")), "the sweep not installed"
     rec = import_check(sys.executable, site, cwd=tmp_path, PYTHONPATH=str(site))
     assert rec["BUILT_BY"] == "cmake"
 

@@ -88,6 +88,7 @@ def test_a_pull_takes_the_newest_slot_that_verifies():
 
     from asapmpi import _core
     from asapmpi._core.layout import HEADER_BYTES
+    from asapmpi.testing.faults import store_word
 
     buf = np.arange(10, dtype=np.float64)
     out = np.zeros(10)
@@ -105,15 +106,15 @@ def test_a_pull_takes_the_newest_slot_that_verifies():
         assert win.pull(0, first, out) == 7 and np.array_equal(out, buf)
         win.publish(buf * 2, 9)                                 # the second
         assert win.pull(0, first, out) == 9 and np.array_equal(out, buf * 2)
-        win.debug_store_word(second, 11)                        # a newer publish began
+        store_word(win, second, 11)                             # a newer publish began
         assert win.pull(0, first, out) == 7 and np.array_equal(out, buf)
-        win.debug_store_word(foot(first), 6)                    # footer of an older one
+        store_word(win, foot(first), 6)                         # footer of an older one
         assert win.pull(0, first, out) == 0                     # neither slot whole
-        win.debug_store_word(foot(first), 7)
+        store_word(win, foot(first), 7)
         assert win.pull(0, first, out) == 7
         # header and footer agree but a payload word changed: the read overlapped a
         # publish of that slot, and only the checksum can tell
-        win.debug_store_word(first + HEADER_BYTES + 8, 12345)
+        store_word(win, first + HEADER_BYTES + 8, 12345)
         assert win.pull(0, first, out) == 0
         win.publish(buf * 3, 13)                                # the first slot again
         assert win.pull(0, first, out) == 13 and np.array_equal(out, buf * 3)

@@ -115,14 +115,17 @@ def test_a_window_refuses_options_of_another_transport_before_communicating(make
 
 
 def test_mailbox_windows_refuse_torn_writes_and_a_separate_notify():
+    from types import SimpleNamespace
+
     from asapmpi import _core
     from asapmpi.errors import ConfigError
+    from asapmpi.testing.faults import torn_write
 
     for cls in (_core.MailboxWindow, _core.NewestWindow):
         _, win = _window(cls)
         with win:
-            with pytest.raises(ConfigError, match="no torn writes"):
-                win.put(np.zeros(N), 1, tear=0.5)
+            with pytest.raises(ValueError, match="no torn writes"):
+                torn_write(SimpleNamespace(window=win), np.zeros(N), 1)
             with pytest.raises(ConfigError, match="notifies with each put"):
                 win.notify(1)
 
@@ -349,13 +352,14 @@ def test_a_promised_input_that_fails_its_checksum_raises_and_leaves_the_buffer()
     from asapmpi import _core
     from asapmpi._core.layout import HEADER_BYTES
     from asapmpi.errors import ProtocolError
+    from asapmpi.testing.faults import store_word
 
     layout, win = _window(_core.PutWindow)
     with win:
         win.put(np.full(N, 2.0), 1, 1, checksum=True)
         win.wait_notifies(1, 10.0)
         # a payload torn under an unchanged header and footer (only the checksum sees it)
-        win.debug_store_word(layout.slot_disp(0) + HEADER_BYTES + 8 * 5, 12345)
+        store_word(win, layout.slot_disp(0) + HEADER_BYTES + 8 * 5, 12345)
         out = np.ones(N)
         with pytest.raises(ProtocolError, match="not usable"):
             win.reduce(out, 0.5, np.array([0.5]), 1, 1, 1, checksum=True, require_all=True)

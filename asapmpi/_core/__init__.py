@@ -21,11 +21,12 @@ from .slotwin import (  # noqa: E402
     NewestWindow,
     PutWindow,
     SharedWindow,
+    SlotStore,
     SlotWindow,
 )
 
 __all__ = [
     "AHEAD", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout", "MailboxWindow",
-    "MessageWindow", "NewestWindow", "PutWindow", "SharedWindow", "SlotWindow",
+    "MessageWindow", "NewestWindow", "PutWindow", "SharedWindow", "SlotStore", "SlotWindow",
     "check_mpi_abi", "kernels",
 ]

@@ -361,17 +361,10 @@ cdef class MailboxWindow(SlotWindow):
         # An update arrived in the buffer at `hdr`: write its header and footer from the
         # trailer as a put would have (footer before header), so every reader's checks
         # see a whole version or none; returns the version.
-        cdef char *ftr = hdr + HEADER_BYTES + self.payload_stride
         cdef int64_t t[MB_TRAILER]
         asap_fence()
         memcpy(t, hdr + HEADER_BYTES + self.nbytes, MB_TRAILER_BYTES)   # 4-byte aligned only
-        asap_store_i64(ftr + 8, t[1])
-        asap_store_i64(ftr, t[0])
-        asap_store_i64(hdr + 8, t[2])
-        asap_store_i64(hdr + 16, self._in[i])
-        asap_store_i64(hdr + 24, self.nbytes)
-        asap_store_i64(hdr, t[0])
-        asap_fence()
+        stamp_slot(hdr, self.payload_stride, t[0], t[1], t[2], self._in[i], self.nbytes)
         return t[0]
 
     cdef int _arrived(self, int idx) except -1 nogil:
@@ -627,8 +620,7 @@ cdef class MailboxWindow(SlotWindow):
     # ------------------------------------------------------------------ sending
 
     cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                   bint checksum, bint notify, double tear,
-                   int64_t suppress_if_acked) except -1:
+                   bint checksum, bint notify, int64_t suppress_if_acked) except -1:
         # put() on a mailbox: the update copied into the next stage and sent from there
         # as one message per out-neighbour, so `src` is free at once and a slow reader
         # holds up its writer only when the stage comes round again.  A reader only
@@ -637,7 +629,6 @@ cdef class MailboxWindow(SlotWindow):
         # here.
         cdef int r = 0
         cdef int stage = self.mb_stage_next
-        self._refuse_tear(tear)
         with nogil:
             r = self._wait_stage(stage, self.flush_timeout)
         if r:
@@ -651,12 +642,6 @@ cdef class MailboxWindow(SlotWindow):
         with nogil:
             self._mark_suppressed(suppress_if_acked)
             self._send_stage(stage, src, version, iteration, checksum)
-        return 0
-
-    cdef int _refuse_tear(self, double tear) except -1:
-        if tear > 0.0:
-            raise ConfigError("a mailbox window (transport='messages') sends whole "
-                              "versions: no torn writes; use transport='put'")
         return 0
 
     cdef int _fill_stage(self, int stage, const char *src, int64_t version,

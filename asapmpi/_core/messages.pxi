@@ -181,10 +181,9 @@ cdef class MessageWindow(SlotWindow):
         reader's receive: no writer is more than one version ahead of its reader);
         NeighbourTimeoutError naming the ranks after `timeout` seconds."""
         cdef long polls = 0
-        cdef double t0, t
+        cdef double t0
         cdef int got_in = 0, got_out = 0
         cdef int i
-        cdef char *hdr
         self._check_alive()
         if self._posted != version:
             raise ConfigError(f"wait_updates({version}) but the receives are posted for "
@@ -198,29 +197,17 @@ cdef class MessageWindow(SlotWindow):
                 got_out = self._test_each(self.send_reqs, 2 * self.n_out)
                 if got_in and got_out:
                     break
-                t = asap_now()
-                if t - t0 > timeout:
+                # the tests above were this poll's progress
+                if self._idle(&polls, t0, timeout, True):
                     break
-                self._settle_pending(polls)
-                asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
-                             self.poll_slack_ns)
-                polls += 1
-                self.wait_seconds += asap_now() - t
         if not (got_in and got_out):
             self._message_timeout(version, timeout)
         self._sending = False
         with nogil:
-            asap_fence()
             for i in range(self.n_in):
-                hdr = self._slot(i, version % self.depth)
-                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride + 8,
-                               self.recv_cksum[i] if self._msg_checksum else 0)
-                asap_store_i64(hdr + HEADER_BYTES + self.payload_stride, version)
-                asap_store_i64(hdr + 8, version)
-                asap_store_i64(hdr + 16, self._in[i])
-                asap_store_i64(hdr + 24, self.nbytes)
-                asap_store_i64(hdr, version)
-            asap_fence()
+                stamp_slot(self._slot(i, version % self.depth), self.payload_stride,
+                           version, self.recv_cksum[i] if self._msg_checksum else 0,
+                           version, self._in[i], self.nbytes)
         self._posted = 0
 
     cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:

@@ -162,14 +162,12 @@ cdef class NewestWindow(MailboxWindow):
     # ------------------------------------------------------------------ sending
 
     cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                   bint checksum, bint notify, double tear,
-                   int64_t suppress_if_acked) except -1:
+                   bint checksum, bint notify, int64_t suppress_if_acked) except -1:
         # The update into a stage no send reads, then to every reader whose channel is
         # free; the others get it (or a newer one) from _pump once theirs is.  Never
         # waits for a reader.
         cdef int s = 0
         cdef int j
-        self._refuse_tear(tear)
         with nogil:
             self._mark_suppressed(suppress_if_acked)
             self._complete_sends()

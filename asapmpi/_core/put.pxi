@@ -77,21 +77,17 @@ cdef class PutWindow(SlotWindow):
         return 0
 
     cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                   bint checksum, bint notify, double tear,
-                   int64_t suppress_if_acked) except -1:
+                   bint checksum, bint notify, int64_t suppress_if_acked) except -1:
         with nogil:
             self._mark_suppressed(suppress_if_acked)
-            self._put(src, version, iteration, seqlock, checksum, notify, tear)
+            self._put(src, version, iteration, seqlock, checksum, notify)
         return 0
 
     cdef int _put(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                  bint checksum, bint notify, double tear) except -1 nogil:
+                  bint checksum, bint notify) except -1 nogil:
         cdef int j
         cdef Py_ssize_t slot = version % self.depth
-        cdef Py_ssize_t payload = self.nbytes
         cdef MPI_Aint d
-        if tear > 0.0:
-            payload = <Py_ssize_t>(self.nbytes * tear)
         self.hdr[0] = version
         self.hdr[1] = iteration
         self.hdr[2] = self.rank
@@ -104,18 +100,16 @@ cdef class PutWindow(SlotWindow):
             d = self.out_slot_disp[j] + slot * self.slot_stride
             CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
                            self.win), "MPI_Put")
-        if seqlock or tear > 0.0:
+        if seqlock:
             self._flush_all(b"MPI_Win_flush_all after the header put", version, self.out_desc)
         for j in range(self.n_out):
             if self.skip[j]:
                 continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
-            self._transfer(<char *>src, payload, self._out[j], d, False)
-            self.bytes_put += payload
-        if seqlock or tear > 0.0:
+            self._transfer(<char *>src, self.nbytes, self._out[j], d, False)
+            self.bytes_put += self.nbytes
+        if seqlock:
             self._flush_all(b"MPI_Win_flush_all after the payload put", version, self.out_desc)
-        if tear > 0.0:
-            return 0
         for j in range(self.n_out):
             if self.skip[j]:
                 continue

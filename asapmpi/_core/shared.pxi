@@ -68,12 +68,10 @@ cdef class SharedWindow(SlotWindow):
                           "the Exchange with transport='put'")
 
     cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                   bint checksum, bint notify, double tear,
-                   int64_t suppress_if_acked) except -1:
-        cdef Py_ssize_t payload = <Py_ssize_t>(self.nbytes * tear) if tear > 0.0 else self.nbytes
+                   bint checksum, bint notify, int64_t suppress_if_acked) except -1:
         with nogil:
             self._mark_suppressed(suppress_if_acked)
-            self._put_outbox(src, version, iteration, checksum, notify, payload, tear > 0.0)
+            self._put_outbox(src, version, iteration, checksum, notify)
         return 0
 
     cdef _hold_segments(self, own, ins, Py_ssize_t nbytes):
@@ -110,8 +108,7 @@ cdef class SharedWindow(SlotWindow):
         self.out_slots = NULL
 
     cdef int _put_outbox(self, const char *src, int64_t version, int64_t iteration,
-                         bint checksum, bint notify, Py_ssize_t payload, bint torn
-                         ) except -1 nogil:
+                         bint checksum, bint notify) except -1 nogil:
         # One copy into this rank's own slot, which every out-neighbour reduces from in
         # place, then the notifies.  Written in the seqlock order (header, payload,
         # footer, fences between), so a reader checking header == footer == version
@@ -127,11 +124,9 @@ cdef class SharedWindow(SlotWindow):
         asap_store_i64(hdr, version)
         asap_fence()
         if src != hdr + HEADER_BYTES:
-            asap_copy_out(hdr + HEADER_BYTES, src, payload)
+            asap_copy_out(hdr + HEADER_BYTES, src, self.nbytes)
         asap_fence()
-        self.bytes_put += payload * self.n_out
-        if torn:
-            return 0
+        self.bytes_put += self.nbytes * self.n_out
         asap_store_i64(ftr + 8, <int64_t>asap_checksum(src, self.nbytes) if checksum else 0)
         asap_store_i64(ftr, version)
         # The footer is in this rank's segment, not in window memory: MPI_Win_sync

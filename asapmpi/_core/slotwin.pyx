@@ -280,6 +280,9 @@ cdef int _quiet_ucx_teardown_at_finalize() except -1 nogil:
                   "MPI_Comm_set_attr")
 
 
+include "slotstore.pxi"
+
+
 cdef class SlotWindow:
     """One rank's slot window: the slot layout, the notify, ack and user words, the
     waits on them and the verified reduce, shared by every transport.
@@ -351,16 +354,7 @@ cdef class SlotWindow:
     cdef readonly bint rma
     cdef Py_ssize_t _max_transfer
     # reduce scratch
-    cdef char *own_copy
-    cdef const void **ins
-    cdef double *ws_f64
-    cdef float *ws_f32
-    cdef asap_cksum_t *cks
-    cdef int64_t *seen_footer
-    cdef uint64_t *seen_cksum
-    cdef int *used
-    cdef int *status
-    cdef int64_t *exp_v
+    cdef readonly SlotStore store   # the inputs and the verified reduce (slotstore.pxi)
     cdef int *skip
     cdef readonly long long suppressed
     # traffic and idle time, for training reports: payload bytes put (headers, footers
@@ -372,9 +366,6 @@ cdef class SlotWindow:
     # collective (every rank issues them in the same order) or at free()
     cdef MPI_Request _late
     cdef object _late_buffers
-    cdef int64_t[:, ::1] _stats
-    cdef int64_t[::1] _last_version
-    cdef object _stats_array, _last_array
 
     def __cinit__(self):
         self.win = MPI_WIN_NULL
@@ -444,10 +435,7 @@ cdef class SlotWindow:
         _describe(self.nbr_desc, sorted(set(in_ranks) | set(out_ranks)))
         if asap_watchdog_start() != 0:
             raise OSError("asapmpi could not start its watchdog thread")
-        self._stats_array = np.zeros((max(self.n_in, 1), N_STATUS), dtype=np.int64)
-        self._last_array = np.zeros(max(self.n_in, 1), dtype=np.int64)
-        self._stats = self._stats_array
-        self._last_version = self._last_array
+        self.store = SlotStore(self.n_in, self.nbytes, self.payload_stride, itemsize)
 
         with nogil:
             CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.comm), "MPI_Comm_dup")
@@ -481,6 +469,8 @@ cdef class SlotWindow:
                 raise ConfigError("this MPI gives a separate (not unified) memory model "
                                   "for RMA windows; asapmpi needs MPI_WIN_UNIFIED")
             self.memory_model = "MPI_WIN_UNIFIED"
+            self.store.sync = _sync_window
+            self.store.sync_ctx = &self.win
         else:
             self.memory_model = "none (messages only: no MPI window)"
         # Version 0 everywhere means "never written".  No rank can leave the allgather
@@ -521,8 +511,7 @@ cdef class SlotWindow:
         return 0
 
     cdef int _send(self, const char *src, int64_t version, int64_t iteration, bint seqlock,
-                   bint checksum, bint notify, double tear,
-                   int64_t suppress_if_acked) except -1:
+                   bint checksum, bint notify, int64_t suppress_if_acked) except -1:
         """put()'s transfer of one update of nbytes at `src` (sizes checked)."""
         raise ConfigError(f"a {self.transport} window does not put(); its updates go "
                           f"through its own calls (asapmpi.transports)")
@@ -587,25 +576,13 @@ cdef class SlotWindow:
         self.in_ack_disp = <MPI_Aint *>calloc(n, sizeof(MPI_Aint))
         self.wait_offs = <MPI_Aint *>calloc(w, sizeof(MPI_Aint))
         self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
-        self.ins = <const void **>calloc(n, sizeof(void *))
-        self.ws_f64 = <double *>calloc(n, sizeof(double))
-        self.ws_f32 = <float *>calloc(n, sizeof(float))
-        self.cks = <asap_cksum_t *>calloc(n, sizeof(asap_cksum_t))
-        self.seen_footer = <int64_t *>calloc(n, sizeof(int64_t))
-        self.seen_cksum = <uint64_t *>calloc(n, sizeof(uint64_t))
-        self.used = <int *>calloc(n, sizeof(int))
-        self.status = <int *>calloc(n, sizeof(int))
-        self.exp_v = <int64_t *>calloc(n, sizeof(int64_t))
         self.skip = <int *>calloc(m, sizeof(int))
         self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
         self.lazy_sink = <int64_t *>calloc(LAZY_WORDS * w, sizeof(int64_t))
-        if (self.lazy_sink == NULL or self.sizes == NULL or self.exp_v == NULL
-                or self.skip == NULL or self._in == NULL or self._out == NULL
-                or self.out_slot_disp == NULL or self.out_notify_disp == NULL
-                or self.in_ack_disp == NULL or self.wait_offs == NULL
-                or self.wait_expected == NULL or self.ins == NULL or self.ws_f64 == NULL
-                or self.ws_f32 == NULL or self.cks == NULL or self.seen_footer == NULL
-                or self.seen_cksum == NULL or self.used == NULL or self.status == NULL):
+        if (self.lazy_sink == NULL or self.sizes == NULL or self.skip == NULL
+                or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
+                or self.out_notify_disp == NULL or self.in_ack_disp == NULL
+                or self.wait_offs == NULL or self.wait_expected == NULL):
             raise MemoryError()
 
     cdef void _free_arrays(self) noexcept:
@@ -616,17 +593,7 @@ cdef class SlotWindow:
         free(self.in_ack_disp); self.in_ack_disp = NULL
         free(self.wait_offs); self.wait_offs = NULL
         free(self.wait_expected); self.wait_expected = NULL
-        free(self.ins); self.ins = NULL
-        free(self.ws_f64); self.ws_f64 = NULL
-        free(self.ws_f32); self.ws_f32 = NULL
-        free(self.cks); self.cks = NULL
-        free(self.seen_footer); self.seen_footer = NULL
-        free(self.seen_cksum); self.seen_cksum = NULL
-        free(self.used); self.used = NULL
-        free(self.status); self.status = NULL
-        free(self.exp_v); self.exp_v = NULL
         free(self.skip); self.skip = NULL
-        free(self.own_copy); self.own_copy = NULL
         free(self.sizes); self.sizes = NULL
         free(self.lazy_sink); self.lazy_sink = NULL
 
@@ -743,14 +710,12 @@ cdef class SlotWindow:
     # ------------------------------------------------------------------ writing
 
     def put(self, buf, int64_t version, int64_t iteration=0, bint seqlock=False,
-            bint checksum=False, bint notify=True, double tear=0.0,
-            int64_t suppress_if_acked=0):
+            bint checksum=False, bint notify=True, int64_t suppress_if_acked=0):
         """Write `buf` as `version` into slot `version % depth` of every out-neighbour.
 
         Ordered mode: header, payload and footer, one flush, then the notify word.
         seqlock: header, flush, payload, flush, footer, flush, so a concurrent reader can
-        tell a read that overlapped this write.  `tear` in (0, 1) is for tests: write the
-        header and that fraction of the payload, flush, and stop (no footer, no notify).
+        tell a read that overlapped this write (asapmpi.testing.faults writes torn ones).
         suppress_if_acked > 0: skip every out-neighbour whose ack word (read atomically)
         is already >= it (Hop 6.2: it can no longer use this update); counted in
         `suppressed`.  How the bytes travel is the transport's (its class's _send).
@@ -759,8 +724,6 @@ cdef class SlotWindow:
         self._check_alive()
         if version <= 0:
             raise ConfigError(f"versions start at 1, got {version}")
-        if not 0.0 <= tear < 1.0:
-            raise ConfigError(f"tear must be in [0, 1), got {tear}")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
@@ -768,7 +731,7 @@ cdef class SlotWindow:
                                   f"{self.nbytes}; pass a buffer of the size the Exchange "
                                   f"was created with")
             self._send(<const char *>view.buf, version, iteration, seqlock, checksum,
-                       notify, tear, suppress_if_acked)
+                       notify, suppress_if_acked)
         finally:
             PyBuffer_Release(&view)
 
@@ -1104,14 +1067,8 @@ cdef class SlotWindow:
 
     cdef int _sync(self) except -1 nogil:
         """Order this process's loads and stores of its memory with what MPI and other
-        processes wrote there: MPI_Win_sync on a window (the standard's call for window
-        memory), then a full fence.  The fence is what orders: Open MPI's osc rdma
-        implements MPI_Win_sync as progress alone, and the shared transport's slots are
-        not window memory at all (docs/PROTOCOL.md, section 8, A6 and A7)."""
-        if self.rma:
-            CHKERR(MPI_Win_sync(self.win), "MPI_Win_sync")
-        asap_fence()
-        return 0
+        processes wrote there (the store's barrier, _sync_window or _fence_only)."""
+        return self.store.sync(self.store.sync_ctx)
 
     cdef int _progress(self) except -1 nogil:
         # On network paths a put into this window may only complete when this rank calls
@@ -1139,12 +1096,12 @@ cdef class SlotWindow:
 
     cdef int _idle(self, long *polls, double t0, double timeout,
                    bint pumped=False) except -1 nogil:
-        """Between two unsuccessful polls: drive progress (unless the caller's _pump()
-        of this poll did: `pumped` on a transport whose pump is its progress), then back
-        off.  Returns 1 once `timeout` seconds have passed since t0."""
+        """Between two unsuccessful polls: drive progress (unless the caller's poll
+        did: `pumped`), then back off.  Returns 1 once `timeout` seconds have passed
+        since t0."""
         cdef double t = asap_now()
         self._settle_pending(polls[0])
-        if not (pumped and self.pump_progresses):
+        if not pumped:
             self._progress()
         if t - t0 > timeout:
             return 1
@@ -1176,7 +1133,7 @@ cdef class SlotWindow:
             if done:
                 self._sync()
                 return 0
-            if self._idle(&polls, t0, timeout, True):
+            if self._idle(&polls, t0, timeout, self.pump_progresses):
                 return 1
 
     cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout,
@@ -1268,7 +1225,7 @@ cdef class SlotWindow:
                     got[0] += 1
             if got[0] >= min_count:
                 return 0
-            if self._idle(&polls, t0, timeout, True):
+            if self._idle(&polls, t0, timeout, self.pump_progresses):
                 return 1
 
     def barrier(self, double timeout=-1.0, int64_t version=0):
@@ -1353,13 +1310,6 @@ cdef class SlotWindow:
             raise ConfigError(f"offset {disp} is not an int64 word of this window")
         return 0
 
-    def debug_store_word(self, Py_ssize_t disp, int64_t value):
-        """Store into this rank's own window, bypassing the protocol: fault injection for
-        tests (corrupt a payload, fake a version).  Never needed in normal use."""
-        self._check_alive()
-        self._check_local_word(disp)
-        asap_store_i64(self.base + disp, value)
-
     def slot_offset(self, int in_index, int64_t version):
         """Offset of the header of in-neighbour `in_index`'s slot for `version` (the
         shared and newest-version transports, whose slots are not at a fixed place in
@@ -1427,13 +1377,10 @@ cdef class SlotWindow:
                     raise ConfigError(f"own has {own_view.len} bytes but the window's slots "
                                       f"hold {self.nbytes}")
                 own_ptr = <const char *>own_view.buf
-            if ((seqlock or checksum) and own_ptr == <const char *>view.buf
-                    and self.own_copy == NULL):
-                self.own_copy = <char *>malloc(max(self.nbytes, 1))
-                if self.own_copy == NULL:
-                    raise MemoryError()
+            if (seqlock or checksum) and own_ptr == <const char *>view.buf:
+                self.store.keep_copies()
             for i in range(self.n_in):
-                self.exp_v[i] = expected
+                self.store.exp_v[i] = expected
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
                                  min_version, max_version, False, seqlock, checksum,
@@ -1443,13 +1390,13 @@ cdef class SlotWindow:
             if own_held:
                 PyBuffer_Release(&own_view)
         if r == -1:
-            torn = [self._in[i] for i in range(self.n_in) if self.status[i] == TORN]
+            torn = [self._in[i] for i in range(self.n_in) if self.store.status[i] == TORN]
             raise ProtocolError(f"rank {self.rank}: the slot(s) of rank(s) {torn} changed while "
                                 f"version {expected} was read; a writer did not wait for its "
                                 f"ack (the reduced buffer is not valid)")
         if r == -3:
-            bad = {self._in[i]: STATUS_NAMES[self.status[i]] for i in range(self.n_in)
-                   if not self.used[i]}
+            bad = {self._in[i]: STATUS_NAMES[self.store.status[i]] for i in range(self.n_in)
+                   if not self.store.used[i]}
             raise ProtocolError(f"rank {self.rank}: version {expected} from rank(s) "
                                 f"{sorted(bad)} was not usable ({bad}); nothing was reduced, "
                                 f"the buffer is unchanged (a peer broke the protocol)")
@@ -1476,12 +1423,9 @@ cdef class SlotWindow:
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
                                   f"{self.nbytes}")
-            if self.own_copy == NULL:
-                self.own_copy = <char *>malloc(max(self.nbytes, 1))
-                if self.own_copy == NULL:
-                    raise MemoryError()
+            self.store.keep_copies()
             for i in range(self.n_in):
-                self.exp_v[i] = versions[i]
+                self.store.exp_v[i] = versions[i]
             with nogil:
                 r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
                                  0, 0, True, True, checksum, renormalize, False, False,
@@ -1495,7 +1439,7 @@ cdef class SlotWindow:
         (Hop's bounded staleness: block only on neighbours with nothing recent enough);
         return the newest such version per in-neighbour."""
         cdef long polls = 0
-        cdef double t0, t
+        cdef double t0
         cdef bint done
         cdef int i
         self._check_alive()
@@ -1505,15 +1449,7 @@ cdef class SlotWindow:
             if self.n_in == 0 or versions.min() >= at_least:
                 return versions
             with nogil:
-                t = asap_now()
-                self._settle_pending(polls)
-                self._progress()
-                done = t - t0 > timeout
-                if not done:
-                    asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
-                                 self.poll_slack_ns)
-                self.wait_seconds += asap_now() - t
-            polls += 1
+                done = self._idle(&polls, t0, timeout)
             if done:
                 late = [i for i in range(self.n_in) if versions[i] < at_least]
                 raise NeighbourTimeoutError(
@@ -1545,187 +1481,67 @@ cdef class SlotWindow:
                      int64_t min_version, int64_t max_version, bint exact_each, bint seqlock,
                      bint checksum, bint renormalize, bint require_all,
                      bint only_notified, const char *own_in) except -2 nogil:
-        # self.exp_v[i]: the version expected from in-neighbour i (its slot is
-        # exp_v[i] % depth).  exact_each: input i is usable only as exactly exp_v[i] > 0;
-        # else any whole version in [min_version, max_version].  own_in: this rank's
-        # own input (== out for an in-place reduce).
+        # The channel's part of a reduce: make the slots' memory visible, then point the
+        # store at the slot of version store.exp_v[i] of each in-neighbour (NULL with
+        # only_notified when its notify word is not that version: its sender may be
+        # writing it); the store verifies and reduces (slotstore.pxi).
+        cdef int i
         cdef Py_ssize_t slot
-        cdef int64_t expected
-        cdef int i, n_used, passes
-        cdef int64_t h, f
-        cdef char *hdr
-        cdef char *ftr
-        cdef bint changed
-        cdef const char *own = own_in
-        # _sync: MPI_Win_sync (the standard's call to make remote updates of this
-        # window visible to local loads), then the full fence that orders the loads
         self._sync()
         for i in range(self.n_in):
-            expected = self.exp_v[i]
-            slot = expected % self.depth
-            if (exact_each and expected <= 0) or (only_notified and asap_load_i64(
-                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != expected):
-                # late: not complete, possibly being written; never read it
-                self.status[i] = STALE
-                self.used[i] = 0
-                self.seen_footer[i] = -1
-                continue
-            hdr = self._slot(i, slot)
-            ftr = hdr + HEADER_BYTES + self.payload_stride
-            # seqlock reader: footer first, payload, header last (fences between).
-            f = asap_load_i64(ftr)
-            h = asap_load_i64(hdr)
-            self.seen_footer[i] = f
-            self.seen_cksum[i] = <uint64_t>asap_load_i64(ftr + 8)
-            if h != f:
-                self.status[i] = TORN
-            elif f == expected:
-                self.status[i] = CONSISTENT
-            elif f < expected:
-                self.status[i] = STALE
+            slot = self.store.exp_v[i] % self.depth
+            if only_notified and asap_load_i64(
+                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != self.store.exp_v[i]:
+                self.store.hdr[i] = NULL
             else:
-                self.status[i] = AHEAD
-            if exact_each:
-                self.used[i] = h == f and f == expected
-            else:
-                self.used[i] = h == f and min_version <= f <= max_version
-        if require_all:
-            for i in range(self.n_in):
-                if not self.used[i]:
-                    self._count()
-                    return -3
-        # A failure found after the fused pass (a slot that changed, a bad checksum) can
-        # only be undone from a copy of the reader's own buffer; keep one when the mode
-        # can find such failures.
-        if (seqlock or checksum) and own_in == out:
-            memcpy(self.own_copy, out, self.nbytes)
-            own = self.own_copy
-        passes = 0
-        while True:
-            asap_fence()
-            n_used = self._fused_pass(out, own, w_self, weights, checksum, renormalize)
-            asap_fence()
-            self._sync()
-            changed = False
-            for i in range(self.n_in):
-                if not self.used[i]:
-                    continue
-                hdr = self._slot(i, self.exp_v[i] % self.depth)
-                if (asap_load_i64(hdr) != self.seen_footer[i]
-                        or (checksum and self.seen_cksum[i] != 0
-                            and asap_cksum_final(&self.cks[i], self.nbytes) != self.seen_cksum[i])):
-                    self.status[i] = TORN
-                    self.used[i] = 0
-                    changed = True
-            passes += 1
-            if not changed:
-                break
-            if not (seqlock or checksum):
-                self._count()
-                return -1
-            if require_all:
-                # every input was promised: one that failed after the pass (it changed,
-                # or its checksum) is a broken protocol, not an input to leave out of a
-                # sum whose weights would no longer add up
-                if own_in == out:
-                    memcpy(out, self.own_copy, self.nbytes)
-                self._count()
-                return -3
-        self._count()
-        return n_used
-
-    cdef int _fused_pass(self, char *out, const char *own, double w_self, const double *weights,
-                         bint checksum, bint renormalize) noexcept nogil:
-        cdef int i, k = 0
-        cdef double total_all = w_self, total_used = w_self, scale = 1.0
-        for i in range(self.n_in):
-            total_all += weights[i]
-            if self.used[i]:
-                total_used += weights[i]
-        if renormalize and total_used > 0.0:
-            scale = total_all / total_used
-        for i in range(self.n_in):
-            if self.used[i]:
-                self.ins[k] = self._slot(i, self.exp_v[i] % self.depth) + HEADER_BYTES
-                self.ws_f64[k] = weights[i] * scale
-                self.ws_f32[k] = <float>(weights[i] * scale)
-                k += 1
-        # checksums are fed per used input in order; map them back below
-        if self.itemsize == 4:
-            asap_wsum_f32(<float *>out, <const float *>own, <float>(w_self * scale),
-                          <const float *const *>self.ins, self.ws_f32, k,
-                          self.nbytes // 4, self._cks_compact(checksum, k))
-        else:
-            asap_wsum_f64(<double *>out, <const double *>own, w_self * scale,
-                          <const double *const *>self.ins, self.ws_f64, k,
-                          self.nbytes // 8, self._cks_compact(checksum, k))
-        if checksum:
-            self._cks_expand()
-        return k
-
-    cdef asap_cksum_t *_cks_compact(self, bint checksum, int k) noexcept nogil:
-        # The kernel feeds cks[0..k-1] for the k used inputs; they are spread back to the
-        # in-neighbour index by _cks_expand (walking backwards, so nothing is overwritten).
-        if not checksum:
-            return NULL
-        cdef int i
-        for i in range(k):
-            asap_cksum_init(&self.cks[i])
-        return self.cks
-
-    cdef void _cks_expand(self) noexcept nogil:
-        cdef int i, k = 0
-        for i in range(self.n_in):
-            if self.used[i]:
-                k += 1
-        for i in range(self.n_in - 1, -1, -1):
-            if self.used[i]:
-                k -= 1
-                if k != i:
-                    self.cks[i] = self.cks[k]
-
-    cdef void _count(self) noexcept nogil:
-        cdef int i
-        for i in range(self.n_in):
-            self._stats[i, self.status[i]] += 1
-            if self.status[i] != TORN and self.seen_footer[i] >= 0:
-                self._last_version[i] = self.seen_footer[i]
+                self.store.hdr[i] = self._slot(i, slot)
+        return self.store.reduce(out, w_self, weights, min_version, max_version, exact_each,
+                            seqlock, checksum, renormalize, require_all, own_in)
 
     # ------------------------------------------------------------------ introspection
 
     @property
     def stats(self):
         """int64 array (n_in, 4): per in-neighbour counts of consistent, torn, stale, ahead."""
-        return self._stats_array[:self.n_in].copy()
+        return self.store.stats
 
     @property
     def last_versions(self):
         """int64 array (n_in,): last untorn version read from each in-neighbour."""
-        return self._last_array[:self.n_in].copy()
+        return self.store.last_versions
 
     @property
     def in_ranks(self):
+        """The in-neighbours, in the order of the weights and slots."""
         return [self._in[i] for i in range(self.n_in)]
 
     @property
     def out_ranks(self):
+        """The out-neighbours, in the order of their slots."""
         return [self._out[i] for i in range(self.n_out)]
 
+    @property
+    def out_slot_offsets(self):
+        """Per out-neighbour: the offset of this rank's first slot in its window."""
+        return [int(self.out_slot_disp[i]) for i in range(self.n_out)]
+
     def record_reduced(self, int64_t[::1] row not None, int64_t iteration):
-        """Write the trace of the last reduce into `row` (n_in + 1 int64): the
-        iteration, then the footer version it verified and used from each in-neighbour
-        (0: not used), without temporaries (a policy's hot path)."""
-        cdef int i
-        if row.shape[0] != self.n_in + 1:
-            raise ConfigError(f"the trace row of a reduce has {self.n_in + 1} cells "
-                              f"(iteration and one per in-neighbour), not {row.shape[0]}")
-        row[0] = iteration
-        for i in range(self.n_in):
-            row[1 + i] = self._last_version[i] if self.status[i] == CONSISTENT else 0
+        """The trace of the last reduce into `row` (SlotStore.record_reduced)."""
+        self.store._record(row, iteration)
 
     def last_status(self):
         """Status of each input in the last reduce (CONSISTENT, TORN, STALE or AHEAD)."""
-        return [self.status[i] for i in range(self.n_in)]
+        return self.store.last_status()
+
+
+cdef int _sync_window(void *win) except -1 nogil:
+    # MPI_Win_sync on a window (the standard's call for window memory), then a full
+    # fence.  The fence is what orders: Open MPI's osc rdma implements MPI_Win_sync as
+    # progress alone, and the shared transport's slots are not window memory at all
+    # (docs/PROTOCOL.md, section 8, A6 and A7).
+    CHKERR(MPI_Win_sync((<MPI_Win *>win)[0]), "MPI_Win_sync")
+    asap_fence()
+    return 0
 
 
 cdef class _SlotPayload:

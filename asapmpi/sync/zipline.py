@@ -111,7 +111,7 @@ def zipline(ends) -> Choice:
     smallest spread max - min; ties: earliest barrier, then smallest indices.
 
     Method (exact): the "smallest range covering n sorted lists" sweep, a k-way merge of
-    the rows in C (asapmpi._core.sweep): a min-heap holds every row's first point not yet
+    the rows in C (asapmpi.sync._sweep): a min-heap holds every row's first point not yet
     passed, and lo runs through the points in increasing order.  When lo is the first
     copy of its value, every row's current point is its first point >= lo, so the best
     window starting at lo ends at their maximum, a running maximum (later copies of the
@@ -124,9 +124,9 @@ def zipline(ends) -> Choice:
     benchmark's workers of different speeds (the argsort of the nR points alone took
     7-8 ms there); the paper reports 2.38 s for its O(R n^2) version.
     """
-    # the sweep is compiled in asapmpi._core, whose import starts MPI (its check of the
-    # MPI ABI): imported here, where it runs, so that importing asapmpi.sync starts none
-    from .._core.sweep import covering_window
+    # compiled (no MPI): imported where it runs, so that importing asapmpi.sync loads
+    # no extension module
+    from ._sweep import covering_window
 
     m = _validate_ends(ends)
     lo, _ = covering_window(m)
