@@ -22,17 +22,17 @@ def store_word(win, disp: int, value: int) -> None:
     win.write_words(win.rank, disp, [value])
 
 
-def torn_write(ex, buf, version: int, fraction: float = 0.5, iteration: int = 0) -> None:
+def torn_write(ex, buf, version: int, payload_words: int = _WORDS_PER_CALL,
+               iteration: int = 0) -> None:
     """Begin writing `buf` as `version` to every out-neighbour of `ex` (an Exchange on
     transport 'put' or 'shared') and stop part-way: the header and the first
-    `fraction` of the payload's 8-byte words, no footer, no notify."""
+    `payload_words` 8-byte words of the payload, no footer, no notify.  (A few words:
+    each is one atomic write and flush, which on UCX over TCP costs a round trip.)"""
     win = ex.window
     payload = np.ascontiguousarray(buf).view(np.uint8)
     if payload.nbytes != win.nbytes or win.nbytes % 8:
         raise ValueError(f"buf must have the window's {win.nbytes} bytes, in whole words")
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
-    words = payload.view(np.int64)[: int(win.nbytes * fraction) // 8]
+    words = payload.view(np.int64)[:payload_words]
     header = [version, iteration, win.rank, win.nbytes]
     slot = (version % win.depth) * win.slot_stride
     if win.transport == "shared":
