@@ -118,6 +118,26 @@ def test_read_only_buffer_and_bad_options():
         asapmpi.Exchange(np.zeros(4), sync="backup_ps", comm=MPI.COMM_SELF)
 
 
+def test_sync_takes_the_command_line_spelling_of_a_policy():
+    # "hop:backup=1" as on the command line, merged with keyword options
+    from asapmpi.sync import policy
+
+    hop = policy("hop:backup=1:max_gap=3")
+    assert (hop.name, hop.backup, hop.max_gap) == ("hop", 1, 3)
+    assert policy("hop:backup=1", max_gap=2).max_gap == 2
+    assert policy("hop:backup=1", backup=1).backup == 1
+    with pytest.raises(ConfigError, match="sets backup=1 but the keyword backup=2"):
+        policy("hop:backup=1", backup=2)
+    with pytest.raises(ConfigError, match="is not OPTION=VALUE"):
+        policy("hop:backup")
+    with pytest.raises(ConfigError, match="transport is the Exchange's"):
+        policy("bsp:transport=messages")
+    with asapmpi.Exchange(np.zeros(4), graph="ring", sync="hop:max_gap=3",
+                          comm=MPI.COMM_SELF) as ex:
+        ex.step()
+        assert (ex.policy.name, ex.policy.max_gap) == ("hop", 3)
+
+
 def test_window_word_access_checks_offsets_and_ranks():
     with asapmpi.Exchange(np.zeros(4), graph="ring", comm=MPI.COMM_SELF) as ex:
         win = ex.window

@@ -95,6 +95,9 @@ def test_wrapper_refuses_bad_arguments():
     ptrs = [p.data_ptr() for p in model.parameters()]
     with pytest.raises(ConfigError, match="decides itself when each worker synchronizes"):
         DecentralizedOptimizer(sgd, None, sync="elastic", period=2)
+    # the command line's spelling names the policy as well: elastic:R=4 is refused alike
+    with pytest.raises(ConfigError, match="decides itself when each worker synchronizes"):
+        DecentralizedOptimizer(sgd, None, sync="elastic:R=4", period=2)
     assert [p.data_ptr() for p in model.parameters()] == ptrs
     # a trainable parameter the optimizer does not hold would drift apart across ranks
     head = torch.optim.SGD(model[2].parameters(), lr=0.1)

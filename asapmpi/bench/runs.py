@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 from ..errors import ConfigError
 from ..sync import policy as make_policy
-from ..train.config import parse_options
+from ..sync.spec import parse_options
 from ..transports import TRANSPORTS, resolve
 
 #: policies whose step is an averaging step over any graph

@@ -10,6 +10,7 @@ from .elastic import ElasticBSP
 from .gossip import Gossip
 from .hop import Hop
 from .notify_ack import NotifyAck
+from .spec import merge_spec
 
 #: the policies offered by name (Exchange(sync=...), the command line); test-only ones,
 #: such as asapmpi.testing's deliberately broken NOTIFY-ACK, are passed as classes
@@ -18,9 +19,10 @@ POLICIES = {p.name: p for p in (NotifyAck, BSP, Async, Hop, Allreduce, BackupPS,
 
 
 def policy(name, **options) -> Policy:
-    """Return a new policy object for `name` with its options: a name in POLICIES, or a
-    Policy subclass (a policy kept out of the registry).  A Policy object is returned
-    as it is (it was made with its options)."""
+    """Return a new policy object for `name` with its options: a name in POLICIES,
+    written alone or with options as on the command line ("hop:backup=1", merged with
+    the keyword options), or a Policy subclass (a policy kept out of the registry).  A
+    Policy object is returned as it is (it was made with its options)."""
     if isinstance(name, Policy):
         if options:
             raise ConfigError(f"sync={type(name).__name__}(...) is a policy object: pass "
@@ -30,6 +32,13 @@ def policy(name, **options) -> Policy:
         cls = name
         name = cls.name
     else:
+        if isinstance(name, str) and ":" in name:
+            spec = name
+            name, options = merge_spec(spec, options)
+            if "transport" in options:
+                raise ConfigError(f"sync={spec!r}: transport is the Exchange's option, not "
+                                  f"the policy's; pass Exchange(..., transport="
+                                  f"{options['transport']!r})")
         try:
             cls = POLICIES[name]
         except (KeyError, TypeError):

@@ -13,6 +13,7 @@ from ..loadbalance import check_every
 from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 from ..sync import policy as make_policy
+from ..sync.spec import parse_options
 
 MODELS = ("svm", "cnn", "mlp")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -34,26 +35,6 @@ DATA_DEFAULTS = {
 }
 #: policies a user may train with: every one offered by name
 TRAINABLE = tuple(sorted(POLICIES))
-
-
-def _value(text: str) -> Any:
-    """An option value from text: None, a bool, an int, a float, a list of numbers
-    written with '/' ("4/5/6/7": commas separate the runs of --compare), else text."""
-    if "/" in text:
-        parts = [_value(p) for p in text.split("/")]
-        if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
-            return parts
-    low = text.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
@@ -110,19 +91,6 @@ def split_options(options: Dict[str, Any], where: str
             raise ConfigError(f"transport={trainer['transport']!r} {where}: write one of "
                               f"auto, {', '.join(FAMILIES)}")
     return policy_options, trainer
-
-
-def parse_options(pairs, where: str) -> Dict[str, Any]:
-    """["backup=1", "max-gap=3"] -> {"backup": 1, "max_gap": 3}; `where` names the
-    source in the error ("in 'hop:backup'", "--hop")."""
-    options = {}
-    for pair in pairs:
-        key, eq, val = pair.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"option {pair!r} {where} is not OPTION=VALUE "
-                              f"(e.g. backup=1)")
-        options[key.replace("-", "_")] = _value(val)
-    return options
 
 
 #: settings a resumed run may change (everything else must match the checkpoint)

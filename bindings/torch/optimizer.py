@@ -163,6 +163,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         self.buffers = buffers
         self.comm = MPI.COMM_WORLD if comm is None else comm
         problem, layout = None, None
+        # the policy's name, also when sync is written with its options ("hop:backup=1")
+        name = sync.split(":", 1)[0] if isinstance(sync, str) else getattr(sync, "name", sync)
         try:
             trainable, self.frozen, mixed, side = _split(optimizer, model, buffers)
             if mixed and mode == "parallel":
@@ -170,12 +172,12 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                                   "and a forward pass in train mode writes the model's "
                                   "buffers (BatchNorm statistics): pass buffers='broadcast' "
                                   "or 'local', or mode='serial'")
-            if buffers == "broadcast" and side and sync not in LOCKSTEP:
+            if buffers == "broadcast" and side and name not in LOCKSTEP:
                 raise ConfigError(f"buffers='broadcast' is a collective at every mix, which "
                                   f"sync={sync!r} lets ranks reach at different times; use "
                                   f"buffers='mix' or 'local', or sync in {LOCKSTEP}")
             check_cpu(self.frozen)
-            policy = asapmpi.sync.POLICIES.get(sync) if isinstance(sync, str) else None
+            policy = asapmpi.sync.POLICIES.get(name) if isinstance(name, str) else None
             if getattr(policy, "global_iterations", False) and (period, mode) != (1, "serial"):
                 raise ConfigError(f"sync={sync!r} decides itself when each worker "
                                   f"synchronizes: use period=1 and mode='serial'")
@@ -206,7 +208,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         # collectives can interleave with them
         self._side_comm = self.comm.Dup()
         #: whether the buffers outside the flat one take rank 0's values at every mix
-        self.broadcast_each_mix = bool(self.side.tensors) and sync in LOCKSTEP
+        self.broadcast_each_mix = bool(self.side.tensors) and name in LOCKSTEP
         if broadcast:
             broadcast_parameters(self.flat, self.exchange.comm)
             for p in self.frozen:
