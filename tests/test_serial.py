@@ -167,3 +167,19 @@ def test_window_word_access_checks_offsets_and_ranks():
 
 def test_status_names():
     assert _core.STATUS_NAMES[_core.TORN] == "torn"
+
+
+def test_a_forgotten_free_is_named_on_stderr_at_exit(tmp_path):
+    # one line from asapmpi, whatever Python's warning filters (a ResourceWarning is
+    # hidden by default, and the warnings module is gone at interpreter exit)
+    import subprocess
+    import sys
+
+    script = ("import numpy as np, asapmpi\nfrom mpi4py import MPI\n"
+              "ex = asapmpi.Exchange(np.zeros(4), graph='ring', comm=MPI.COMM_SELF)\n"
+              "ex.step()\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "a slot window was dropped without free(); call free()" in proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr

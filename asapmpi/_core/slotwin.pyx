@@ -5,13 +5,12 @@ See asapmpi/_core/layout.py for the byte layout and docs/PROTOCOL.md for the cal
 sequence and why it is correct.  This module knows MPI and memory only: which ranks are
 neighbours and at which displacements their slots live is computed by the caller.
 """
-from cpython.exc cimport PyErr_WarnEx
 from cpython.ref cimport PyObject
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free, calloc, realloc
-from libc.stdio cimport snprintf
+from libc.stdio cimport fprintf, fflush, snprintf, stderr
 from libc.string cimport memset, memcpy, strncpy
 from mpi4py.libmpi cimport *
 from mpi4py cimport MPI
@@ -257,20 +256,30 @@ assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree
 assert _layout.CACHE_LINE == CACHE_LINE, "layout.py and slotwin.pyx disagree on the alignment"
 
 
-# Open MPI's osc ucx prints a UCX ERROR and WARN for each endpoint that a faster peer
-# disconnected while it still closed it inside MPI_Finalize (a race in osc ucx's own
-# teardown, after every window is freed; ucx_teardown.h).  A process that creates a
-# window has an attribute on MPI_COMM_SELF whose delete callback, run first in
-# MPI_Finalize, filters out exactly those messages (a no-op without UCX).
+# A process that creates a window has an attribute on MPI_COMM_SELF whose delete
+# callback runs first in MPI_Finalize.  It says which windows were never freed (a
+# program that forgot free() otherwise sees only its MPI's own complaints about
+# them: UCX's "was not returned to mpool", nothing from asapmpi, whose ResourceWarning
+# Python hides by default).  And Open MPI's osc ucx prints a UCX ERROR and WARN for
+# each endpoint that a faster peer disconnected while it still closed it inside
+# MPI_Finalize (a race in osc ucx's own teardown, after every window is freed;
+# ucx_teardown.h): the callback filters out exactly those messages (a no-op without
+# UCX).
 cdef int _finalize_keyval = MPI_KEYVAL_INVALID
+cdef int _n_open = 0                # windows created and not yet freed or dropped
 
 
 cdef int _at_finalize(MPI_Comm comm, int keyval, void *value, void *extra) noexcept nogil:
+    if _n_open > 0:
+        fprintf(stderr, b"asapmpi: %d slot window(s) still open at MPI_Finalize: call "
+                b"free() on every Exchange (or DecentralizedOptimizer) on every rank "
+                b"before the program ends, or use it in a with block\n", _n_open)
+        fflush(stderr)
     asap_ucx_quiet_teardown()
     return MPI_SUCCESS
 
 
-cdef int _quiet_ucx_teardown_at_finalize() except -1 nogil:
+cdef int _watch_finalize() except -1 nogil:
     global _finalize_keyval
     if _finalize_keyval != MPI_KEYVAL_INVALID:
         return 0
@@ -312,6 +321,7 @@ cdef class SlotWindow:
     cdef char *alloc_base           # rma False: what MPI_Alloc_mem returned (base aligned)
     cdef bint _freed
     cdef bint _left                 # its requests and their memory went to _leftovers
+    cdef bint _counted              # counted in _n_open
     cdef bint _locked
     cdef Py_ssize_t _exports
     cdef readonly double flush_timeout
@@ -449,7 +459,6 @@ cdef class SlotWindow:
                 CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
                                         &self.win), "MPI_Win_allocate")
                 CHKERR(MPI_Info_free(&info), "MPI_Info_free")
-                _quiet_ucx_teardown_at_finalize()
             else:
                 # 64 bytes more, so that base starts a cache line as the layout assumes
                 # (MPI_Alloc_mem promises no alignment; malloc's is 16)
@@ -458,6 +467,7 @@ cdef class SlotWindow:
                 self.base = <char *>((<uintptr_t>self.alloc_base + CACHE_LINE - 1)
                                      & ~(<uintptr_t>CACHE_LINE - 1))
         self._freed = False
+        self._opened()
         if self.rma:
             with nogil:
                 CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN),
@@ -558,6 +568,22 @@ cdef class SlotWindow:
             _leftovers.append(lo)
         return 0
 
+    cdef int _opened(self) except -1:
+        # counted until freed or dropped: MPI_Finalize names what was never freed
+        global _n_open
+        if not self._counted:
+            self._counted = True
+            _n_open += 1
+            with nogil:
+                _watch_finalize()
+        return 0
+
+    cdef void _closed(self) noexcept:
+        global _n_open
+        if self._counted:
+            self._counted = False
+            _n_open -= 1
+
     cdef int _dup_comm(self, MPI_Comm *out) except -1 nogil:
         """A duplicate of the window's communicator that returns errors (a message
         transport's own, so its tags never meet the window's collectives)."""
@@ -602,15 +628,20 @@ cdef class SlotWindow:
         # behind (_leave_behind) and freed the rest of the transport's own memory
         cdef int finalized = 1
         _forget_pending(&self.win)
+        self._closed()
         if not self._freed:
             MPI_Finalized(&finalized)
             if not finalized:
                 self._leave_behind()
-                # Freeing a window is collective: a destructor must not do it.  The C
-                # call, not the warnings module, which is gone at interpreter exit.
-                PyErr_WarnEx(ResourceWarning, b"asapmpi SlotWindow was never freed; "
-                             b"call free() or use the owning object as a context manager",
-                             1)
+                # Freeing a window is collective: a destructor must not do it.  Said on
+                # stderr, not as a ResourceWarning: Python hides those by default, and
+                # at interpreter exit (where a forgotten free() is found, before
+                # mpi4py's MPI_Finalize) the warnings module is gone.
+                fprintf(stderr, b"asapmpi: rank %d: a slot window was dropped without "
+                        b"free(); call free() on every Exchange (or "
+                        b"DecentralizedOptimizer) on every rank, or use it in a with "
+                        b"block\n", self.rank)
+                fflush(stderr)
         self._free_arrays()
 
     # ------------------------------------------------------------------ lifetime
@@ -629,6 +660,7 @@ cdef class SlotWindow:
         MPI_Finalized(&finalized)
         if finalized:
             self._freed = True
+            self._closed()
             return
         # a neighbour may still wait for this rank's last notifies or acks (of this or
         # another window) while this rank waits in the collectives below
@@ -671,6 +703,7 @@ cdef class SlotWindow:
                 CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
         finally:
             self._freed = True
+            self._closed()
             self._locked = False
             self._release()
 
