@@ -237,9 +237,13 @@ def test_abi_mismatch_is_a_clear_error(tmp_path):
     src = copy_repo(tmp_path / "src")
     for so in built:
         shutil.copy2(so, src / "asapmpi" / "_core")
+    libdir = tmp_path / "openmpi-lib"        # the library the record says it linked
+    libdir.mkdir()
+    for name in ("libmpi.so", "libmpi.so.40"):
+        (libdir / name).write_bytes(b"")
     (src / "asapmpi" / "_core" / "_build_config.py").write_text(
         "MPI_ABI = 'openmpi'\nMPICC = '/opt/openmpi/bin/mpicc'\nEMBEDDED = False\n"
-        "LIBRARIES = ['mpi']\nLIBRARY_DIRS = ['/opt/openmpi/lib']\n"
+        f"LIBRARIES = ['mpi']\nLIBRARY_DIRS = [{str(libdir)!r}]\n"
         "VERSION = 'Open MPI v5.0.0'\nBUILT_BY = 'test'\n")
     code = textwrap.dedent("""
         import sys
@@ -260,3 +264,7 @@ def test_abi_mismatch_is_a_clear_error(tmp_path):
     assert "openmpi ABI" in message and "mpich ABI" in message, message
     assert "/opt/openmpi/bin/mpicc" in message, message
     assert "rebuild" in message and "MPICC=" in message, message
+    # the other way out that works: mpi4py loads the very library asapmpi linked
+    # (MPI4PY_MPIABI alone then fails to find libmpi.so.40)
+    assert f"MPI4PY_LIBMPI={libdir / 'libmpi.so.40'}" in message, message
+    assert "MPI4PY_MPIABI" not in message, message

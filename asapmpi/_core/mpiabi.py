@@ -1,7 +1,9 @@
 """Check, before the extension loads, that it and mpi4py agree on the MPI library."""
 from __future__ import annotations
 
+import glob
 import importlib
+import os
 
 from asapmpi.errors import MPIMismatchError
 
@@ -45,8 +47,23 @@ def check_mpi_abi() -> None:
         )
     abi, version = runtime_abi()
     if abi != config.MPI_ABI:
+        built = built_library(config)
+        other = (f", or run with MPI4PY_LIBMPI={built} (mpi4py then loads the library "
+                 f"asapmpi was built against)") if built else ""
         raise MPIMismatchError(
             f"asapmpi._core was built against the {config.MPI_ABI} ABI ({config.MPICC}) but "
             f"mpi4py loaded the {abi} ABI ({version}); rebuild asapmpi with "
-            f"MPICC=<the mpicc of the MPI mpi4py uses>, or set MPI4PY_MPIABI={config.MPI_ABI}"
+            f"MPICC=<the mpicc of the MPI mpi4py uses>{other}"
         )
+
+
+def built_library(config) -> str:
+    """The MPI library file asapmpi was linked against (its build record's folders and
+    names, the versioned file first), or "" when none is found there."""
+    for folder in getattr(config, "LIBRARY_DIRS", []):
+        for name in getattr(config, "LIBRARIES", []):
+            found = sorted(glob.glob(os.path.join(folder, f"lib{name}.so*")),
+                           key=lambda path: (-len(path), path))
+            if found:
+                return found[0]
+    return ""
