@@ -293,8 +293,9 @@ include "slotstore.pxi"
 
 
 cdef class SlotWindow:
-    """One rank's slot window: the slot layout, the notify, ack and user words, the
-    waits on them and the verified reduce, shared by every transport.
+    """One rank's slot window: the slot layout, the notify, ack and user words and the
+    waits on them, shared by every transport; its slot store (`store`, slotstore.pxi)
+    verifies and reduces what the transport brought.
 
     A transport is a subclass (one file each, included below): PutWindow (put.pxi),
     SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow

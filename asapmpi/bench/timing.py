@@ -121,12 +121,31 @@ def _read(directory: str, name: str) -> str:
 def stream_array_bytes(comm: MPI.Comm) -> int:
     """Bytes per array for a memory-bandwidth copy on this host: the arrays of the ranks
     that run at once (at most one per CPU) hold 4x the last-level cache, STREAM's rule
-    for timing memory rather than cache; at least 8 MB."""
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    running = min(local.Get_size(), os.cpu_count() or 1)
-    local.Free()
+    for timing memory rather than cache; at least 8 MB, and at most an eighth of the
+    memory available per rank of the host (every rank holds two such arrays, and a VM
+    may report a last-level cache of hundreds of MB: 480 MB here)."""
+    # the ranks of this host by name: MPICH's forced network path (MPIR_CVAR_NOLOCAL)
+    # makes every rank a node of its own for COMM_TYPE_SHARED
+    hosts = comm.allgather(MPI.Get_processor_name())
+    on_host = hosts.count(MPI.Get_processor_name())
+    running = min(on_host, os.cpu_count() or 1)
     nbytes = max(8 << 20, 4 * last_level_cache_bytes() // running)
+    available = available_memory_bytes()
+    if available:
+        nbytes = max(8 << 20, min(nbytes, available // (8 * on_host)))
     return comm.allreduce(-(-nbytes // 4096) * 4096, op=MPI.MAX)
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo in bytes, or 0 where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def measure_memory_bandwidth(timer: Timer, comm: MPI.Comm) -> Dict[str, float]:
