@@ -6,6 +6,7 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from asapmpi.bench import reduce as bench
@@ -262,7 +263,7 @@ def test_the_exchange_floor_is_paired_per_repeat():
 @pytest.mark.mpi
 @pytest.mark.parametrize("path", ["shm", "net"])
 def test_the_mpi_exchange_delivers_every_in_neighbours_buffer(path):
-    results = run_scenario("bench_mpi_exchange", 4, path, timeout=120)
+    results = run_scenario("test_bench_reduce:bench_mpi_exchange", 4, path, timeout=120)
     for rank, res in enumerate(results):
         for label, one in res.items():
             assert one["ins"], (rank, label)
@@ -285,3 +286,30 @@ def test_the_memory_bound_arrays_fit_in_the_memory_available(monkeypatch):
     assert timing.stream_array_bytes(MPI.COMM_SELF) == (1 << 30) // 8
     monkeypatch.setattr(timing, "last_level_cache_bytes", lambda: 1 << 20)
     assert timing.stream_array_bytes(MPI.COMM_SELF) == 8 << 20      # the floor
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_bench_reduce:NAME"
+
+def bench_mpi_exchange(comm, n=1000):
+    """asapmpi bench reduce's floor, MPIExchange, on a ring, a root expander and a
+    parameter server's star round: every rank receives each in-neighbour's buffer (its
+    rank, the round) in the receive of that neighbour, every round."""
+    from asapmpi.bench.reduce_job import MPIExchange
+    from asapmpi.reduce import graph
+    from asapmpi.reduce.graphs import star
+
+    out = {}
+    size = comm.Get_size()
+    for label, g, server in (("ring", graph("ring", size), None),
+                             ("root-expander", graph("root-expander", size), None),
+                             ("star", star(size, root=1), 1)):
+        exchange = MPIExchange(comm, g, 4 * n, server)
+        got = []
+        for round_ in range(3):
+            exchange.send[:] = 1000 * round_ + comm.rank
+            exchange()
+            got.append([int(b[0]) if np.all(b == b[0]) else -1 for b in exchange.recv])
+        exchange.close()
+        out[label] = {"ins": exchange.ins, "got": got, "serving": exchange.serving}
+    return out

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 CLI = [sys.executable, "-m", "asapmpi"]
@@ -159,7 +160,7 @@ def test_notify_ack_trace_keeps_its_bound(tmp_path):
     from mpilaunch import run
 
     path = tmp_path / "na.h5"
-    run("notify_ack_trace", 4, "shm", timeout=120, trace_file=str(path))
+    run("test_cli:notify_ack_trace", 4, "shm", timeout=120, trace_file=str(path))
     check = asapmpi("trace", "check", str(path))
     assert check.returncode == 0 and "setting notify_ack" in check.stdout, check.stdout
 
@@ -195,3 +196,23 @@ def test_bench_zipline_runs_in_one_process(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ZipLine" in proc.stdout and "GridScan" in proc.stdout
     assert (tmp_path / "z.json").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_cli:NAME"
+
+def notify_ack_trace(comm, trace_file, iters=100):
+    """A NOTIFY-ACK run with random slowdown writes a trace that keeps its bound."""
+    from asapmpi import Exchange, Slowdown, trace
+
+    from scenarios import settled_barrier  # tests/mpi, on the ranks' path
+
+    slow = Slowdown("random", factor=6, probability=1 / comm.size, seed=2)
+    buf = np.zeros(512)
+    with Exchange(buf, graph="ring", comm=comm) as ex:
+        for k in range(1, iters + 1):
+            slow.compute(comm.rank, k, 0.0003)
+            ex.step()
+        trace.save(trace_file, ex, comm)
+        settled_barrier(comm)
+    return {}

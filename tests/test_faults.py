@@ -7,7 +7,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+
+import asapmpi
+from asapmpi.errors import NeighbourTimeoutError
 
 from mpilaunch import job_command, launch, run
 
@@ -17,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_stall_times_out_notify_ack_naming_the_rank_and_the_iteration():
-    results = run("slow_rank_stall", 4, "shm", timeout=120, sync="notify_ack")
+    results = run("test_faults:slow_rank_stall", 4, "shm", timeout=120, sync="notify_ack")
     # complete graph: every other rank waits for rank 1's notify (window words) or
     # update (messages: what transport="auto" measured faster) of version 11 (rank 1
     # itself, once awake, times out on the acks of the ranks that gave up)
@@ -32,14 +36,14 @@ def test_the_same_stall_does_not_stop_hop_with_a_backup_worker(transport):
     # 512 KB updates: above every eager limit, so on messages each send to the stalled
     # rank waits for it; the writers' staging buffers must outlast the stall as long as
     # the token bound (max_gap) does
-    results = run("slow_rank_stall", 4, "shm", timeout=120, sync="hop", n=65536,
+    results = run("test_faults:slow_rank_stall", 4, "shm", timeout=120, sync="hop", n=65536,
                   options={"backup": 1, "max_gap": 40, "transport": transport})
     assert all(r["error"] is None and r["version"] >= 40 for r in results), results
 
 
 def test_the_default_timeout_follows_measured_step_times():
     # floor 0.5 s; steps of ~1 ms: the stall of 4 s is caught after ~0.5 s, not 60 s
-    results = run("adaptive_timeout", 2, "shm", timeout=120,
+    results = run("test_faults:adaptive_timeout", 2, "shm", timeout=120,
                   env_min=0.5, stall_s=4.0)
     victim = results[0]
     assert "rank 1" in victim["error"] and victim["elapsed"] < 2.5, victim
@@ -59,7 +63,7 @@ def test_an_uncaught_timeout_ends_the_job_non_zero():
 
 
 def test_bsp_barrier_times_out_instead_of_hanging():
-    proc = launch("bsp_dead_rank", 3, "shm", timeout=120)
+    proc = launch("test_faults:bsp_dead_rank", 3, "shm", timeout=120)
     assert proc.returncode != 0
     assert "the barrier of version 4" in proc.stderr, proc.stderr[-2000:]
 
@@ -144,7 +148,7 @@ def test_a_rank_killed_in_a_training_run_s_start_or_end_collective_ends_the_job(
 def test_a_timed_out_barrier_is_completed_by_the_next_one():
     # MPI allows neither cancelling nor freeing a nonblocking collective: the request
     # of a barrier that timed out must be kept and completed, not leaked
-    results = run("late_barrier_completes", 3, "shm", timeout=120)
+    results = run("test_faults:late_barrier_completes", 3, "shm", timeout=120)
     for rank in (0, 1):
         assert "the barrier of version 1" in results[rank]["timed_out"], results[rank]
         assert results[rank]["pending_after_timeout"] is True
@@ -162,7 +166,117 @@ def test_a_rank_killed_with_shared_segments_leaves_nothing_in_dev_shm(where):
         return {n for n in os.listdir(SHM_DIR) if n.startswith(FILE_PREFIX)}
 
     before = ours()
-    proc = launch("killed_with_segments", 4, "shm", timeout=60, where=where)
+    proc = launch("test_faults:killed_with_segments", 4, "shm", timeout=60, where=where)
     assert proc.returncode != 0 and "signal 9" in proc.stdout + proc.stderr, \
         proc.stdout[-2000:] + proc.stderr[-2000:]
     assert ours() - before == set()
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_faults:NAME"
+
+def slow_rank_stall(comm, sync, options=None, stall_at=10, stall_s=1.5, iter_s=0.05,
+                    iters=40, timeout=1.0, n=1000):
+    """Rank 1 stalls `stall_s` seconds before step stall_at + 1 (alive, just slow); the
+    others compute `iter_s` per step.  Returns the timeout error this rank saw, if any
+    (no collective free after one: the job ends)."""
+    rank = comm.Get_rank()
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="complete", sync=sync, comm=comm, timeout=timeout,
+                          **(options or {}))
+    error = None
+    try:
+        while ex.version < iters:
+            time.sleep(iter_s)
+            if rank == 1 and ex.version == stall_at:
+                time.sleep(stall_s)
+            ex.step()
+    except NeighbourTimeoutError as exc:
+        error = str(exc)
+    if error is None:
+        ex.free()
+    return {"error": error, "version": ex.version}
+
+
+def adaptive_timeout(comm, env_min=0.5, stall_s=4.0, warm=40, n=1000):
+    """With the default (adaptive) timeout and a floor of env_min seconds, quick steps
+    make a stall of rank 1 time out after about the floor."""
+    rank = comm.Get_rank()
+    asapmpi.rc.timeout_min = env_min
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
+    for _ in range(warm):
+        ex.step()
+    if rank == 1:
+        time.sleep(stall_s)
+    start = time.monotonic()
+    error, used = None, ex.current_timeout
+    try:
+        ex.step()
+    except NeighbourTimeoutError as exc:
+        error = str(exc)
+    return {"error": error, "elapsed": time.monotonic() - start, "timeout": used}
+
+
+def bsp_dead_rank(comm, n=1000):
+    """Rank 2 stops stepping after step 3 (but stays alive); BSP's barrier of step 4
+    must time out on the others (the error is not caught: the job ends)."""
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=2.0)
+    for k in range(1, 7):
+        if comm.Get_rank() == 2 and k == 4:
+            time.sleep(60)
+        ex.step()
+    ex.free()
+    return {}
+
+
+def late_barrier_completes(comm, n=100):
+    """Rank 2 reaches a window barrier 1.5 s late: the others time out after 0.5 s and
+    keep the request; the next barrier first completes it, then runs its own, and free()
+    finds nothing pending.  Returns what each rank saw."""
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=10.0)
+    win = ex.window
+    timed_out = None
+    if comm.Get_rank() == 2:
+        time.sleep(1.5)
+    try:
+        win.barrier(0.5, 1)
+    except NeighbourTimeoutError as exc:
+        timed_out = str(exc)
+    pending_after_timeout = win.late_collective
+    win.barrier(10.0, 2)
+    pending_after_next = win.late_collective
+    ex.free()
+    return {"timed_out": timed_out, "pending_after_timeout": pending_after_timeout,
+            "pending_after_next": pending_after_next}
+
+
+def killed_with_segments(comm, where, steps=20, n=16384):
+    """Rank 1 SIGKILLs itself while the shared-memory transport holds segments: while
+    they are being created (between its own segment and mapping its neighbours'),
+    after `steps` steps, or while free() unmaps them.  The others then time out (the
+    job ends non-zero); what matters is what is left in /dev/shm afterwards."""
+    import os
+    import signal
+
+    from asapmpi._core import segments
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    rank = comm.Get_rank()
+    if rank == 1 and where == "create":
+        segments._attach = die
+    if rank == 1 and where == "free":
+        segments.SharedSegments.close = die
+    buf = np.zeros(n, dtype=np.float32)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=3.0, transport="shared",
+                          double_buffer=True)
+    for k in range(steps):
+        if rank == 1 and where == "step" and k == steps // 2:
+            die()
+        ex.step()
+    ex.free()
+    return {}

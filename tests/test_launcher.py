@@ -6,9 +6,11 @@ import stat
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from asapmpi.errors import ConfigError
+import asapmpi
+from asapmpi.errors import ConfigError, NeighbourTimeoutError
 from asapmpi.launchers import command, flavour, network_forced
 
 from mpilaunch import STACK, run
@@ -151,7 +153,26 @@ def test_slurm_template_is_valid_bash_and_uses_pmix():
 
 @pytest.mark.mpi
 def test_reject_nonfinite_refuses_before_sending():
-    results = run("nonfinite_update", 2, "shm", timeout=120)
+    results = run("test_launcher:nonfinite_update", 2, "shm", timeout=120)
     assert "rank 1: the buffer holds 1 NaN/Inf value(s) (first at element 5) before " \
            "step 3; nothing was sent" in results[1]["error"]
     assert "from rank 1 (expected 3" in results[0]["error"]   # its neighbour times out
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_launcher:NAME"
+
+def nonfinite_update(comm, n=100):
+    """reject_nonfinite: rank 1's buffer gets a NaN before step 3; it refuses to send,
+    its neighbour times out waiting for it."""
+    buf = np.zeros(n)
+    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=2.0, reject_nonfinite=True)
+    error = None
+    try:
+        for k in range(1, 6):
+            if comm.Get_rank() == 1 and k == 3:
+                buf[5] = np.nan
+            ex.step()
+    except (asapmpi.NonFiniteError, NeighbourTimeoutError) as exc:
+        error = str(exc)
+    return {"error": error}

@@ -111,7 +111,7 @@ def test_a_trace_file_holds_the_whole_run_while_memory_holds_the_ring(tmp_path, 
     from mpilaunch import run
 
     path = tmp_path / "run.h5"
-    results = run("trace_streams_whole_run", 4, "shm", timeout=120, sync=sync,
+    results = run("test_records:trace_streams_whole_run", 4, "shm", timeout=120, sync=sync,
                   trace_file=str(path), steps=300, keep=50, **options)
     for r in results:
         # 301 iterations entered (1 at creation), the newest 50 kept
@@ -122,3 +122,21 @@ def test_a_trace_file_holds_the_whole_run_while_memory_holds_the_ring(tmp_path, 
     data = trace.load(str(path))
     assert all(len(t["reduced"]) == 300 for t in data["traces"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]    # parts merged
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_records:NAME"
+
+def trace_streams_whole_run(comm, trace_file, sync="hop", steps=300, keep=50,
+                            graph="ring", **options):
+    """A ring of `keep` iterations in memory, the whole run in trace_file (written by
+    free()); returns what the rank kept."""
+    asapmpi.rc.trace_iterations = keep
+    buf = np.zeros(256)
+    with asapmpi.Exchange(buf, graph=graph, sync=sync, comm=comm, trace_file=trace_file,
+                          **options) as ex:
+        for _ in range(steps):
+            ex.step()
+        kept = ex.trace
+    return {"first": int(kept["first"]), "kept": len(kept["hi"]),
+            "reduced": len(kept["reduced"])}

@@ -1,4 +1,7 @@
-"""Multi-rank scenarios, run on every rank by run.py under mpiexec.
+"""Multi-rank scenarios, run on every rank by run.py under mpiexec: the ones several
+test modules share (test_multirank and test_ucx run them on every path), and
+test_multirank's own.  A scenario only one other test module runs lives beside its
+test there (test_faults, test_seams, test_cli, ...: run as "MODULE:NAME").
 
 Each takes the communicator and keyword arguments, asserts what must hold on its rank,
 and returns a JSON-able dict that the pytest side checks across ranks.
@@ -631,21 +634,6 @@ def hop_stopped_rank(comm, options, iters=200, wait_timeout=1.5):
     return outcome
 
 
-def notify_ack_trace(comm, trace_file, iters=100):
-    """A NOTIFY-ACK run with random slowdown writes a trace that keeps its bound."""
-    from asapmpi import trace
-
-    slow = asapmpi.Slowdown("random", factor=6, probability=1 / comm.size, seed=2)
-    buf = np.zeros(512)
-    with asapmpi.Exchange(buf, graph="ring", comm=comm) as ex:
-        for k in range(1, iters + 1):
-            slow.compute(comm.rank, k, 0.0003)
-            ex.step()
-        trace.save(trace_file, ex, comm)
-        settled_barrier(comm)
-    return {}
-
-
 def _ps_delta(rank, k, n):
     # a worker's local update at iteration k: exact in binary floating point
     return np.full(n, (rank * 7 + k % 5) / 64.0)
@@ -750,78 +738,6 @@ def gossip_pulls_whole_models(comm, iters=60, n=20000, **options):
             "bytes_got": int(got), "wall_s": wall, "wait_s": waited}
 
 
-def slow_rank_stall(comm, sync, options=None, stall_at=10, stall_s=1.5, iter_s=0.05,
-                    iters=40, timeout=1.0, n=1000):
-    """Rank 1 stalls `stall_s` seconds before step stall_at + 1 (alive, just slow); the
-    others compute `iter_s` per step.  Returns the timeout error this rank saw, if any
-    (no collective free after one: the job ends)."""
-    rank = comm.Get_rank()
-    buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, graph="complete", sync=sync, comm=comm, timeout=timeout,
-                          **(options or {}))
-    error = None
-    try:
-        while ex.version < iters:
-            time.sleep(iter_s)
-            if rank == 1 and ex.version == stall_at:
-                time.sleep(stall_s)
-            ex.step()
-    except NeighbourTimeoutError as exc:
-        error = str(exc)
-    if error is None:
-        ex.free()
-    return {"error": error, "version": ex.version}
-
-
-def adaptive_timeout(comm, env_min=0.5, stall_s=4.0, warm=40, n=1000):
-    """With the default (adaptive) timeout and a floor of env_min seconds, quick steps
-    make a stall of rank 1 time out after about the floor."""
-    rank = comm.Get_rank()
-    asapmpi.rc.timeout_min = env_min
-    buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, graph="ring", comm=comm)
-    for _ in range(warm):
-        ex.step()
-    if rank == 1:
-        time.sleep(stall_s)
-    start = time.monotonic()
-    error, used = None, ex.current_timeout
-    try:
-        ex.step()
-    except NeighbourTimeoutError as exc:
-        error = str(exc)
-    return {"error": error, "elapsed": time.monotonic() - start, "timeout": used}
-
-
-def bsp_dead_rank(comm, n=1000):
-    """Rank 2 stops stepping after step 3 (but stays alive); BSP's barrier of step 4
-    must time out on the others (the error is not caught: the job ends)."""
-    buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=2.0)
-    for k in range(1, 7):
-        if comm.Get_rank() == 2 and k == 4:
-            time.sleep(60)
-        ex.step()
-    ex.free()
-    return {}
-
-
-def nonfinite_update(comm, n=100):
-    """reject_nonfinite: rank 1's buffer gets a NaN before step 3; it refuses to send,
-    its neighbour times out waiting for it."""
-    buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=2.0, reject_nonfinite=True)
-    error = None
-    try:
-        for k in range(1, 6):
-            if comm.Get_rank() == 1 and k == 3:
-                buf[5] = np.nan
-            ex.step()
-    except (asapmpi.NonFiniteError, NeighbourTimeoutError) as exc:
-        error = str(exc)
-    return {"error": error}
-
-
 def free_after_send(comm, n=20000, iters=5, transport="auto"):
     """Free an exchange whose last update is sent but not received (parallel mode's
     Send(k+1) at the end of training), then run a new exchange on the same ranks: every
@@ -879,72 +795,6 @@ def double_buffer_keeps_shape(comm):
     return {}
 
 
-def late_barrier_completes(comm, n=100):
-    """Rank 2 reaches a window barrier 1.5 s late: the others time out after 0.5 s and
-    keep the request; the next barrier first completes it, then runs its own, and free()
-    finds nothing pending.  Returns what each rank saw."""
-    buf = np.zeros(n)
-    ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=10.0)
-    win = ex.window
-    timed_out = None
-    if comm.Get_rank() == 2:
-        time.sleep(1.5)
-    try:
-        win.barrier(0.5, 1)
-    except NeighbourTimeoutError as exc:
-        timed_out = str(exc)
-    pending_after_timeout = win.late_collective
-    win.barrier(10.0, 2)
-    pending_after_next = win.late_collective
-    ex.free()
-    return {"timed_out": timed_out, "pending_after_timeout": pending_after_timeout,
-            "pending_after_next": pending_after_next}
-
-
-def killed_with_segments(comm, where, steps=20, n=16384):
-    """Rank 1 SIGKILLs itself while the shared-memory transport holds segments: while
-    they are being created (between its own segment and mapping its neighbours'),
-    after `steps` steps, or while free() unmaps them.  The others then time out (the
-    job ends non-zero); what matters is what is left in /dev/shm afterwards."""
-    import os
-    import signal
-
-    from asapmpi._core import segments
-
-    def die(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    rank = comm.Get_rank()
-    if rank == 1 and where == "create":
-        segments._attach = die
-    if rank == 1 and where == "free":
-        segments.SharedSegments.close = die
-    buf = np.zeros(n, dtype=np.float32)
-    ex = asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=3.0, transport="shared",
-                          double_buffer=True)
-    for k in range(steps):
-        if rank == 1 and where == "step" and k == steps // 2:
-            die()
-        ex.step()
-    ex.free()
-    return {}
-
-
-def trace_streams_whole_run(comm, trace_file, sync="hop", steps=300, keep=50,
-                            graph="ring", **options):
-    """A ring of `keep` iterations in memory, the whole run in trace_file (written by
-    free()); returns what the rank kept."""
-    asapmpi.rc.trace_iterations = keep
-    buf = np.zeros(256)
-    with asapmpi.Exchange(buf, graph=graph, sync=sync, comm=comm, trace_file=trace_file,
-                          **options) as ex:
-        for _ in range(steps):
-            ex.step()
-        kept = ex.trace
-    return {"first": int(kept["first"]), "kept": len(kept["hi"]),
-            "reduced": len(kept["reduced"])}
-
-
 def transport_choice(comm):
     """transport="auto" measures and reports; an explicit transport and a policy with
     one transport are reported as such.  backup_ps's server takes puts from every
@@ -989,25 +839,3 @@ def ring_run_ahead(comm, iters=10, n=64, slow=2, pause=1.0):
     return {"done": done, "woke": woke}
 
 
-def bench_mpi_exchange(comm, n=1000):
-    """asapmpi bench reduce's floor, MPIExchange, on a ring, a root expander and a
-    parameter server's star round: every rank receives each in-neighbour's buffer (its
-    rank, the round) in the receive of that neighbour, every round."""
-    from asapmpi.bench.reduce_job import MPIExchange
-    from asapmpi.reduce import graph
-    from asapmpi.reduce.graphs import star
-
-    out = {}
-    size = comm.Get_size()
-    for label, g, server in (("ring", graph("ring", size), None),
-                             ("root-expander", graph("root-expander", size), None),
-                             ("star", star(size, root=1), 1)):
-        exchange = MPIExchange(comm, g, 4 * n, server)
-        got = []
-        for round_ in range(3):
-            exchange.send[:] = 1000 * round_ + comm.rank
-            exchange()
-            got.append([int(b[0]) if np.all(b == b[0]) else -1 for b in exchange.recv])
-        exchange.close()
-        out[label] = {"ins": exchange.ins, "got": got, "serving": exchange.serving}
-    return out
