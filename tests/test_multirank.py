@@ -422,3 +422,26 @@ def _stopped_rank_is_named(options):
     others = results[1:]
     assert all(r["finished"] or r["waited_for"] for r in others), others
     assert any(r["waited_for"] and 0 in r["waited_for"] for r in others), others
+
+
+def test_sync_spelled_two_ways_is_one_policy():
+    # rank 0 writes the command line's spelling, the others keyword options: the ranks
+    # agree on the policy by its name and options, not by how it was written
+    for res in run("test_multirank:sync_spelled_two_ways", 3, "shm", timeout=60):
+        assert res == {"sync": "hop", "max_gap": 3, "version": 3}, res
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_multirank:NAME"
+
+def sync_spelled_two_ways(comm):
+    import numpy as np
+
+    import asapmpi
+
+    spelled = {"sync": "hop:max_gap=3"} if comm.rank == 0 else {"sync": "hop", "max_gap": 3}
+    with asapmpi.Exchange(np.zeros(16), graph="ring", comm=comm, timeout=30,
+                          **spelled) as ex:
+        while ex.version < 3:
+            ex.step()
+        return {"sync": ex.sync, "max_gap": ex.policy.max_gap, "version": int(ex.version)}

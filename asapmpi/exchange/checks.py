@@ -166,6 +166,9 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
     try:
         out["dtype"], out["nbytes"] = buffer_info(buffer)
         out["policy"] = make_policy(sync, **options)
+        # compared across ranks by name and options: "hop:backup=1" on one rank and
+        # sync="hop", backup=1 on another are the same policy
+        meta["sync"] = out["policy"].name
         meta["options"] = repr(sorted(out["policy"].options().items()))
         pol = out["policy"]
         if not pol.uses_window and graph not in (None, "root-expander", "complete"):
