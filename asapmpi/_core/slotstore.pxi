@@ -7,8 +7,8 @@ ctypedef int (*sync_fn)(void *ctx) except -1 nogil
 
 
 cdef int _fence_only(void *ctx) except -1 nogil:
-    # memory nobody but this process's own stores and other processes' plain stores
-    # reaches (a segment, a message buffer): the fence is the whole barrier
+    # memory outside any MPI window (a shared segment, message buffers): the fence
+    # is the whole barrier
     asap_fence()
     return 0
 
