@@ -6,19 +6,19 @@ updates.  Start with :class:`Exchange`.
 """
 from . import errors
 from .errors import (
-                     AsapError,
-                     ConfigError,
-                     FreedError,
-                     MPIError,
-                     MPIMismatchError,
-                     NeighbourTimeoutError,
-                     NonFiniteError,
-                     ProtocolError,
+    AsapError,
+    ConfigError,
+    FreedError,
+    MPIError,
+    MPIMismatchError,
+    NeighbourTimeoutError,
+    NonFiniteError,
+    ProtocolError,
 )
-from .faults import abort_job
+from .launch.faults import abort_job
+from .launch.slowdown import Slowdown
 from .rc import rc
 from .reduce import Graph, graph, graph_from, spectral_gap
-from .slowdown import Slowdown
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ ENVIRONMENT = {
     "ASAPMPI_POLL_TIMER_SLACK_NS": "poll_timer_slack_ns",
     "ASAPMPI_MAX_TRANSFER": "max_transfer",
     "ASAPMPI_TRACE_ITERATIONS": "trace_iterations",
+    "ASAPMPI_DEVICE_REDUCE": "device_reduce",
 }
 
 #: MPICH's active-message RMA (MPIR_CVAR_CH4_OFI_ENABLE_RMA=0) crashes (MPICH 5.0.2,
@@ -47,11 +48,11 @@ class RC:
         parameter servers: a slow rank may have many steps left), seconds; at least
         `timeout`.
     abort_on_error: an uncaught exception in a job of several ranks calls MPI_Abort
-        (asapmpi.faults), so that a failing rank ends the job instead of hanging it.
+        (asapmpi.launch.faults), so that a failing rank ends the job instead of hanging it.
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.
     poll_max_sleep_us: longest sleep between two polls, microseconds.
     poll_timer_slack_ns: how far past its deadline the kernel may end such a sleep
-        (Linux's timer slack), nanoseconds.  0: automatic (asapmpi.cores): 1 us where
+        (Linux's timer slack), nanoseconds.  0: automatic (asapmpi.launch.cores): 1 us where
         every rank of a host has a core of its own, 50 us (Linux's default) where the
         ranks oversubscribe the cores.
     max_transfer: the largest single MPI_Put/MPI_Get of a payload, bytes; larger
@@ -61,6 +62,9 @@ class RC:
         (iteration entry times, reduced versions, pulls, supersteps: `Exchange.trace`);
         older ones are dropped, so memory stays flat over any number of steps.  An
         Exchange with trace_file= streams every iteration to the file besides.
+    device_reduce: a device buffer (asapmpi.device) is reduced on the device, from
+        copies of the verified slots (policies whose reduce ends their receive:
+        Policy.reduces_last, without checksum=); false: on the host, then copied back.
     """
 
     timeout: float = 60.0
@@ -73,12 +77,13 @@ class RC:
     poll_timer_slack_ns: int = 0
     max_transfer: int = 0
     trace_iterations: int = 10000
+    device_reduce: bool = True
 
     def __setattr__(self, name, value):
         known = {f.name: f.type for f in fields(self)}
         if name not in known:
             raise ConfigError(f"asapmpi.rc has no option {name!r}; known: {sorted(known)}")
-        if name == "abort_on_error":
+        if name in ("abort_on_error", "device_reduce"):
             if isinstance(value, str):
                 value = value.strip().lower() not in ("0", "false", "no", "off", "")
             object.__setattr__(self, name, bool(value))
@@ -95,7 +100,7 @@ def max_transfer() -> int:
     """The payload piece size in bytes that rc.max_transfer asks for (0: automatic)."""
     if rc.max_transfer:
         return rc.max_transfer
-    from .ranks import active_message_rma
+    from .launch.ranks import active_message_rma
 
     if active_message_rma():
         return AM_RMA_MAX_TRANSFER

@@ -4,7 +4,7 @@ import os
 import mpi4py
 import pytest
 
-from asapmpi import shm_leftovers
+from asapmpi.launch import shm_leftovers
 
 from mpilaunch import STACK
 

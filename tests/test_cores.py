@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from asapmpi import cores
 from asapmpi._core import kernels
 from asapmpi.errors import ConfigError
+from asapmpi.launch import cores
 
 PR_GET_TIMERSLACK = 30
 

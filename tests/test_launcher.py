@@ -58,7 +58,7 @@ def test_flavours_and_their_flags(tmp_path):
 def test_asapmpi_run_starts_a_job_that_sees_its_size_and_slowdown(tmp_path):
     # each rank writes its own file: hydra may interleave the ranks' stdout mid-line
     # (a fresh-clone run once read "33" out of two ranks' "3 3 4.0" lines)
-    code = ("from mpi4py import MPI; import os, asapmpi.slowdown as s; "
+    code = ("from mpi4py import MPI; import os, asapmpi.launch.slowdown as s; "
             "c = MPI.COMM_WORLD; "
             f"open(os.path.join({str(tmp_path)!r}, str(c.Get_rank())), 'w').write("
             "f\"{c.Get_size()} {os.environ['ASAPMPI_EXPECTED_SIZE']} "
@@ -116,6 +116,13 @@ def test_doctor_passes_and_reports_the_path(tmp_path, network):
     assert report["window memory model"]["detail"] == "MPI_WIN_UNIFIED"
     path = report["RMA path"]["detail"]
     assert path.startswith("network (forced") if network else path.startswith("shared")
+    # device buffers: what torch sees, what the MPI says of device pointers, the path
+    assert report["MPI CUDA support"]["detail"].startswith(("yes", "no", "not reported"))
+    staged = report["device buffer path"]["detail"]
+    if report["CUDA devices"]["detail"].startswith(("none", "torch is not")):
+        assert staged.startswith("none: device buffers need a CUDA device")
+    else:
+        assert staged.startswith("staged through pinned host memory")
 
 
 def test_doctor_fails_when_the_smoke_test_fails(tmp_path, monkeypatch, capsys):

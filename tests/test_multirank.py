@@ -26,7 +26,7 @@ def test_roundtrip_exact_values_and_versions(graph, n, path):
     results = run("roundtrip", n, path, timeout=300, graph=graph, iters=1000, n=257)
     # every rank here, on the cores this test may use: the waits sleep coarsely only
     # when the ranks oversubscribe them
-    from asapmpi.cores import DEFAULT_SLACK_NS, PRECISE_SLACK_NS, cgroup_quota
+    from asapmpi.launch.cores import DEFAULT_SLACK_NS, PRECISE_SLACK_NS, cgroup_quota
 
     quota = cgroup_quota()
     cores = min(len(os.sched_getaffinity(0)), quota["cores"] if quota else float("inf"))

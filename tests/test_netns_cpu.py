@@ -49,7 +49,7 @@ def hosts():
         yield name
     finally:
         run("down", name)
-        assert not list(ROOT.glob(f"{name}-h*")) if ROOT.exists() else True
+        assert not list(ROOT.glob(f"{name}-*")) if ROOT.exists() else True
 
 
 BURN = ("import time; t = time.process_time(); w = time.perf_counter()\n"
@@ -84,15 +84,18 @@ def test_each_host_gets_its_quota_and_its_processes_are_held_to_it(hosts):
     assert quota(f"{hosts}-h0")[0] is None and quota(f"{hosts}-h1")[0] is None
 
 
-# each rank's host and cpu cgroup, printed by rank 0 in one line (ranks' own lines
-# interleave)
-CGROUP_OF_RANK = ("import json, socket; from mpi4py import MPI\n"
-                  "text = open('/proc/self/cgroup').read()\n"
-                  "cpu = [l for l in text.splitlines() if ':cpu:' in l]\n"
-                  "mine = (socket.gethostname(), cpu[0].split(':')[2] if cpu else "
-                  "text.split('::')[-1].strip())\n"
-                  "rows = MPI.COMM_WORLD.gather(mine)\n"
-                  "if rows: print('RANKS', json.dumps(rows), flush=True)")
+# cg(): this process's cpu cgroup (v1's cpu line, else v2's); GATHER: the ranks' `seen`,
+# printed by rank 0 in one line (ranks' own lines interleave)
+CPU_CGROUP = ("import json; from mpi4py import MPI\n"
+              "def cg():\n"
+              "    text = open('/proc/self/cgroup').read()\n"
+              "    cpu = [l for l in text.splitlines() if ':cpu:' in l]\n"
+              "    return cpu[0].split(':')[2] if cpu else text.split('::')[-1].strip()\n")
+GATHER = ("rows = MPI.COMM_WORLD.gather(seen)\n"
+          "if rows: print('RANKS', json.dumps(rows), flush=True)")
+# each rank's host and cpu cgroup
+CGROUP_OF_RANK = (CPU_CGROUP + "import socket\nseen = (socket.gethostname(), cg())\n"
+                  + GATHER)
 
 
 def test_the_ranks_of_an_mpi_job_run_in_their_hosts_budget(hosts):
@@ -107,6 +110,62 @@ def test_the_ranks_of_an_mpi_job_run_in_their_hosts_budget(hosts):
     for rank, (host, cgroup) in enumerate(rows):
         assert host == f"{hosts}-h{rank % 2}", rows
         assert cgroup == f"/netns-hosts/{host}", rows
+
+
+# each rank's cpu cgroup at the start, inside its budget (ClockBudget.enter), after a
+# pause of it, and at the end (leave)
+DEFERRED_BUDGET = (CPU_CGROUP + "from asapmpi.launch.budget import ClockBudget\n"
+                   "local = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)\n"
+                   "b = ClockBudget.from_environment(); seen = [cg()]\n"
+                   "b.split(local.Get_rank(), local.Get_size())\n"
+                   "b.enter(); seen.append(cg())\n"
+                   "with b.paused(): seen.append(cg())\n"
+                   "seen.append(cg()); b.leave(); seen.append(cg())\n" + GATHER)
+
+
+def test_a_deferred_budget_holds_a_rank_only_between_enter_and_leave(hosts, monkeypatch):
+    # NETNS_HOSTS_BUDGET=deferred (bench training's jobs): the ranks start in the set's
+    # unlimited cgroup and move themselves in and out of their share of their host's
+    # budget
+    ok("cpu", hosts, "all=0.5", "1=0.25")
+    monkeypatch.setenv("NETNS_HOSTS_BUDGET", "deferred")
+    proc = across_hosts(hosts, 4, sys.executable, "-c", DEFERRED_BUDGET, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rows,) = [json.loads(line[6:]) for line in proc.stdout.splitlines()
+               if line.startswith("RANKS ")]
+    free = f"/netns-hosts/{hosts}-free"
+    shares = set()
+    for rank, seen in enumerate(rows):
+        # each of a host's two ranks in a cgroup of its own with half the host's quota
+        share = seen[1]
+        assert share.startswith(f"/netns-hosts/{hosts}-h{rank % 2}-r"), (rank, rows)
+        assert seen == [free, share, free, share, free], (rank, rows)
+        shares.add(share)
+    assert len(shares) == 4, rows
+    assert quota(f"{hosts}-h0-r0") == quota(f"{hosts}-h0-r1") == (2500, 10000)
+    assert quota(f"{hosts}-h1-r0") == quota(f"{hosts}-h1-r1") == (1250, 10000)
+    # the unlimited cgroup has no quota; down removes it and the shares with the hosts'
+    # (the fixture)
+    assert quota(f"{hosts}-free")[0] is None
+    proc = subprocess.run([str(NETNS_SSH), f"{hosts}-h0", "true"], capture_output=True,
+                          text=True, timeout=30, check=False,
+                          env={**os.environ, "NETNS_HOSTS_BUDGET": "soon"})
+    assert proc.returncode != 0 and "set it to 'deferred'" in proc.stderr, proc.stderr
+
+
+def test_a_deferred_budget_without_its_cgroup_is_one_line(monkeypatch, tmp_path):
+    from asapmpi.errors import AsapError
+    from asapmpi.launch.budget import ClockBudget
+
+    monkeypatch.setenv("NETNS_HOSTS_BUDGET", "deferred")
+    monkeypatch.setattr("socket.gethostname", lambda: "bt1234-h3")
+    with pytest.raises(AsapError, match=r"host bt1234-h3 has no cgroup under .*netns-hosts cpu"):
+        ClockBudget.from_environment(str(tmp_path))
+    monkeypatch.setattr("socket.gethostname", lambda: "login01")
+    with pytest.raises(AsapError, match="'login01' is not an emulated host's"):
+        ClockBudget.from_environment(str(tmp_path))
+    monkeypatch.delenv("NETNS_HOSTS_BUDGET")
+    assert ClockBudget.from_environment(str(tmp_path)) is None
 
 
 def test_a_budget_the_launcher_cannot_see_is_an_error_not_unlimited(hosts):

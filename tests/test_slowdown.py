@@ -4,7 +4,7 @@ import time
 import pytest
 
 from asapmpi.errors import ConfigError
-from asapmpi.slowdown import Slowdown, from_options, hold, uniform
+from asapmpi.launch.slowdown import Slowdown, from_options, hold, uniform
 
 
 def test_random_slowdown_is_reproducible_and_has_the_right_rate():

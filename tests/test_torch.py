@@ -42,10 +42,20 @@ def test_flat_parameters_are_views_of_one_buffer_and_keep_values():
     assert all(bool((p == 2.0).all()) for p in model.parameters())
 
 
+def test_bfloat16_parameters_live_in_the_flat_buffer_as_bit_patterns():
+    model = torch.nn.Linear(5, 3).bfloat16()
+    flat = FlatParameters(model.parameters())
+    assert flat.exchange_dtype == "bfloat16" and flat.array.dtype == np.uint16
+    assert flat.array.ctypes.data == flat.tensor.data_ptr()
+    # 2.0 in bfloat16 is 0x4000: written as bits, read back by the parameters
+    flat.array[...] = 0x4000
+    assert all(bool((p == 2.0).all()) for p in model.parameters())
+
+
 def test_flat_parameters_refuse_mixed_dtypes_and_moved_parameters():
     a = torch.nn.Parameter(torch.zeros(3))
     b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
-    with pytest.raises(ConfigError, match="all be float32 or all float64"):
+    with pytest.raises(ConfigError, match="all be float32, all float64 or all bfloat16"):
         FlatParameters([a, b])
     with pytest.raises(ConfigError, match="no parameters"):
         FlatParameters([])
@@ -233,10 +243,11 @@ def _net_in(dtype=None, device=None):
 
 
 @pytest.mark.parametrize("make,options,message", [
-    (lambda: _net_in(device="meta"), {}, r"exchanges CPU tensors, all float32 or all "
-                                         r"float64; got parameters on meta"),
+    (lambda: _net_in(device="meta"), {}, r"on the CPU or one CUDA device, all float32, all "
+                                         r"float64 or all bfloat16; got frozen parameters "
+                                         r"on meta: move"),
     (lambda: _net_in(dtype=torch.float64), {},
-     r"exchanges CPU tensors, all float32 or all float64: parameters must all be"),
+     r"one CUDA device, all float32, all float64 or all bfloat16: parameters must all"),
     (_net_in, {"buffers": "everything"}, r"buffers must be one of"),
     (_net_in, {"mode": "parallel"}, r"pass buffers='broadcast' or 'local'"),
     (_net_in, {"buffers": "broadcast", "sync": "hop"},

@@ -42,7 +42,9 @@ def test_svm_compare_reports_table_json_metrics_and_plot(tmp_path):
     for r in runs.values():
         assert all(k in r for k in SUMMARY_KEYS)
         assert r["iterations"] == 300 and r["ranks"] == 4
-        assert r["final_test_accuracy"] > 0.85              # it learned
+        # it learned (chance is 0.5; 300 iterations reach 0.85-0.90, and one of the
+        # three runs of a CI job under load ended at 0.848)
+        assert r["final_test_accuracy"] > 0.80
     # decentralized averaging trains about as well as the global average (the 0.5-point
     # comparison of longer 8-rank runs is a benchmark: at 300 iterations SGD noise, and
     # under load the inputs a backup worker's reduce leaves out, move it by points)
@@ -184,6 +186,7 @@ def test_hop_skipping_counts_the_iterations_it_jumped(tmp_path):
     (["--seed", "-1"], "--seed must be an integer >= 0"),
     (["--width", "0"], "--width must be an integer >= 1"),
     (["--json", "/no/such/folder/s.json"], "folder /no/such/folder does not exist"),
+    (["--device", "gpu"], "--device must be cpu, cuda or cuda:N, got 'gpu'"),
     (["--sync", "hop", "--hop", "backup=1", "--hop", "skip_trigger=1",
       "--checkpoint-every", "10"], "skip_trigger lets ranks jump over them"),
 ])
@@ -210,6 +213,14 @@ def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
     proc = train("svm", "-n", "2", "--data-option", "rank=1", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--data-option rank: every rank loads" in proc.stderr
     assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
+    import torch
+
+    if not torch.cuda.is_available():
+        # a model on cuda where torch sees no GPU: one line, from every rank alike
+        proc = train("mlp", "-n", "2", "--device", "cuda", "--out", str(tmp_path))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "--device cuda: torch sees no CUDA device on this host" in proc.stderr
+        assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
 
 
 def test_training_on_the_network_path(tmp_path):
@@ -236,21 +247,33 @@ def test_training_on_the_network_path(tmp_path):
 
 
 @mpich_only     # the main job runs on the embedded MPICH: dev/demo.sh builds it in place
+@pytest.mark.timeout(1020)
 def test_the_main_job_ends_with_the_table_and_its_reading(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(["bash", os.path.join(root, "dev", "demo.sh"), "--iters", "60",
-                           "--json", str(tmp_path / "d.json"), "--png",
-                           str(tmp_path / "d.png"), "--keep", str(tmp_path / "jobs")],
-                          capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
+    # 40 iterations: 2 min 48 s here on a quiet machine (its 20 evaluations hold
+    # allreduce to 0.75 it/s)
+    proc = subprocess.Popen(["bash", os.path.join(root, "dev", "demo.sh"), "--iters", "40",
+                             "--json", str(tmp_path / "d.json"), "--png",
+                             str(tmp_path / "d.png"), "--keep", str(tmp_path / "jobs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        # SIGTERM: the benchmark removes its hosts, budgets and ranks (a SIGKILL, as
+        # subprocess.run's timeout sends, left them running for the rest of the suite)
+        proc.terminate()
+        out, err = proc.communicate(timeout=90)
+        raise AssertionError("the main job ran past 900 s:\n" + out[-3000:]
+                             + err[-3000:]) from None
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    lines = out.strip().splitlines()
     start = lines.index(next(x for x in lines if x.startswith("straggler-host: ")))
     # the table's rows follow its header ("policy ...") and its rule
     head = next(i for i in range(start, len(lines)) if lines[i].startswith("policy "))
     assert [row.split()[0] for row in lines[head + 2:head + 4]] == [
         "allreduce", "backup_ps:backup=2"]
     # the reading: which policy reached the target first against allreduce (or none, at
-    # 60 iterations)
+    # 40 iterations)
     assert lines[-1].startswith("straggler-host (host 3 4x slower by ")
     assert "reached 88.5%" in lines[-1]
     report = json.loads((tmp_path / "d.json").read_text())

@@ -37,3 +37,6 @@ cdef extern from "kernels.h" nogil:
                        const float *ws, int n_in, size_t n, asap_cksum_t *cks)
     void asap_wsum_f64(double *out, const double *own, double w0, const double *const *ins,
                        const double *ws, int n_in, size_t n, asap_cksum_t *cks)
+    void asap_wsum_bf16(uint16_t *out, const uint16_t *own, float w0,
+                        const uint16_t *const *ins, const float *ws, int n_in, size_t n,
+                        asap_cksum_t *cks)

@@ -328,4 +328,56 @@ static inline uint64_t asap_checksum(const void *p, size_t n) {
 ASAP_DEFINE_WSUM(asap_wsum_f32, float)
 ASAP_DEFINE_WSUM(asap_wsum_f64, double)
 
+/* ---------- bfloat16: the reduce accumulates in float32 ---------- */
+
+static inline float asap_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+/* round to nearest, ties to even (as torch and ml_dtypes do); a NaN stays a NaN */
+static inline uint16_t asap_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* out = bf16(w0*own + sum_i ws[i]*ins[i]), each element accumulated in float32 left to
+ * right ((w0*own + w1*x1) + w2*x2 ...: every product rounded to float32 before its add,
+ * as the float32 reduce), rounded once at the end; out may equal own (a block of own is
+ * read before the same block of out is written).  With cks, every input block is copied
+ * once, checksummed and summed from the copy, as the float reduces do. */
+ASAP_CLONES static void asap_wsum_bf16(uint16_t *out, const uint16_t *own, float w0,
+                                       const uint16_t *const *ins, const float *ws,
+                                       int n_in, size_t n, asap_cksum_t *cks) {
+  enum { BLK = ASAP_CHECKED_BLOCK_BYTES / sizeof(uint16_t) };
+  float acc[BLK] __attribute__((aligned(64)));
+  uint16_t copy[BLK] __attribute__((aligned(64)));
+  for (size_t s = 0; s < n; s += BLK) {
+    size_t m = n - s < BLK ? n - s : BLK;
+    if (w0 == 0.0f) {
+      for (size_t j = 0; j < m; j++) acc[j] = 0.0f;
+    } else {
+      for (size_t j = 0; j < m; j++) acc[j] = w0 * asap_bf16_to_f32(own[s + j]);
+    }
+    for (int i = 0; i < n_in; i++) {
+      const uint16_t *x = ins[i] + s;
+      if (cks) {
+        memcpy(copy, x, m * sizeof(uint16_t));
+        asap_compiler_barrier();
+        if (s + m < n) asap_cksum_feed(&cks[i], copy, m * sizeof(uint16_t));
+        else asap_cksum_feed_tail(&cks[i], copy, m * sizeof(uint16_t));
+        x = copy;
+      }
+      const float w = ws[i];
+      for (size_t j = 0; j < m; j++) acc[j] = acc[j] + w * asap_bf16_to_f32(x[j]);
+    }
+    for (size_t j = 0; j < m; j++) out[s + j] = asap_f32_to_bf16(acc[j]);
+  }
+}
+
 #endif /* ASAPMPI_KERNELS_H */

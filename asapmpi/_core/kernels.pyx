@@ -5,7 +5,7 @@ The slot window uses the same C kernels on its slots; this module exposes them f
 tests (against a NumPy reference) and for the core benchmark.
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t
 from libc.stdlib cimport malloc, free
 from mpi4py.libmpi cimport *
 
@@ -14,10 +14,13 @@ from asapmpi.errors import ConfigError
 include "chkerr.pxi"
 
 
-def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False):
+def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
+                 bint bfloat16=False):
     """out = w_self*own + sum_i weights[i]*inputs[i], in one blocked pass.
 
     All buffers are contiguous float32 (or all float64) of one size; `out` may be `own`.
+    bfloat16: the buffers hold bfloat16 bit patterns (2-byte integers), reduced in
+    float32 and rounded to nearest even.
     Returns the inputs' checksums (list of int) when `checksum` is true, else None.
     """
     cdef Py_ssize_t n_in = len(inputs)
@@ -32,12 +35,16 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False):
     if len(weights) != n_in:
         raise ConfigError(f"{len(weights)} weights for {n_in} inputs")
     fmt = _format(out)
-    if fmt not in ("f", "d"):
+    if bfloat16:
+        if fmt not in ("H", "h"):
+            raise ConfigError(f"bfloat16 buffers are 2-byte integers (their bit "
+                              f"patterns), got format {fmt!r}")
+    elif fmt not in ("f", "d"):
         raise ConfigError(f"weighted_sum takes float32 or float64 buffers, got format {fmt!r}")
     for b in [own] + list(inputs):
         if _format(b) != fmt:
             raise ConfigError("weighted_sum needs every buffer of one dtype")
-    itemsize = 4 if fmt == "f" else 8
+    itemsize = 2 if bfloat16 else (4 if fmt == "f" else 8)
     try:
         PyObject_GetBuffer(out, &vout, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         have_out = True
@@ -67,6 +74,10 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False):
                 asap_wsum_f32(<float *>vout.buf, <const float *>vown.buf, <float>w_self,
                               <const float *const *>ptrs, w32, <int>n_in, nbytes // 4,
                               cks if checksum else NULL)
+            elif itemsize == 2:
+                asap_wsum_bf16(<uint16_t *>vout.buf, <const uint16_t *>vown.buf,
+                               <float>w_self, <const uint16_t *const *>ptrs, w32,
+                               <int>n_in, nbytes // 2, cks if checksum else NULL)
             else:
                 asap_wsum_f64(<double *>vout.buf, <const double *>vown.buf, w_self,
                               <const double *const *>ptrs, w64, <int>n_in, nbytes // 8,

@@ -69,7 +69,8 @@ cdef class SlotStore:
         cdef int n = max(n_in, 1)
         if n_in < 0:
             raise ConfigError(f"n_in must be >= 0, got {n_in}")
-        if itemsize not in (4, 8) or nbytes % itemsize:
+        # 2: bfloat16, reduced in float32 (asap_wsum_bf16)
+        if itemsize not in (2, 4, 8) or nbytes % itemsize:
             raise ConfigError(f"itemsize {itemsize} does not divide {nbytes} bytes")
         if payload_stride < nbytes:
             raise ConfigError(f"payload_stride {payload_stride} is smaller than the "
@@ -136,44 +137,11 @@ cdef class SlotStore:
         when an input is not usable (out as it was).  The caller ran `sync` before
         filling hdr[] (a channel may read its notify words to decide which to point
         at) and, with seqlock, checksum or exact_each, keep_copies() beforehand."""
-        cdef int64_t expected
         cdef int i, n_used
-        cdef int64_t h, f
-        cdef const char *hdr
         cdef bint changed
         cdef const char *own = own_in
-        for i in range(self.n_in):
-            expected = self.exp_v[i]
-            hdr = self.hdr[i]
-            if hdr == NULL or (exact_each and expected <= 0):
-                # late: not complete, possibly being written; never read it
-                self.status[i] = STALE
-                self.used[i] = 0
-                self.seen_footer[i] = -1
-                continue
-            # seqlock reader: footer first, payload, header last (fences between).
-            f = asap_load_i64(hdr + HEADER_BYTES + self.payload_stride)
-            h = asap_load_i64(hdr)
-            self.seen_footer[i] = f
-            self.seen_cksum[i] = <uint64_t>asap_load_i64(hdr + HEADER_BYTES
-                                                         + self.payload_stride + 8)
-            if h != f:
-                self.status[i] = TORN
-            elif f == expected:
-                self.status[i] = CONSISTENT
-            elif f < expected:
-                self.status[i] = STALE
-            else:
-                self.status[i] = AHEAD
-            if exact_each:
-                self.used[i] = h == f and f == expected
-            else:
-                self.used[i] = h == f and min_version <= f <= max_version
-        if require_all:
-            for i in range(self.n_in):
-                if not self.used[i]:
-                    self._count()
-                    return -3
+        if self.check(min_version, max_version, exact_each, require_all) < 0:
+            return -3
         # A failure found after the fused pass (a slot that changed, a bad checksum) can
         # only be undone from a copy of the reader's own buffer; keep one when the mode
         # can find such failures.
@@ -212,6 +180,65 @@ cdef class SlotStore:
         self._count()
         return n_used
 
+    cdef int check(self, int64_t min_version, int64_t max_version, bint exact_each,
+                   bint require_all) except -2 nogil:
+        """Before any payload is read: each input's status from its footer and header,
+        and whether it is to be used (`used[i]`).  Returns the inputs usable, or -3 with
+        `require_all` when one is not (statuses counted)."""
+        cdef int64_t expected, h, f
+        cdef int i, n = 0
+        cdef const char *hdr
+        for i in range(self.n_in):
+            expected = self.exp_v[i]
+            hdr = self.hdr[i]
+            if hdr == NULL or (exact_each and expected <= 0):
+                # late: not complete, possibly being written; never read it
+                self.status[i] = STALE
+                self.used[i] = 0
+                self.seen_footer[i] = -1
+                continue
+            # seqlock reader: footer first, payload, header last (fences between).
+            f = asap_load_i64(hdr + HEADER_BYTES + self.payload_stride)
+            h = asap_load_i64(hdr)
+            self.seen_footer[i] = f
+            self.seen_cksum[i] = <uint64_t>asap_load_i64(hdr + HEADER_BYTES
+                                                         + self.payload_stride + 8)
+            if h != f:
+                self.status[i] = TORN
+            elif f == expected:
+                self.status[i] = CONSISTENT
+            elif f < expected:
+                self.status[i] = STALE
+            else:
+                self.status[i] = AHEAD
+            if exact_each:
+                self.used[i] = h == f and f == expected
+            else:
+                self.used[i] = h == f and min_version <= f <= max_version
+            n += self.used[i]
+        if require_all:
+            for i in range(self.n_in):
+                if not self.used[i]:
+                    self._count()
+                    return -3
+        return n
+
+    cdef int recheck(self) except -1 nogil:
+        """After the payloads of the used inputs were read elsewhere (copied to a
+        device): the barrier, then each used slot's header again; a slot whose header
+        moved since check() is dropped (TORN).  Counts the statuses; returns the
+        inputs dropped."""
+        cdef int i, dropped = 0
+        asap_fence()
+        self.sync(self.sync_ctx)
+        for i in range(self.n_in):
+            if self.used[i] and asap_load_i64(self.hdr[i]) != self.seen_footer[i]:
+                self.status[i] = TORN
+                self.used[i] = 0
+                dropped += 1
+        self._count()
+        return dropped
+
     cdef int _fused_pass(self, char *out, const char *own, double w_self,
                          const double *weights, bint checksum,
                          bint renormalize) noexcept nogil:
@@ -234,6 +261,10 @@ cdef class SlotStore:
             asap_wsum_f32(<float *>out, <const float *>own, <float>(w_self * scale),
                           <const float *const *>self.ins, self.ws_f32, k,
                           self.nbytes // 4, self._cks_compact(checksum, k))
+        elif self.itemsize == 2:
+            asap_wsum_bf16(<uint16_t *>out, <const uint16_t *>own, <float>(w_self * scale),
+                           <const uint16_t *const *>self.ins, self.ws_f32, k,
+                           self.nbytes // 2, self._cks_compact(checksum, k))
         else:
             asap_wsum_f64(<double *>out, <const double *>own, w_self * scale,
                           <const double *const *>self.ins, self.ws_f64, k,

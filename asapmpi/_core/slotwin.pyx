@@ -8,7 +8,7 @@ neighbours and at which displacements their slots live is computed by the caller
 from cpython.ref cimport PyObject
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free, calloc, realloc
 from libc.stdio cimport fprintf, fflush, snprintf, stderr
 from libc.string cimport memset, memcpy, strncpy
@@ -427,7 +427,7 @@ cdef class SlotWindow:
         if (len(out_ranks) != self.n_out or len(out_slot_disp) != self.n_out
                 or len(out_notify_disp) != self.n_out):
             raise ConfigError("out-neighbour arrays do not match the layout's n_out")
-        if itemsize not in (4, 8) or self.nbytes % itemsize:
+        if itemsize not in (2, 4, 8) or self.nbytes % itemsize:
             raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
         _reap_leftovers()
         self.size = comm.Get_size()
@@ -1519,6 +1519,14 @@ cdef class SlotWindow:
         # store at the slot of version store.exp_v[i] of each in-neighbour (NULL with
         # only_notified when its notify word is not that version: its sender may be
         # writing it); the store verifies and reduces (slotstore.pxi).
+        self._point(only_notified)
+        return self.store.reduce(out, w_self, weights, min_version, max_version, exact_each,
+                            seqlock, checksum, renormalize, require_all, own_in)
+
+    cdef int _point(self, bint only_notified) except -1 nogil:
+        # make the slots' memory visible, then point the store at each in-neighbour's
+        # slot of version exp_v[i] (NULL with only_notified when its notify word is not
+        # that version: its sender may be writing it)
         cdef int i
         cdef Py_ssize_t slot
         self._sync()
@@ -1529,8 +1537,51 @@ cdef class SlotWindow:
                 self.store.hdr[i] = NULL
             else:
                 self.store.hdr[i] = self._slot(i, slot)
-        return self.store.reduce(out, w_self, weights, min_version, max_version, exact_each,
-                            seqlock, checksum, renormalize, require_all, own_in)
+        return 0
+
+    def read_begin(self, int64_t[::1] versions not None, int64_t min_version,
+                   int64_t max_version, bint exact_each=False, bint require_all=False,
+                   bint only_notified=False):
+        """The first half of a reduce made elsewhere (on a device: asapmpi.device):
+        the checks a reduce makes before it reads any payload, on the slot of
+        version versions[i] of each in-neighbour (usable as in reduce(), or exactly
+        versions[i] > 0 with exact_each).  Returns each input's payload address to
+        read (uint64; 0: not to be read); ProtocolError with require_all when an input
+        is not usable.  Copy the payloads out, then call read_end() before using them."""
+        cdef int i, r
+        self._check_alive()
+        if versions.shape[0] != self.n_in:
+            raise ConfigError(f"need {self.n_in} versions, got {versions.shape[0]}")
+        with nogil:
+            self._pump()        # a reduce that never waits (async's) sees what arrived
+        for i in range(self.n_in):
+            self.store.exp_v[i] = versions[i]
+        with nogil:
+            self._point(only_notified)
+            r = self.store.check(min_version, max_version, exact_each, require_all)
+        if r == -3:
+            bad = {self._in[i]: STATUS_NAMES[self.store.status[i]] for i in range(self.n_in)
+                   if not self.store.used[i]}
+            raise ProtocolError(f"rank {self.rank}: version(s) {list(versions)} from rank(s) "
+                                f"{sorted(bad)} were not usable ({bad}); nothing was "
+                                f"reduced, the buffer is unchanged (a peer broke the "
+                                f"protocol)")
+        addresses = np.zeros(self.n_in, dtype=np.uint64)
+        for i in range(self.n_in):
+            if self.store.used[i]:
+                addresses[i] = <uint64_t>(<uintptr_t>(self.store.hdr[i] + HEADER_BYTES))
+        return addresses
+
+    def read_end(self):
+        """The second half of a reduce made elsewhere, once the payloads read_begin
+        named were copied out: the barrier, then each read slot's header again.
+        Returns the indices of the inputs whose slot changed during the copy (dropped,
+        counted torn: their copies must not be used); the statuses are counted."""
+        cdef int i
+        before = [i for i in range(self.n_in) if self.store.used[i]]
+        with nogil:
+            self.store.recheck()
+        return [i for i in before if not self.store.used[i]]
 
     # ------------------------------------------------------------------ introspection
 
@@ -1602,7 +1653,13 @@ cdef class _SlotPayload:
         view.len = self.win.nbytes
         view.readonly = 1
         view.itemsize = self.win.itemsize
-        view.format = b"f" if self.win.itemsize == 4 else b"d"
+        # bfloat16 payloads as their raw 16-bit patterns (no buffer format has them)
+        if self.win.itemsize == 2:
+            view.format = b"H"
+        elif self.win.itemsize == 4:
+            view.format = b"f"
+        else:
+            view.format = b"d"
         view.ndim = 1
         view.shape = self.shape
         view.strides = self.strides

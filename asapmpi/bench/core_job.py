@@ -23,7 +23,7 @@ from asapmpi import Exchange
 from asapmpi._core import kernels
 from asapmpi._core.mpiabi import library_version
 
-from ..faults import abort_world
+from ..launch.faults import abort_world
 from . import core
 from .common import parse_sizes, publish, rma_path, size_label
 from .core import (

@@ -105,7 +105,7 @@ class OneHost:
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks; its exit code."""
-        from ..ranks import launch_command
+        from ..launch.ranks import launch_command
 
         cmd, job_env = launch_command(ranks, list(program), None, timeout)
         return subprocess.call(cmd, env={**job_env, **(env or {})})
@@ -182,7 +182,8 @@ class EmulatedHosts:
                  f"{'unlimited' if c is None else f'{c:g} cores'}"
                  for c, hs in groups.items()]
         self.budget_text = (f"CPU budgets: {', '.join(parts)} (cgroup quota per "
-                            f"{int(period.removesuffix('us')) / 1000:g} ms)"
+                            f"{int(period.removesuffix('us')) / 1000:g} ms, while the "
+                            f"training clock runs)"
                             + "".join(f"; {n}" for n in notes))
 
     def __exit__(self, *exc) -> None:
@@ -216,7 +217,7 @@ class EmulatedHosts:
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
-        from ..ranks import find_mpiexec
+        from ..launch.ranks import find_mpiexec
 
         job_env = dict(os.environ, **(env or {}))
         # the launcher of the MPI mpi4py uses, not the first mpiexec on PATH
@@ -227,5 +228,10 @@ class EmulatedHosts:
         # on the forced network path (asapmpi.launchers.NETWORK_PATH_ENV explains why)
         job_env.setdefault("MPIR_CVAR_CH4_OFI_ENABLE_RMA", "0")
         job_env["ASAPMPI_EXPECTED_SIZE"] = str(ranks)
+        if self.budgeted:
+            # the ranks start unlimited and hold themselves to their host's budget while
+            # their training clock runs (asapmpi.launch.budget): a starved host does not
+            # spend minutes importing torch, evaluating and shutting down
+            job_env["NETNS_HOSTS_BUDGET"] = "deferred"
         return subprocess.call([str(NETNS_HOSTS), "mpiexec", self.prefix, "-n", str(ranks),
                                 *program], env=job_env)

@@ -202,7 +202,7 @@ def spec_of(args: argparse.Namespace) -> Dict[str, Any]:
 
 def run_jobs(args: argparse.Namespace) -> List[Dict[str, Any]]:
     """One mpiexec job per (path, ranks); their results in that order."""
-    from ..ranks import run_job
+    from ..launch.ranks import run_job
 
     spec = spec_of(args)
     jobs = []
@@ -221,7 +221,7 @@ def run_jobs(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     """Measure, print the report and the verdicts, write --json and --png."""
-    from ..ranks import inside_mpi_job
+    from ..launch.ranks import inside_mpi_job
 
     check(args)
     if inside_mpi_job():

@@ -277,7 +277,7 @@ def main(argv=None) -> int:
         result = measure(comm, spec, progress=_progress if comm.Get_rank() == 0 and
                          spec.get("verbose") else None)
     except BaseException as exc:  # noqa: BLE001  (a failing rank must not leave the others waiting)
-        from asapmpi.faults import abort_job
+        from asapmpi.launch.faults import abort_job
 
         abort_job(exc)
     if comm.Get_rank() == 0:

@@ -76,7 +76,7 @@ def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
     if args.ranks < 2:
         raise ConfigError(f"-n must be at least 2, got {args.ranks}")
-    from ..ranks import inside_mpi_job
+    from ..launch.ranks import inside_mpi_job
 
     if inside_mpi_job():
         raise ConfigError("bench soak launches one job per run itself; run it outside "
@@ -109,7 +109,7 @@ def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
 
 def run_jobs(args: argparse.Namespace, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One mpiexec job per run; their results in order."""
-    from ..ranks import run_job
+    from ..launch.ranks import run_job
 
     results = []
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-soak-") as tmp:

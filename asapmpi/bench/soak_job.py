@@ -24,8 +24,8 @@ from mpi4py import MPI
 
 from .. import collectives
 from ..exchange import Exchange
+from ..launch.shm_leftovers import OWNERS, SHM_DIR
 from ..rc import rc
-from ..shm_leftovers import OWNERS, SHM_DIR
 from .common import rma_path
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -37,8 +37,8 @@ import numpy as np
 
 from .. import trace
 from ..errors import ConfigError
+from ..launch.slowdown import Slowdown
 from ..reduce.graphs import GRAPHS
-from ..slowdown import Slowdown
 from .common import rma_path
 
 if TYPE_CHECKING:

@@ -14,7 +14,11 @@ one host share memory, ranks of different hosts talk over veths shaped to --band
 (tc tbf).  Rank r is on host r % hosts.  Every host has a CPU budget of its own
 (--host-cores, a cgroup CPU quota set by netns-hosts cpu): its ranks compute with those
 cores and no more, whatever the other hosts' ranks do, so one host's load never speeds up
-or slows down another's, as on real hosts.  Scenarios:
+or slows down another's, as on real hosts.  The budget holds while a rank's training
+clock runs (asapmpi.launch.budget), each rank held to its share of its host's budget:
+start-up, evaluations, checkpoints and shutdown, which the clock leaves out, run
+unlimited, so that a quarter-budget host neither takes minutes to import torch nor holds
+the others up with evaluations no real host would be slowed by.  Scenarios:
 
   homogeneous      every host the same budget, every link at --bandwidth
   straggler-host   the last host has a quarter of the others' CPU budget, so its ranks

@@ -175,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
-    from ..ranks import inside_mpi_job, relaunch
+    from ..launch.ranks import inside_mpi_job, relaunch
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
@@ -213,7 +213,7 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
 
 def _is_rank_zero() -> bool:
-    from ..ranks import inside_mpi_job
+    from ..launch.ranks import inside_mpi_job
 
     if not inside_mpi_job():
         return True
@@ -227,7 +227,7 @@ def _abort_job(exc: BaseException) -> None:
     for this one in a collective or a one-sided wait."""
     from mpi4py import MPI
 
-    from ..faults import abort_job, report_error
+    from ..launch.faults import abort_job, report_error
 
     if MPI.COMM_WORLD.Get_size() > 1:
         abort_job(exc)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
+from ..launch.slowdown import add_arguments as slowdown_arguments
+from ..launch.slowdown import from_environment, from_options
 from ..reduce.graphs import GRAPHS
-from ..slowdown import add_arguments as slowdown_arguments
-from ..slowdown import from_environment, from_options
 from ..sync import POLICIES
 
 if TYPE_CHECKING:

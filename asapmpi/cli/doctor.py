@@ -16,8 +16,8 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
+from ..launch.ranks import active_message_rma
 from ..launchers import network_forced
-from ..ranks import active_message_rma
 
 SMOKE_TAG = "ASAPMPI-DOCTOR"
 
@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
         from ..errors import ConfigError
 
         raise ConfigError(f"--json {args.json}: not a file in an existing folder")
+    from ..launch.ranks import find_mpiexec
     from ..launchers import flavour, network_env
-    from ..ranks import find_mpiexec
 
     checks = library_checks()
     mpiexec = find_mpiexec()
@@ -151,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
         env.update(network_env(kind, args.network))
     checks.append(("RMA path", True, rma_path(env)))
     checks.append(("asynchronous progress", True, async_progress(env)))
+    from ..device.support import device_checks
+
+    checks.extend(device_checks())
     if all(ok for _, ok, _ in checks):
         checks.extend(_smoke_checks(mpiexec, env))
     # after the smoke test: its own files are gone or in use by then
@@ -172,9 +175,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _leftovers(clean: bool) -> Tuple[Tuple[str, bool, str], list]:
-    """The stale shared-memory files check (asapmpi.shm_leftovers), removing them with
+    """The stale shared-memory files check (asapmpi.launch.shm_leftovers), removing them with
     --clean: (check, True, detail) and the files."""
-    from .. import shm_leftovers
+    from ..launch import shm_leftovers
 
     files = shm_leftovers.stale_files()
     what = shm_leftovers.summary(files)
@@ -190,8 +193,8 @@ def _leftovers(clean: bool) -> Tuple[Tuple[str, bool, str], list]:
 
 
 def _smoke_checks(mpiexec: str, env: Dict[str, str]) -> List[Tuple[str, bool, str]]:
+    from ..launch.ranks import RANK_VARIABLES
     from ..launchers import command, flavour
-    from ..ranks import RANK_VARIABLES
 
     cmd, extra = command(flavour(mpiexec), mpiexec, 2,
                          [sys.executable, "-m", "asapmpi", "doctor", "--smoke"],

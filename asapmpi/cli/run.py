@@ -22,9 +22,9 @@ import sys
 from typing import List, Optional, Sequence
 
 from ..errors import ConfigError
+from ..launch.ranks import find_mpiexec
+from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..launchers import command, flavour
-from ..ranks import find_mpiexec
-from ..slowdown import add_arguments as slowdown_arguments
 
 
 def slowdown_spec(kind: str, factor: float, probability: float, ranks: Sequence[int],
@@ -72,7 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError(f"--job-timeout must be a number of seconds >= 0 (0: no "
                               f"limit), got {args.job_timeout}")
         if args.slowdown != "none":
-            from ..slowdown import from_options
+            from ..launch.slowdown import from_options
 
             from_options(args.slowdown, args.slow_factor, args.slow_probability,
                          args.slow_ranks, args.slow_seed, args.ranks)

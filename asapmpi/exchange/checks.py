@@ -14,8 +14,10 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 import numpy as np
 from mpi4py import MPI
 
-from .. import cores
+from ..device import Stager, device_buffer
+from ..dtypes import ITEMSIZE
 from ..errors import ConfigError
+from ..launch import cores
 from ..rc import rc
 from ..reduce.graphs import GRAPHS, Graph
 from ..reduce.user import graph_from
@@ -29,25 +31,40 @@ WEIGHT_NAMES = ("auto", "uniform", "metropolis")
 DTYPES = {"f": ("float32", 4), "d": ("float64", 8)}
 
 
-def buffer_info(buffer) -> Tuple[str, int]:
-    """Return (dtype name, nbytes) of a writable C-contiguous float32/float64 buffer."""
+def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
+    """Return (element type, nbytes) of a writable C-contiguous float32/float64 buffer, or
+    of a 2-byte integer buffer of bfloat16 bit patterns given with dtype="bfloat16"."""
     try:
         view = memoryview(buffer)
     except TypeError:
+        hint = "; pass tensor.numpy() (the same memory)" if \
+            type(buffer).__module__.startswith("torch") else ""
         raise ConfigError(f"buffer must support the buffer protocol (a NumPy array, for "
-                          f"example), got {type(buffer).__name__}") from None
+                          f"example) or be a CUDA array, got {type(buffer).__name__}"
+                          f"{hint}") from None
     with view:
         fmt = view.format.lstrip("@=<")
-        if fmt not in DTYPES:
-            raise ConfigError(f"buffer dtype must be float32 or float64, got format "
-                              f"{view.format!r}")
+        if dtype == "bfloat16":
+            if fmt not in ("H", "h"):
+                raise ConfigError(f"dtype='bfloat16' takes the bit patterns in a 2-byte "
+                                  f"integer buffer (tensor.view(torch.int16).numpy()), got "
+                                  f"format {view.format!r}")
+            name = "bfloat16"
+        elif fmt not in DTYPES:
+            raise ConfigError(f"buffer dtype must be float32 or float64 (or bfloat16 bit "
+                              f"patterns with dtype='bfloat16'), got format {view.format!r}")
+        else:
+            name = DTYPES[fmt][0]
+            if dtype is not None and dtype != name:
+                raise ConfigError(f"dtype={dtype!r} but the buffer holds {name}; leave "
+                                  f"dtype out (it is read from the buffer)")
         if not view.c_contiguous:
             raise ConfigError("buffer must be C-contiguous; pass np.ascontiguousarray(x)")
         if view.readonly:
             raise ConfigError("buffer must be writable: step() reduces into it")
         if view.nbytes == 0:
             raise ConfigError("buffer is empty; pass at least one element")
-        return DTYPES[fmt][0], view.nbytes
+        return name, view.nbytes
 
 
 def fingerprint(data: bytes) -> str:
@@ -147,24 +164,38 @@ def positive_seconds(value) -> float:
 
 def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
                    rank, size, transport="auto", double_buffer=False,
-                   trace_file=None) -> Dict[str, Any]:
+                   trace_file=None, dtype=None) -> Dict[str, Any]:
     """Every check rank `rank` makes on its own input, with no communication: what it
     was given goes into "meta" for the allgather (asapmpi.exchange.agreement), with the
     problem found as one line ("problem", None when there is none), so that no rank
     leaves while the others wait in the allgather; "dtype", "nbytes", "policy",
     "timeout" and "matrix" are what this rank keeps."""
     out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
-                           "matrix": None}
+                           "matrix": None, "stager": None}
     meta = {"problem": None, "dtype": None, "nbytes": 0, "options": None,
             "sync": getattr(sync, "name", sync),    # a name, or a Policy's
             "transport": transport, "double_buffer": double_buffer,
-            "trace_file": trace_file, "host": MPI.Get_processor_name(),
+            "trace_file": trace_file, "host": MPI.Get_processor_name(), "device": None,
             "cpu": cores.local_cpus(),
             "checksum": None, "graph_kind": None,
             "graph_key": None, "graph_name": None, "in": [], "out": [],
             "weights_kind": None, "weights_key": None, "weights_row": None}
     try:
-        out["dtype"], out["nbytes"] = buffer_info(buffer)
+        if dtype not in (None, *ITEMSIZE):
+            raise ConfigError(f"dtype must be one of {', '.join(ITEMSIZE)}, got {dtype!r}")
+        device = device_buffer(buffer)
+        if device is None:
+            out["dtype"], out["nbytes"] = buffer_info(buffer, dtype)
+        else:
+            if double_buffer:
+                raise ConfigError("double_buffer=True computes in host shared memory; a "
+                                  "device buffer is staged through pinned host memory "
+                                  "instead: leave double_buffer out")
+            out["dtype"], out["nbytes"] = device.dtype, device.nbytes
+            meta["device"] = device.device
+            # the pinned host buffer the host channel sends from (made once, here:
+            # a failure is this rank's problem line, not a hang in the allgather)
+            out["stager"] = Stager(device)
         out["policy"] = make_policy(sync, **options)
         # compared across ranks by name and options: "hop:backup=1" on one rank and
         # sync="hop", backup=1 on another are the same policy

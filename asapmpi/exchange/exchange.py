@@ -11,16 +11,19 @@ from typing import Any, Deque, Dict, Mapping, Optional, Tuple, Union
 import numpy as np
 from mpi4py import MPI
 
-from .. import _core, collectives, cores
+from .. import _core, collectives
+from ..device import DeviceReduce
+from ..dtypes import ITEMSIZE, nonfinite, numpy_dtype
 from ..errors import ConfigError, FreedError, NonFiniteError
-from ..faults import install_abort_hook
-from ..ranks import check_world_size
+from ..launch import cores
+from ..launch.faults import install_abort_hook
+from ..launch.ranks import check_world_size
 from ..rc import rc
 from ..sync import Reads, StepContext
 from ..sync.records import Records
 from ..transports import make_transport, resolve
 from .agreement import agree
-from .checks import DTYPES, GraphSpec, check_locally
+from .checks import GraphSpec, check_locally
 from .choice import choose_transport
 from .construction import exchange_window
 
@@ -33,8 +36,14 @@ class Exchange:
 
     Parameters
     ----------
-    buffer: writable C-contiguous float32 or float64 buffer (a NumPy array, say).  It is
-        sent from and reduced into in place: no copies.
+    buffer: writable C-contiguous float32 or float64 buffer (a NumPy array, say; bfloat16
+        bit patterns with dtype="bfloat16").  It is sent from and reduced into in place:
+        no copies.  Or a contiguous CUDA array (a torch tensor on "cuda"): it is staged
+        through a pinned host buffer made once (asapmpi.device, docs/GPU.md), copied
+        there before each send on a side stream, and reduced on the device from copies
+        of the verified slots (or, with checksum= and for the policies whose receive
+        uses the buffer after its reduce, on the host and copied back), in the device's
+        stream order; `ex.staging` counts the copies.
     graph: a graph name ("root-expander", "ring", "complete", ...: asapmpi.reduce.GRAPHS),
         a Graph (asapmpi.graph(...), asapmpi.graph_from(...)), an edge list or adjacency
         matrix, or this rank's neighbours as {"in": [...], "out": [...]}.  Default: the
@@ -95,6 +104,9 @@ class Exchange:
         with `asapmpi trace check FILE`).  Without it only the newest
         asapmpi.rc.trace_iterations iterations are kept, in `ex.trace`: memory stays flat
         over any number of steps.
+    dtype: the element type when the buffer's format does not say it: "bfloat16" for a
+        2-byte integer buffer of bfloat16 bit patterns (tensor.view(torch.int16).numpy();
+        reduced in float32, rounded to nearest even).  Default: read from the buffer.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
@@ -106,7 +118,8 @@ class Exchange:
                  weights: Union[str, Mapping[int, float], Any] = "auto",
                  timeout: Optional[float] = None, checksum: bool = False,
                  reject_nonfinite: bool = False, transport: str = "auto",
-                 double_buffer: bool = False, trace_file: Optional[str] = None, **options):
+                 double_buffer: bool = False, trace_file: Optional[str] = None,
+                 dtype: Optional[str] = None, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
         if isinstance(trace_file, os.PathLike):
             trace_file = os.fspath(trace_file)
@@ -120,14 +133,21 @@ class Exchange:
         if comm == MPI.COMM_WORLD:
             check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = check_locally(buffer, graph, sync, weights, timeout, checksum, options,
-                              rank, size, transport, double_buffer, trace_file)
+                              rank, size, transport, double_buffer, trace_file, dtype)
         meta, g, w = agree(comm, local, rank)
 
         self.buffer = buffer
         self._user_buffer = buffer
+        #: a device buffer's staging (asapmpi.device), else None
+        self._stager = local["stager"]
+        # what the policy sends from and reduces into: the buffer, or for a device
+        # buffer the pinned host buffer it is staged through
+        self._work = buffer if self._stager is None else self._stager.host
+        #: the window as the policy sees it for a device buffer reduced on the device
+        self._device_reduce: Optional[DeviceReduce] = None
         self.comm = comm
         self.hosts = [m["host"] for m in meta]
-        #: this rank's host runs more ranks than it has cores (asapmpi.cores): the
+        #: this rank's host runs more ranks than it has cores (asapmpi.launch.cores): the
         #: waits then sleep with the kernel's coarse timer slack, else precisely
         self.oversubscribed = cores.oversubscribed(meta, rank)
         self._slack_ns = cores.sleep_slack_ns(meta, rank, rc.poll_timer_slack_ns)
@@ -170,7 +190,7 @@ class Exchange:
             self.double_buffered = bool(double_buffer) and self._channel.in_place_read
             self._win, self._segments = exchange_window(
                 comm, g, rank, self._policy, self._channel, self.nbytes,
-                DTYPES["f" if self.dtype == "float32" else "d"][1], self.double_buffered,
+                ITEMSIZE[self.dtype], self.double_buffered,
                 self.timeout, self._slack_ns)
             if self._policy.reads is Reads.EXACT:
                 # NOTIFY-ACK's steps go through a transport over the channel; every other
@@ -181,27 +201,34 @@ class Exchange:
                 self._ctx.channel.start(self._ctx.checksum)
             if self.double_buffered:
                 self._enter_slots()
+            if self._stager is not None and self._policy.reduces_last and rc.device_reduce:
+                # the policy's reduce copies each verified slot to the device and sums
+                # there (asapmpi.device.reduce); nothing is copied back after it
+                self._device_reduce = DeviceReduce(self._win, self._stager)
+                self._stager.reduce_on_device = True
             self._policy.records = Records(path=trace_file, rank=rank)
             self._policy.start()
         else:
             self._comm = comm.Dup()
             self._ctx.comm = self._comm
-            self._ctx.array = np.frombuffer(buffer, dtype=self.dtype)
+            self._ctx.array = np.frombuffer(self._work, dtype=numpy_dtype(self.dtype))
+            self._ctx.dtype = self.dtype
 
     def _enter_slots(self) -> None:
         """Double buffering: the buffer's values move into own slot 1 (version 1 is
         computed there), and ex.buffer follows the slots from now on."""
         layout = self._policy.layouts[self.rank]
-        count = self.nbytes // np.dtype(self.dtype).itemsize
+        count = self.nbytes // ITEMSIZE[self.dtype]
         def slot(s):
-            return np.frombuffer(self._segments.own, dtype=self.dtype, count=count,
+            return np.frombuffer(self._segments.own, dtype=numpy_dtype(self.dtype), count=count,
                                  offset=layout.segment_payload(s))
         # the policy's (flat, always writable) and the user's (in the shape of the
         # array given, one of them read-only at a time)
         self._ctx.buffers = (slot(0), slot(1))
         shape = getattr(self._user_buffer, "shape", (count,))
         self._slots = (slot(0).reshape(shape), slot(1).reshape(shape))
-        self._ctx.buffers[1][...] = np.frombuffer(self._user_buffer, dtype=self.dtype)
+        self._ctx.buffers[1][...] = np.frombuffer(self._user_buffer,
+                                                  dtype=numpy_dtype(self.dtype))
         self._follow_slots()
 
     def _follow_slots(self) -> None:
@@ -212,7 +239,7 @@ class Exchange:
         other = self._slots[self._window_version % 2]
         other.flags.writeable = False
         current.flags.writeable = True
-        self.buffer = current
+        self.buffer = self._work = current
         self._ctx.array = self._ctx.buffers[(self._window_version + 1) % 2]
 
     # ------------------------------------------------------------------ use
@@ -225,9 +252,14 @@ class Exchange:
         if self._sending:
             raise ConfigError("send() was called without its receive(); call receive() "
                               "before step()")
+        if self._stager is not None:
+            self._stager.before_send()
         self._check_finite()
         self._iteration_started()
-        done = self._policy.step(win, self.buffer, self._window_version + 1, self._ctx)
+        done = self._policy.step(self._device_reduce or win, self._work,
+                                 self._window_version + 1, self._ctx)
+        if self._stager is not None:
+            self._stager.after_receive()
         self._advance(done)
         return self.buffer
 
@@ -238,9 +270,12 @@ class Exchange:
         win = self._alive()
         if self._sending:
             raise ConfigError("send() twice without receive(); call receive() first")
+        if self._stager is not None:
+            self._stager.before_send()
         self._check_finite()
         self._iteration_started()
-        self._policy.send(win, self.buffer, self._window_version + 1, self._ctx)
+        self._policy.send(self._device_reduce or win, self._work, self._window_version + 1,
+                          self._ctx)
         self._sending = True
         if self.double_buffered:
             # the out-neighbours read this slot in place until they acknowledge it: a
@@ -254,7 +289,10 @@ class Exchange:
         if not self._sending:
             raise ConfigError("receive() without send(); call send() first (or step())")
         self._sending = False
-        done = self._policy.receive(win, self.buffer, self._window_version + 1, self._ctx)
+        done = self._policy.receive(self._device_reduce or win, self._work,
+                                    self._window_version + 1, self._ctx)
+        if self._stager is not None:
+            self._stager.after_receive()
         self._advance(done)
         return self.buffer
 
@@ -290,6 +328,12 @@ class Exchange:
         return self._policy
 
     @property
+    def staging(self) -> Optional[Dict[str, Any]]:
+        """A device buffer's staging (asapmpi.device.Stager.report: the device, the
+        copies each way, the seconds waited for the device), or None for a host buffer."""
+        return None if self._stager is None else self._stager.report()
+
+    @property
     def current_timeout(self) -> float:
         """The seconds the next wait on a neighbour may take (see `timeout` above)."""
         return self._ctx.timeout
@@ -298,11 +342,11 @@ class Exchange:
         if not self.reject_nonfinite:
             return
         array = self._ctx.array if self._ctx.array is not None else \
-            np.frombuffer(self.buffer, dtype=self.dtype)
+            np.frombuffer(self._work, dtype=numpy_dtype(self.dtype))
         # one pass without a temporary: NaN and Inf survive a float64 sum
-        if np.isfinite(np.add.reduce(array, dtype=np.float64)):
+        if self.dtype != "bfloat16" and np.isfinite(np.add.reduce(array, dtype=np.float64)):
             return
-        bad = np.flatnonzero(~np.isfinite(array))
+        bad = nonfinite(array, self.dtype)
         if len(bad) == 0:
             return                              # only the float64 sum overflowed
         raise NonFiniteError(f"rank {self.rank}: the buffer holds {len(bad)} NaN/Inf "
@@ -462,7 +506,11 @@ class Exchange:
 
                 trace.merge_parts(self.trace_file, self)
         if self._slots and self._win is not None and not self._win.freed:
-            np.frombuffer(self._user_buffer, dtype=self.dtype)[...] = self.buffer.reshape(-1)
+            np.frombuffer(self._user_buffer,
+                          dtype=numpy_dtype(self.dtype))[...] = self.buffer.reshape(-1)
+        if self._stager is not None:
+            # before the window goes: the device ops may still be copying from its slots
+            self._stager.close()
         if self._win is not None:
             self._win.free()
         if self._segments is not None:

@@ -17,6 +17,7 @@ class Allreduce(Policy):
     def __init__(self):
         self.calls = 0          # Allreduce calls, and seconds spent in them
         self.seconds = 0.0
+        self._wide = None       # bfloat16: the float32 buffer summed (made once)
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Nothing to publish ahead: the collective moves the data in receive()."""
@@ -33,7 +34,15 @@ class Allreduce(Policy):
         from ..errors import NeighbourTimeoutError
 
         t = time.perf_counter()
-        request = ctx.comm.Iallreduce(MPI.IN_PLACE, ctx.array, op=MPI.SUM)
+        summed = ctx.array
+        if ctx.dtype == "bfloat16":
+            # MPI has no bfloat16: sum in float32, round once (as the slot reduce does)
+            from ..dtypes import bf16_to_f32
+
+            if self._wide is None:
+                self._wide = bf16_to_f32(ctx.array)
+            summed = bf16_to_f32(ctx.array, out=self._wide)
+        request = ctx.comm.Iallreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         if wait_polled([request], time.monotonic() + ctx.timeout):
             # a collective request can be neither cancelled nor freed while the others
             # may still take part: it stays referenced (with the buffer) and the job ends
@@ -42,5 +51,9 @@ class Allreduce(Policy):
                                         f"the allreduce of version {version}", [], [], [],
                                         ctx.timeout)
         self.seconds += time.perf_counter() - t
-        ctx.array /= ctx.comm.Get_size()
+        summed /= ctx.comm.Get_size()
+        if summed is not ctx.array:
+            from ..dtypes import f32_to_bf16
+
+            f32_to_bf16(summed, out=ctx.array)
         self.calls += 1

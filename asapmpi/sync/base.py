@@ -44,6 +44,7 @@ class StepContext:
     checksum: bool
     comm: Optional[Any] = None          # policies that use collectives (allreduce)
     array: Optional[np.ndarray] = None  # the buffer as a NumPy array, for them
+    dtype: str = "float32"              # its element type (bfloat16: bit patterns)
     #: double buffering (Exchange(double_buffer=True)): this rank's two own slots;
     #: version k is computed in buffers[k % 2] and reduced into the other
     buffers: Tuple[np.ndarray, ...] = ()
@@ -89,6 +90,10 @@ class Policy:
     #: refills slots by itself (a mailbox) must keep versions > c - retain (Hop's
     #: staleness s; 0 for every other policy)
     retain = 0
+    #: the reduce is the last use of the buffer in a receive (nothing after it reads or
+    #: sends the buffer in that step): a device buffer may then be reduced on the
+    #: device from copies of the verified slots (asapmpi.device.reduce)
+    reduces_last = False
     #: whether every rank completes the same steps at about the same time (each waits
     #: for its neighbours' current version): ranks then reach free() within one step of
     #: each other.  Policies that let ranks drift apart (backup workers, staleness,

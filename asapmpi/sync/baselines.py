@@ -21,6 +21,7 @@ class BSP(Policy):
 
     name = "bsp"
     lockstep = True
+    reduces_last = True
     #: its slots after the barrier, by their notify words
     reads = Reads.WORDS
 
@@ -44,6 +45,7 @@ class Async(Policy):
     holds the newest whole version that arrived (docs/PROTOCOL.md 2e)."""
 
     name = "async"
+    reduces_last = True
     #: any whole version in each slot, the newest that arrived; puts never wait
     reads = Reads.NEWEST
     writer_runs_ahead = True

@@ -175,10 +175,18 @@ class Gossip(Policy):
                     self._table[k] = update_time(self._table[k], float(theirs[k]),
                                                  self.threshold)
             self._publish_table(win)
-        array = np.frombuffer(buf, dtype=self._dtype(win))
-        peer_model = np.frombuffer(self._tmp, dtype=array.dtype)
-        np.add(array, peer_model, out=array)
-        array *= 0.5
+        if win.itemsize == 2:
+            # bfloat16 bit patterns: averaged in float32 by the reduce kernel
+            from .._core.kernels import weighted_sum
+
+            array = np.frombuffer(buf, dtype=np.uint16)
+            weighted_sum(array, array, 0.5, [np.frombuffer(self._tmp, dtype=np.uint16)],
+                         [0.5], bfloat16=True)
+        else:
+            array = np.frombuffer(buf, dtype=self._dtype(win))
+            peer_model = np.frombuffer(self._tmp, dtype=array.dtype)
+            np.add(array, peer_model, out=array)
+            array *= 0.5
         self.pulls.append((version, peer, got, took))
 
     def _dtype(self, win):

@@ -51,6 +51,7 @@ class Hop(Policy):
     """
 
     name = "hop"
+    reduces_last = True
     #: rotating update slots and token counters in window words it waits on; the
     #: oldest version it may still reduce is `retain` (its staleness) behind its last
     #: ack (set in __init__)

@@ -46,6 +46,7 @@ class NotifyAck(Policy):
     name = "notify_ack"
     lockstep = True
     depth = 1
+    reduces_last = True
     # exactly version k from every in-neighbour; a slot is rewritten only after every
     # out-neighbour acknowledged it (so it may also be read in place)
     reads = Reads.EXACT

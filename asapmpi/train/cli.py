@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..extras import check as check_extras
+from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..reduce.graphs import GRAPHS
-from ..slowdown import add_arguments as slowdown_arguments
 from .config import (
     DEFAULTS,
     MODELS,
@@ -97,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                       "may take")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: cores / ranks on the host)")
+    parser.add_argument("--device", default="cpu",
+                        help="where each rank computes: cpu (default), cuda or cuda:N "
+                             "(the exchange stages the parameters through pinned host "
+                             "memory)")
+    parser.add_argument("--dtype", default="float32",
+                        help="the parameters' element type: float32 (default) or bfloat16 "
+                             "(exchanged as it is, reduced in float32)")
     out = parser.add_argument_group("outputs and checkpoints")
     out.add_argument("--out", default="asapmpi-runs",
                      help="folder for metrics.h5, convergence.png and checkpoints "
@@ -142,7 +149,8 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         keep=args.keep, out=args.out, resume=args.resume, timeout=args.timeout,
         slowdown=args.slowdown, slow_factor=args.slow_factor,
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
-        threads=args.threads, width=args.width, kill_rank=args.kill_rank, kill_at=args.kill_at,
+        threads=args.threads, device=args.device, dtype=args.dtype, width=args.width,
+        kill_rank=args.kill_rank, kill_at=args.kill_at,
         kill_in=args.kill_in, kill_signal=args.kill_signal,
         **{"balance": args.balance, "balance_every": args.balance_every, **trainer})
     from .data import _LOADERS

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -18,6 +19,8 @@ from ..sync.spec import parse_options
 MODELS = ("svm", "cnn", "mlp")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("serial", "parallel")
+#: the parameters' element types a demo trains in
+DTYPES = ("float32", "bfloat16")
 #: what each demo trains on by default, and its learning rate and target accuracy
 DEFAULTS = {
     "svm": {"data": "synthetic-svm", "lr": 0.5, "optimizer": "sgd", "target": 0.90,
@@ -96,7 +99,7 @@ def split_options(options: Dict[str, Any], where: str
 #: settings a resumed run may change (everything else must match the checkpoint)
 RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_in",
                                "kill_signal", "out", "threads", "timeout", "eval_every",
-                               "checkpoint_every", "keep", "target"})
+                               "checkpoint_every", "keep", "target", "device"})
 
 #: where --kill-in kills the rank: just before the run's first (start) or last (end)
 #: collective (fault injection for the tests of their deadlines)
@@ -138,6 +141,12 @@ class TrainConfig:
     slow_probability: float = 0.0
     slow_ranks: Tuple[int, ...] = ()
     threads: int = 0
+    #: where the model computes: "cpu", or "cuda" / "cuda:N" (the Exchange stages the
+    #: parameters through pinned host memory: asapmpi.device)
+    device: str = "cpu"
+    #: the model's parameters' element type: float32, or bfloat16 (exchanged as it is,
+    #: reduced in float32: asapmpi.dtypes)
+    dtype: str = "float32"
     width: int = 512
     kill_rank: Optional[int] = None
     kill_at: Optional[int] = None
@@ -223,6 +232,11 @@ class TrainConfig:
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0 (0: cores / ranks on the host), got "
                               f"{self.threads}")
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):
+            raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got "
+                              f"{self.dtype!r}")
 
     def run_label(self) -> str:
         """A folder-safe name of this run's checkpoints: the model and the label."""

@@ -26,7 +26,9 @@ class LogLossSVM(nn.Module):
 
     @staticmethod
     def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean log loss; labels are 0/1 (0 stands for y = -1)."""
+        """Mean log loss; labels are 0/1 (0 stands for y = -1).  Computed in float32 at
+        least (bfloat16 scores would round the loss and its gradient coarsely)."""
+        scores = scores.float() if scores.dtype == torch.bfloat16 else scores
         return F.binary_cross_entropy_with_logits(scores, labels.to(scores.dtype))
 
     @staticmethod
@@ -40,8 +42,9 @@ class _Classifier(nn.Module):
 
     @staticmethod
     def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy."""
-        return F.cross_entropy(scores, labels)
+        """Mean cross-entropy, in float32 at least (as for the log loss)."""
+        return F.cross_entropy(scores.float() if scores.dtype == torch.bfloat16 else scores,
+                               labels)
 
     @staticmethod
     def predict(scores: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ from mpi4py import MPI
 import asapmpi
 from asapmpi.errors import ConfigError
 
-from .flat import FlatParameters, PackedTensors, check_cpu
+from .flat import FlatParameters, PackedTensors, common_device, host_bcast
 
 MODES = ("serial", "parallel")
 BUFFERS = ("mix", "broadcast", "local")
@@ -67,9 +67,10 @@ def _no_step(closure=None):
 
 def broadcast_parameters(flat: FlatParameters, comm: Optional[MPI.Comm] = None,
                          root: int = 0) -> None:
-    """Give every rank `root`'s parameters (one MPI_Bcast of the flat buffer)."""
+    """Give every rank `root`'s parameters (one MPI_Bcast of the flat buffer; on a CUDA
+    device through one host copy)."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    comm.Bcast(flat.array, root=root)
+    host_bcast(flat.tensor, comm, root)
 
 
 def _split(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module],
@@ -95,10 +96,10 @@ def _split(optimizer: torch.optim.Optimizer, model: Optional[torch.nn.Module],
 
 
 def _bcast_tensor(t: torch.Tensor, comm: MPI.Comm, root: int = 0) -> None:
-    """MPI_Bcast one CPU tensor of any dtype, in place, as bytes."""
+    """MPI_Bcast one tensor of any dtype and device, in place, as bytes."""
     with torch.no_grad():
         dense = t.detach().contiguous()
-        comm.Bcast(dense.reshape(-1).view(torch.uint8).numpy(), root=root)
+        host_bcast(dense, comm, root)
         if dense.data_ptr() != t.data_ptr():
             t.copy_(dense)
 
@@ -124,8 +125,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     model: the module the parameters belong to: its buffers are handled as `buffers`
         says and its frozen parameters broadcast at the start.
     buffers: "mix" (default), "broadcast" or "local" (module docstring).
-    double_buffer: as asapmpi.Exchange (default True here: the parameters' storage
-        alternates between the exchange's two buffers; the Parameter objects stay).
+    double_buffer: as asapmpi.Exchange (default True here for a model on the CPU: the
+        parameters' storage alternates between the exchange's two buffers; the Parameter
+        objects stay).  A model on a CUDA device keeps its flat buffer there, staged by
+        the Exchange through pinned host memory (asapmpi.device).
 
     It is a torch.optim.Optimizer whose `param_groups`, `state` and `defaults` are the
     wrapped optimizer's (the same objects): learning-rate schedulers and gradient
@@ -176,7 +179,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                 raise ConfigError(f"buffers='broadcast' is a collective at every mix, which "
                                   f"sync={sync!r} lets ranks reach at different times; use "
                                   f"buffers='mix' or 'local', or sync in {LOCKSTEP}")
-            check_cpu(self.frozen)
+            common_device(self.frozen, "frozen parameters")
             policy = asapmpi.sync.POLICIES.get(name) if isinstance(name, str) else None
             if getattr(policy, "global_iterations", False) and (period, mode) != (1, "serial"):
                 raise ConfigError(f"sync={sync!r} decides itself when each worker "
@@ -200,7 +203,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         if len({repr(lay) for *_, lay in seen}) > 1:
             raise ConfigError("the ranks' models differ in their frozen parameters or "
                               "non-mixed buffers; build the same model on every rank")
-        exchange_options.setdefault("double_buffer", True)
+        # on a CUDA device the Exchange stages the flat tensor through pinned host memory
+        exchange_options.setdefault("double_buffer", self.flat.device.type == "cpu")
+        if self.flat.exchange_dtype:
+            exchange_options.setdefault("dtype", self.flat.exchange_dtype)
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
                                          **exchange_options)
         self.flat.rehome(self.exchange.buffer)

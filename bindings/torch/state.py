@@ -8,9 +8,19 @@ import numpy as np
 import torch
 
 
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    # a copy as NumPy; bfloat16 (which NumPy lacks) as float32, exactly: loading copies
+    # it back into the bfloat16 tensors, and optimizers cast their state to the
+    # parameters' dtype
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.numpy().copy()
+
+
 def module_state(module: torch.nn.Module) -> Dict[str, np.ndarray]:
-    """model.state_dict() as {name: array} (copies)."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+    """model.state_dict() as {name: array} (copies; bfloat16 as float32)."""
+    return {k: _array(v) for k, v in module.state_dict().items()}
 
 
 def load_module_state(module: torch.nn.Module, tree: Dict[str, Any]) -> None:
@@ -24,8 +34,8 @@ def optimizer_state(state: Dict[str, Any]) -> Dict[str, Any]:
     tensors as arrays, None kept; param_groups as a JSON list."""
     per_param = {}
     for idx, entries in state["state"].items():
-        per_param[str(idx)] = {k: v.detach().cpu().numpy().copy() if torch.is_tensor(v)
-                               else v for k, v in entries.items()}
+        per_param[str(idx)] = {k: _array(v) if torch.is_tensor(v) else v
+                               for k, v in entries.items()}
     groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
               for g in state["param_groups"]]
     return {"state": per_param, "param_groups": groups}

@@ -6,6 +6,7 @@ rank 0."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import resource
@@ -19,10 +20,11 @@ import torch
 from mpi4py import MPI
 
 from asapmpi import collectives
-from asapmpi.errors import ConfigError
+from asapmpi.errors import AsapError, ConfigError
+from asapmpi.launch.budget import ClockBudget
+from asapmpi.launch.slowdown import from_environment, from_options, hold
 from asapmpi.loadbalance import Balancer, SpeedBoard
 from asapmpi.rc import rc
-from asapmpi.slowdown import from_environment, from_options, hold
 from asapmpi.sync import POLICIES
 from asapmpi.train import data as datasets
 from asapmpi.train.checkpoint import CheckpointDir
@@ -37,16 +39,21 @@ from .optimizer import DecentralizedOptimizer
 SPARSE_COLUMNS = 8192
 
 
-def threads_per_rank(comm: MPI.Comm, requested: int) -> int:
-    """`requested`, or the host's cores shared among this host's ranks (collective):
+def place_on_host(comm: MPI.Comm) -> tuple:
+    """(this rank's index among its host's ranks, their number) (collective)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def threads_per_rank(host_ranks: int, requested: int) -> int:
+    """`requested`, or the host's cores shared among its `host_ranks` ranks:
     oversubscribed ranks that each start a full thread pool only fight for the cores."""
     if requested:
         return requested
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return max(1, (os.cpu_count() or 1) // local.Get_size())
-    finally:
-        local.Free()
+    return max(1, (os.cpu_count() or 1) // host_ranks)
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -83,6 +90,9 @@ class _Data:
     generates: datasets.load), the test set."""
 
     def __init__(self, cfg: TrainConfig, rank: int, size: int):
+        #: where batches go, and in which element type: the model's
+        self.device = compute_device(cfg.device)
+        self.dtype = getattr(torch, cfg.dtype)
         options = dict(cfg.data_options)
         if cfg.test_data:
             options["test_path"] = cfg.test_data
@@ -111,19 +121,23 @@ class _Data:
         summaries = collectives.allgather(comm, datasets.shard_summary(self.ds), timeout,
                                           "the shape of every rank's data")
         self.ds = datasets.conform(self.ds, summaries)
-        self.x_test = self._dense(self.ds.x_test, np.arange(len(self.ds.y_test)))
-        self.y_test = torch.from_numpy(np.asarray(self.ds.y_test, dtype=np.int64))
+        self.x_test = self._dense(self.ds.x_test, np.arange(len(self.ds.y_test))).to(self.device)
+        self.y_test = torch.from_numpy(np.asarray(self.ds.y_test,
+                                                  dtype=np.int64)).to(self.device)
 
     def _dense(self, x, index) -> torch.Tensor:
         """Examples `index` as a tensor: dense, or sparse (COO) for wide sparse data,
         whose dense batches would cost more than the model (RCV1: 47k columns)."""
         if _sparse_batches(x):
+            if self.dtype != torch.float32:
+                raise ConfigError(f"--dtype {str(self.dtype)[6:]} needs dense examples, and "
+                                  f"this data is fed as sparse tensors; leave --dtype out")
             batch = x[index].tocoo()
             where = torch.from_numpy(np.stack([batch.row, batch.col]).astype(np.int64))
             return torch.sparse_coo_tensor(where, torch.from_numpy(batch.data), batch.shape,
                                            check_invariants=False)
         rows = x[index].toarray() if datasets.is_sparse(x) else x[index]
-        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+        return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(self.dtype)
 
     def batch(self, cfg: TrainConfig, iteration: int, rank: int, span=None):
         """The minibatch of `iteration`: a pure function of it (resumes draw the same);
@@ -133,7 +147,24 @@ class _Data:
             if span is None else datasets.batch_span(self.shard, *span, cfg.seed, rank)
         x = self._dense(self.ds.x_train, idx)
         y = torch.from_numpy(np.asarray(self.ds.y_train[idx], dtype=np.int64))
+        if self.device.type != "cpu":
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return x, y
+
+
+def compute_device(name: str) -> torch.device:
+    """The torch device of --device; ConfigError in one line when torch has no such
+    CUDA device here."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: torch sees no CUDA device on this host "
+                              f"(torch.cuda.is_available() is False); leave --device out "
+                              f"to train on the CPU")
+        if (device.index or 0) >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: this host has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def _accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -152,22 +183,27 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     timeout = cfg.timeout or rc.timeout
     _maybe_die(cfg, rank, "start")
     collectives.barrier(comm, max(timeout, rc.timeout_startup), "the start of the run")
-    torch.set_num_threads(threads_per_rank(comm, cfg.threads))
+    host_index, host_ranks = place_on_host(comm)
+    torch.set_num_threads(threads_per_rank(host_ranks, cfg.threads))
     torch.manual_seed(cfg.seed)
     problem = None
     try:
+        budget = ClockBudget.from_environment()       # bench training's emulated hosts
+        if budget:
+            budget.split(host_index, host_ranks)
         data = _Data(cfg, rank, size)
         slow = from_options(cfg.slowdown, cfg.slow_factor, cfg.slow_probability,
                             cfg.slow_ranks, cfg.seed, size) if cfg.slowdown != "none" \
             else from_environment(size)       # asapmpi-run --slowdown
-    except (ConfigError, TypeError, ValueError) as exc:
+    except (AsapError, TypeError, ValueError) as exc:
         problem = str(exc)
     # a file missing on one host must not leave the other ranks waiting in the Exchange;
     # reading the data may take a while on some ranks
     _agree(comm, problem, max(timeout, rc.timeout_startup), "the check of every rank's data")
     # every rank passed the check: any ConfigError of the agreement is the same on all
     data.agree(comm, max(timeout, rc.timeout_startup))
-    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes, cfg.width)
+    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes, cfg.width).to(
+        data.device, data.dtype)
     # policies that average over everybody or fix their own topology take no graph
     policy = POLICIES[cfg.sync]
     fixed = not policy.uses_window or hasattr(policy, "topology")
@@ -192,6 +228,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     bar = ProgressBar(cfg.iters, cfg.label) if progress and rank == 0 else None
     with _balancer(cfg, comm, opt, data, timeout) as balancer:
         loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar, balancer)
+        loop.budget = budget
         if resumed_loop:
             loop.restore(resumed_loop)
         # the clocks of all ranks start together
@@ -333,6 +370,9 @@ class _Loop:
         self.steps = opt.iteration                    # optimizer steps this rank took
         self.balancer = balancer or None              # asapmpi.loadbalance.Balancer
         self.cursor = self.steps * cfg.batch_size     # examples drawn so far (balance)
+        # the emulated host's CPU budget, entered while the clock runs (None: the process
+        # stays where it was started; asapmpi.launch.budget)
+        self.budget = None
 
     def loop_state(self) -> dict:
         """The loop's own state: the running loss and the last evaluation."""
@@ -352,11 +392,21 @@ class _Loop:
         return time.perf_counter() - self.t0
 
     def run(self, elapsed: float) -> None:
-        """Iterate to cfg.iters, evaluating at every crossed mark."""
-        cfg, opt = self.cfg, self.opt
+        """Iterate to cfg.iters, evaluating at every crossed mark; inside the emulated
+        host's CPU budget, if it has one, while the clock runs."""
         self.t0 = time.perf_counter() - elapsed
         if not self.log.rows:
             self.evaluate(0)
+        if self.budget:
+            self.budget.enter()
+        try:
+            self._iterate()
+        finally:
+            if self.budget:
+                self.budget.leave()
+
+    def _iterate(self) -> None:
+        cfg, opt = self.cfg, self.opt
         while opt.iteration < cfg.iters:
             before = opt.iteration
             self.one_iteration(self.steps)
@@ -421,7 +471,8 @@ class _Loop:
 
     def _paused(self, work) -> None:
         start = time.perf_counter()
-        work()
+        with self.budget.paused() if self.budget else contextlib.nullcontext():
+            work()
         self.t0 += time.perf_counter() - start
 
     def evaluate(self, mark: int) -> None:

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mpi4py import MPI
 
-from asapmpi.faults import abort_world
+from asapmpi.launch.faults import abort_world
 
 import scenarios
 

@@ -38,7 +38,7 @@ def report_error(exc: BaseException) -> None:
     the traceback for anything else."""
     from mpi4py import MPI
 
-    from .errors import AsapError
+    from ..errors import AsapError
 
     rank = MPI.COMM_WORLD.Get_rank()
     if isinstance(exc, AsapError):

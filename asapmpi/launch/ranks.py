@@ -8,8 +8,8 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .errors import AsapError, ConfigError
-from .launchers import command, flavour
+from ..errors import AsapError, ConfigError
+from ..launchers import command, flavour
 
 #: variables a process manager sets in every rank it starts (MPICH hydra, Open MPI,
 #: PMIx, Slurm's srun)
@@ -83,7 +83,7 @@ def check_world_size(size: int) -> None:
     typically every process is a singleton because mpi4py's MPI is not the launcher's."""
     want = expected_size()
     if want is not None and want != size:
-        from ._core.mpiabi import library_version
+        from .._core.mpiabi import library_version
 
         library = library_version()
         raise ConfigError(f"this job has {size} rank(s) but its launcher started {want}: "

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence, Tuple
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 KINDS = ("none", "random", "deterministic")
 _MASK = (1 << 64) - 1
