@@ -13,7 +13,7 @@ import pytest
 import asapmpi
 from asapmpi.errors import NeighbourTimeoutError
 
-from mpilaunch import job_command, launch, run
+from mpilaunch import STACK, job_command, launch, run
 
 # ranks killed here leave their MPI library's shared-memory files: the tests remove them
 pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("shm_cleaned")]
@@ -74,26 +74,33 @@ def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
                                "100000", "--timeout", "3", "--kill-rank", "2", "--kill-at",
                                "30", "--no-progress", "--out", tmp_path], path, timeout=120,
                            keep_going=True)
-    for _attempt in range(2):
-        start = time.monotonic()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
-                              check=False)
-        assert proc.returncode != 0
-        assert time.monotonic() - start < 90
-        # seen once in a loaded CI run: hydra ended every rank right after the kill,
-        # before any survivor's wait could time out (no asapmpi line at all); try again
-        if "asapmpi: rank" in proc.stderr or path == "net":
-            break
-    if path == "shm":
-        assert "from rank 2 (expected" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 90
+    named = []
+    for line in proc.stderr.splitlines():
+        # a survivor names rank 2: as the neighbour it waited for (shared memory), or in
+        # the exit handler's list of what it was doing when MPICH's TCP module ended it
+        # from inside MPI (a broken connection to the dead rank)
+        listed = re.search(r"rank\(s\) ([\d, ]+)", line)
+        if not line.startswith("asapmpi: rank") or not (listed or " from rank " in line):
+            continue
+        assert "from rank 2 (expected" in line or (
+            listed and "2" in listed.group(1).replace(" ", "").split(",")), line
+        named.append(line)
+    if STACK == "openmpi" and path == "shm":
+        # orterun told to let the survivors run on does: their deadlines name rank 2
+        assert named, proc.stdout[-2000:] + proc.stderr[-3000:]
     else:
-        # MPICH's TCP module ends a survivor whose connection to the dead rank broke
-        # from inside MPI; asapmpi's exit handler names what it was doing, when the
-        # process got to run it (hydra may kill it first)
-        for line in proc.stderr.splitlines():
-            listed = re.search(r"rank\(s\) ([\d, ]+)", line)
-            if line.startswith("asapmpi: rank") and listed:
-                assert "2" in listed.group(1).replace(" ", "").split(","), line
+        # hydra (MPICH 5.0.2) with -disable-auto-cleanup sends the survivors SIGUSR1;
+        # MPICH's handler asks it for the dead processes, and hydra then often tears the
+        # whole job down within a second, before any 3 s deadline (its proxy: "unable to
+        # forward PMI response"; docs/CLUSTERS.md).  Either the survivors named rank 2
+        # or the launcher reported the kill: the job ended, non-zero, no hang.
+        assert named or "signal 9" in proc.stdout + proc.stderr, \
+            proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("where, what", [("start", "the start of the run"),
