@@ -1,4 +1,7 @@
-"""The element types an Exchange moves: float32, float64 and bfloat16.
+"""The element types an Exchange moves: float32, float64, bfloat16 and float16.
+
+float16 and bfloat16 are reduced in float32 and rounded to nearest even once per element
+(asap_wsum_f16, asap_wsum_bf16); MPI has neither, so allreduce sums them in float32 too.
 
 NumPy has no bfloat16: a bfloat16 buffer is a 2-byte integer array of the bit patterns
 (torch: ``tensor.view(torch.int16).numpy()``) given to the Exchange with
@@ -13,9 +16,12 @@ from typing import Optional
 import numpy as np
 
 #: element type -> bytes per element
-ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 #: element type -> the NumPy dtype an Exchange views the buffer as
-NUMPY = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
+NUMPY = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16,
+         "float16": np.float16}
+#: the element types computed on in float32 and rounded back once
+HALF = ("bfloat16", "float16")
 
 
 def numpy_dtype(name: str):
@@ -42,6 +48,26 @@ def f32_to_bf16(values: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndar
     if out is None:
         return bits
     out[...] = bits
+    return out
+
+
+def half_to_f32(array: np.ndarray, name: str,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
+    """float32 values of a buffer of half element type `name` (exact)."""
+    if name == "bfloat16":
+        return bf16_to_f32(array, out)
+    if out is None:
+        return array.astype(np.float32)
+    out[...] = array
+    return out
+
+
+def f32_to_half(values: np.ndarray, name: str, out: np.ndarray) -> np.ndarray:
+    """Write float32 `values` into `out`, a buffer of half element type `name`, rounded
+    to nearest even."""
+    if name == "bfloat16":
+        return f32_to_bf16(values, out)
+    out[...] = values       # NumPy's float32 -> float16 rounds to nearest even
     return out
 
 

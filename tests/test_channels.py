@@ -182,8 +182,8 @@ def test_every_window_class_has_one_row_and_advertises_what_it_does():
         segment = bytearray(layout.segment_bytes)
         options = {"outboxes": (segment, [segment])} if channel.in_place_read else {}
         win = cls(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
-                  [layout.notify_disp(0)], [layout.ack_disp(0)], 8, flush_timeout=10.0,
-                  **options)
+                  [layout.notify_disp(0)], [layout.ack_disp(0)], "float64",
+                  flush_timeout=10.0, **options)
         with win:
             # words in an MPI window are remote atomics; a message channel has none
             assert win.rma == channel.remote_atomics, channel.window

@@ -93,7 +93,7 @@ def test_a_pull_takes_the_newest_slot_that_verifies():
     buf = np.arange(10, dtype=np.float64)
     out = np.zeros(10)
     layout = _core.Layout(0, 0, 0, buf.nbytes, 0, 2)
-    with _core.PutWindow(MPI.COMM_SELF, layout, [], [], [], [], [], 8) as win:
+    with _core.PutWindow(MPI.COMM_SELF, layout, [], [], [], [], [], "float64") as win:
         first = layout.off_publish
         second = first + layout.slot_stride
 

@@ -31,8 +31,8 @@ def _pair_window(comm, cls, depth=1, n=64, timeout=10.0, **options):
     other = 1 - comm.rank
     layout = _core.Layout(1, 1, depth, n * 8, 0, 0, False)
     return cls(comm, layout, [other], [other], [layout.slot_disp(0)],
-               [layout.notify_disp(0)], [layout.ack_disp(0)], 8, flush_timeout=timeout,
-               **options)
+               [layout.notify_disp(0)], [layout.ack_disp(0)], "float64",
+               flush_timeout=timeout, **options)
 
 
 class _Blocks:
@@ -150,7 +150,7 @@ def timed_out_pull(comm, n=4096, stall=1.5):
     from asapmpi.errors import NeighbourTimeoutError
 
     layout = _core.Layout(0, 0, 0, n * 8, 0, 2, False)
-    win = _core.PutWindow(comm, layout, [], [], [], [], [], 8, flush_timeout=0.3)
+    win = _core.PutWindow(comm, layout, [], [], [], [], [], "float64", flush_timeout=0.3)
     result = {}
     model = np.arange(n, dtype=np.float64) + 1000.0 * comm.rank
     if comm.rank == 1:

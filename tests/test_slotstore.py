@@ -22,7 +22,7 @@ def _slots(n_in, n=N, dtype=np.float64):
     layout = Layout(n_in=n_in, n_out=0, depth=1, nbytes=n * np.dtype(dtype).itemsize)
     memory = np.zeros(layout.total, dtype=np.uint8)
     offsets = [layout.slot_disp(i) for i in range(n_in)]
-    store = SlotStore(n_in, layout.nbytes, layout.payload_stride, np.dtype(dtype).itemsize)
+    store = SlotStore(n_in, layout.nbytes, layout.payload_stride, np.dtype(dtype).name)
     return layout, memory, offsets, store
 
 
@@ -147,8 +147,10 @@ def test_bad_arguments_are_refused_in_one_line():
         store.reduce_slots(np.zeros(N + 1), 1.0, np.ones(2), memory, offsets, [1, 1])
     with pytest.raises(ConfigError, match="not an aligned slot"):
         store.reduce_slots(np.zeros(N), 1.0, np.ones(2), memory, [offsets[0], 4], [1, 1])
-    with pytest.raises(ConfigError, match="itemsize"):
-        SlotStore(1, 12, 64, 8)
+    with pytest.raises(ConfigError, match="float64 elements of 8 bytes do not divide 12"):
+        SlotStore(1, 12, 64, "float64")
+    with pytest.raises(ConfigError, match="element type must be one of"):
+        SlotStore(1, 16, 64, 8)
 
 
 def test_the_store_makes_no_mpi_call():

@@ -18,7 +18,7 @@ def _window(cls, depth=1, outbox=False, n_user=0, **options):
 
     layout = _core.Layout(1, 1, depth, N * 8, n_user, 0, outbox)
     return layout, cls(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],
-                       [layout.notify_disp(0)], [layout.ack_disp(0)], 8,
+                       [layout.notify_disp(0)], [layout.ack_disp(0)], "float64",
                        flush_timeout=10.0, **options)
 
 

@@ -346,38 +346,90 @@ static inline uint16_t asap_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
-/* out = bf16(w0*own + sum_i ws[i]*ins[i]), each element accumulated in float32 left to
- * right ((w0*own + w1*x1) + w2*x2 ...: every product rounded to float32 before its add,
- * as the float32 reduce), rounded once at the end; out may equal own (a block of own is
- * read before the same block of out is written).  With cks, every input block is copied
- * once, checksummed and summed from the copy, as the float reduces do. */
-ASAP_CLONES static void asap_wsum_bf16(uint16_t *out, const uint16_t *own, float w0,
-                                       const uint16_t *const *ins, const float *ws,
-                                       int n_in, size_t n, asap_cksum_t *cks) {
-  enum { BLK = ASAP_CHECKED_BLOCK_BYTES / sizeof(uint16_t) };
-  float acc[BLK] __attribute__((aligned(64)));
-  uint16_t copy[BLK] __attribute__((aligned(64)));
-  for (size_t s = 0; s < n; s += BLK) {
-    size_t m = n - s < BLK ? n - s : BLK;
-    if (w0 == 0.0f) {
-      for (size_t j = 0; j < m; j++) acc[j] = 0.0f;
-    } else {
-      for (size_t j = 0; j < m; j++) acc[j] = w0 * asap_bf16_to_f32(own[s + j]);
-    }
-    for (int i = 0; i < n_in; i++) {
-      const uint16_t *x = ins[i] + s;
-      if (cks) {
-        memcpy(copy, x, m * sizeof(uint16_t));
-        asap_compiler_barrier();
-        if (s + m < n) asap_cksum_feed(&cks[i], copy, m * sizeof(uint16_t));
-        else asap_cksum_feed_tail(&cks[i], copy, m * sizeof(uint16_t));
-        x = copy;
-      }
-      const float w = ws[i];
-      for (size_t j = 0; j < m; j++) acc[j] = acc[j] + w * asap_bf16_to_f32(x[j]);
-    }
-    for (size_t j = 0; j < m; j++) out[s + j] = asap_f32_to_bf16(acc[j]);
+/* ---------- float16 (IEEE binary16): the reduce accumulates in float32 ---------- */
+
+/* exact: every binary16 value (subnormals, infinities, NaN payloads) is a float32 */
+static inline float asap_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {
+    /* subnormal: man * 2^-24, normalized */
+    int e = -1;
+    do { man <<= 1; e++; } while (!(man & 0x400u));
+    u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
   }
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
 }
+
+/* round to nearest, ties to even (as torch and NumPy convert); overflow to infinity, a
+ * NaN stays a NaN (quiet) */
+static inline uint16_t asap_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);    /* rounds past 65504 */
+  if (a >= 0x38800000u) {                                      /* normal in binary16 */
+    uint32_t r = a - 0x38000000u;                              /* rebias 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+  }
+  if (a < 0x33000000u) return sign;                            /* below half of 2^-24 */
+  /* subnormal: the significand with its hidden bit, shifted to units of 2^-24 */
+  uint32_t man = (a & 0x7fffffu) | 0x800000u;
+  int shift = 126 - (int)(a >> 23);                            /* 14 .. 24 */
+  uint32_t half = 1u << (shift - 1), rest = man & ((1u << shift) - 1u);
+  uint32_t q = man >> shift;
+  if (rest > half || (rest == half && (q & 1u))) q++;
+  return (uint16_t)(sign | q);
+}
+
+/* out = h(w0*own + sum_i ws[i]*ins[i]) for a 16-bit float type h: each element
+ * accumulated in float32 left to right ((w0*own + w1*x1) + w2*x2 ...: every product
+ * rounded to float32 before its add, as the float32 reduce), rounded once at the end;
+ * out may equal own (a block of own is read before the same block of out is written).
+ * With cks, every input block is copied once, checksummed and summed from the copy, as
+ * the float reduces do. */
+#define ASAP_DEFINE_WSUM16(NAME, TO_F32, FROM_F32)                                        \
+  ASAP_CLONES static void NAME(uint16_t *out, const uint16_t *own, float w0,              \
+                               const uint16_t *const *ins, const float *ws, int n_in,     \
+                               size_t n, asap_cksum_t *cks) {                             \
+    enum { BLK = ASAP_CHECKED_BLOCK_BYTES / sizeof(uint16_t) };                           \
+    float acc[BLK] __attribute__((aligned(64)));                                          \
+    uint16_t copy[BLK] __attribute__((aligned(64)));                                      \
+    for (size_t s = 0; s < n; s += BLK) {                                                 \
+      size_t m = n - s < BLK ? n - s : BLK;                                               \
+      if (w0 == 0.0f) {                                                                   \
+        for (size_t j = 0; j < m; j++) acc[j] = 0.0f;                                     \
+      } else {                                                                            \
+        for (size_t j = 0; j < m; j++) acc[j] = w0 * TO_F32(own[s + j]);                  \
+      }                                                                                   \
+      for (int i = 0; i < n_in; i++) {                                                    \
+        const uint16_t *x = ins[i] + s;                                                   \
+        if (cks) {                                                                        \
+          memcpy(copy, x, m * sizeof(uint16_t));                                          \
+          asap_compiler_barrier();                                                        \
+          if (s + m < n) asap_cksum_feed(&cks[i], copy, m * sizeof(uint16_t));            \
+          else asap_cksum_feed_tail(&cks[i], copy, m * sizeof(uint16_t));                 \
+          x = copy;                                                                       \
+        }                                                                                 \
+        const float w = ws[i];                                                            \
+        for (size_t j = 0; j < m; j++) acc[j] = acc[j] + w * TO_F32(x[j]);                \
+      }                                                                                   \
+      for (size_t j = 0; j < m; j++) out[s + j] = FROM_F32(acc[j]);                       \
+    }                                                                                     \
+  }
+
+ASAP_DEFINE_WSUM16(asap_wsum_bf16, asap_bf16_to_f32, asap_f32_to_bf16)
+ASAP_DEFINE_WSUM16(asap_wsum_f16, asap_f16_to_f32, asap_f32_to_f16)
 
 #endif /* ASAPMPI_KERNELS_H */

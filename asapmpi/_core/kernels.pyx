@@ -18,9 +18,9 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
                  bint bfloat16=False):
     """out = w_self*own + sum_i weights[i]*inputs[i], in one blocked pass.
 
-    All buffers are contiguous float32 (or all float64) of one size; `out` may be `own`.
-    bfloat16: the buffers hold bfloat16 bit patterns (2-byte integers), reduced in
-    float32 and rounded to nearest even.
+    All buffers are contiguous float32 (or all float64, or all float16) of one size; `out`
+    may be `own`.  bfloat16: the buffers hold bfloat16 bit patterns (2-byte integers).
+    float16 and bfloat16 are reduced in float32 and rounded to nearest even once.
     Returns the inputs' checksums (list of int) when `checksum` is true, else None.
     """
     cdef Py_ssize_t n_in = len(inputs)
@@ -39,12 +39,13 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
         if fmt not in ("H", "h"):
             raise ConfigError(f"bfloat16 buffers are 2-byte integers (their bit "
                               f"patterns), got format {fmt!r}")
-    elif fmt not in ("f", "d"):
-        raise ConfigError(f"weighted_sum takes float32 or float64 buffers, got format {fmt!r}")
+    elif fmt not in ("f", "d", "e"):
+        raise ConfigError(f"weighted_sum takes float32, float64 or float16 buffers, got "
+                          f"format {fmt!r}")
     for b in [own] + list(inputs):
         if _format(b) != fmt:
             raise ConfigError("weighted_sum needs every buffer of one dtype")
-    itemsize = 2 if bfloat16 else (4 if fmt == "f" else 8)
+    itemsize = 2 if bfloat16 or fmt == "e" else (4 if fmt == "f" else 8)
     try:
         PyObject_GetBuffer(out, &vout, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
         have_out = True
@@ -74,6 +75,10 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
                 asap_wsum_f32(<float *>vout.buf, <const float *>vown.buf, <float>w_self,
                               <const float *const *>ptrs, w32, <int>n_in, nbytes // 4,
                               cks if checksum else NULL)
+            elif itemsize == 2 and not bfloat16:
+                asap_wsum_f16(<uint16_t *>vout.buf, <const uint16_t *>vown.buf,
+                              <float>w_self, <const uint16_t *const *>ptrs, w32,
+                              <int>n_in, nbytes // 2, cks if checksum else NULL)
             elif itemsize == 2:
                 asap_wsum_bf16(<uint16_t *>vout.buf, <const uint16_t *>vown.buf,
                                <float>w_self, <const uint16_t *const *>ptrs, w32,

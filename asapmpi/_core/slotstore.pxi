@@ -31,6 +31,18 @@ cdef inline void stamp_slot(char *hdr, Py_ssize_t payload_stride, int64_t versio
     asap_fence()
 
 
+# element type -> (bytes, kernel): 0 float32, 1 float64, 2 bfloat16 and 3 float16 (both
+# reduced in float32 and rounded once, asap_wsum_bf16/asap_wsum_f16)
+ELEMENTS = {"float32": (4, 0), "float64": (8, 1), "bfloat16": (2, 2), "float16": (2, 3)}
+
+
+def element(dtype):
+    """(bytes, kernel) of element type `dtype`, one of ELEMENTS."""
+    if dtype not in ELEMENTS:
+        raise ConfigError(f"element type must be one of {', '.join(ELEMENTS)}, got {dtype!r}")
+    return ELEMENTS[dtype]
+
+
 cdef class SlotStore:
     """One rank's inputs and the verified reduce over them, with no MPI.
 
@@ -45,7 +57,8 @@ cdef class SlotStore:
     others wrote into the slots' memory (a channel's barrier: MPI_Win_sync and a
     fence for window memory, a fence alone otherwise).
     """
-    cdef readonly int n_in, itemsize
+    cdef readonly int n_in, itemsize, kernel
+    cdef readonly object dtype
     cdef readonly Py_ssize_t nbytes, payload_stride
     cdef const char **hdr
     cdef int64_t *exp_v
@@ -65,13 +78,15 @@ cdef class SlotStore:
     cdef object _stats_array, _last_array
 
     def __cinit__(self, int n_in, Py_ssize_t nbytes, Py_ssize_t payload_stride,
-                  int itemsize):
+                  dtype):
         cdef int n = max(n_in, 1)
         if n_in < 0:
             raise ConfigError(f"n_in must be >= 0, got {n_in}")
-        # 2: bfloat16, reduced in float32 (asap_wsum_bf16)
-        if itemsize not in (2, 4, 8) or nbytes % itemsize:
-            raise ConfigError(f"itemsize {itemsize} does not divide {nbytes} bytes")
+        itemsize, self.kernel = element(dtype)
+        if nbytes % itemsize:
+            raise ConfigError(f"{dtype} elements of {itemsize} bytes do not divide "
+                              f"{nbytes} bytes")
+        self.dtype = dtype
         if payload_stride < nbytes:
             raise ConfigError(f"payload_stride {payload_stride} is smaller than the "
                               f"payload's {nbytes} bytes")
@@ -257,14 +272,18 @@ cdef class SlotStore:
                 self.ws_f32[k] = <float>(weights[i] * scale)
                 k += 1
         # checksums are fed per used input in order; map them back below
-        if self.itemsize == 4:
+        if self.kernel == 0:
             asap_wsum_f32(<float *>out, <const float *>own, <float>(w_self * scale),
                           <const float *const *>self.ins, self.ws_f32, k,
                           self.nbytes // 4, self._cks_compact(checksum, k))
-        elif self.itemsize == 2:
+        elif self.kernel == 2:
             asap_wsum_bf16(<uint16_t *>out, <const uint16_t *>own, <float>(w_self * scale),
                            <const uint16_t *const *>self.ins, self.ws_f32, k,
                            self.nbytes // 2, self._cks_compact(checksum, k))
+        elif self.kernel == 3:
+            asap_wsum_f16(<uint16_t *>out, <const uint16_t *>own, <float>(w_self * scale),
+                          <const uint16_t *const *>self.ins, self.ws_f32, k,
+                          self.nbytes // 2, self._cks_compact(checksum, k))
         else:
             asap_wsum_f64(<double *>out, <const double *>own, w_self * scale,
                           <const double *const *>self.ins, self.ws_f64, k,

@@ -315,6 +315,7 @@ cdef class SlotWindow:
     cdef MPI_Comm comm
     cdef readonly str transport     # the subclass's name: "put", "shared", ...
     cdef readonly int rank, size, n_in, n_out, depth, itemsize
+    cdef readonly object dtype          # the element type: float32, float64, bfloat16, float16
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
     cdef int n_user                 # user words in this rank's window
@@ -387,7 +388,7 @@ cdef class SlotWindow:
         self.transport = "none"
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
-                 out_notify_disp, in_ack_disp, int itemsize, int poll_yields=32,
+                 out_notify_disp, in_ack_disp, dtype, int poll_yields=32,
                  int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
@@ -402,7 +403,8 @@ cdef class SlotWindow:
         self.n_out = layout.n_out
         self.depth = layout.depth
         self.nbytes = layout.nbytes
-        self.itemsize = itemsize
+        self.itemsize = element(dtype)[0]
+        self.dtype = dtype
         self.payload_stride = layout.payload_stride
         self.slot_stride = layout.slot_stride
         self.total_bytes = layout.total
@@ -427,8 +429,9 @@ cdef class SlotWindow:
         if (len(out_ranks) != self.n_out or len(out_slot_disp) != self.n_out
                 or len(out_notify_disp) != self.n_out):
             raise ConfigError("out-neighbour arrays do not match the layout's n_out")
-        if itemsize not in (2, 4, 8) or self.nbytes % itemsize:
-            raise ConfigError(f"itemsize {itemsize} does not divide {self.nbytes} bytes")
+        if self.nbytes % self.itemsize:
+            raise ConfigError(f"{dtype} elements of {self.itemsize} bytes do not divide "
+                              f"{self.nbytes} bytes")
         _reap_leftovers()
         self.size = comm.Get_size()
         self._alloc_arrays()
@@ -446,7 +449,7 @@ cdef class SlotWindow:
         _describe(self.nbr_desc, sorted(set(in_ranks) | set(out_ranks)))
         if asap_watchdog_start() != 0:
             raise OSError("asapmpi could not start its watchdog thread")
-        self.store = SlotStore(self.n_in, self.nbytes, self.payload_stride, itemsize)
+        self.store = SlotStore(self.n_in, self.nbytes, self.payload_stride, dtype)
 
         with nogil:
             CHKERR(MPI_Comm_dup(comm.ob_mpi, &self.comm), "MPI_Comm_dup")
@@ -1654,8 +1657,10 @@ cdef class _SlotPayload:
         view.readonly = 1
         view.itemsize = self.win.itemsize
         # bfloat16 payloads as their raw 16-bit patterns (no buffer format has them)
-        if self.win.itemsize == 2:
+        if self.win.dtype == "bfloat16":
             view.format = b"H"
+        elif self.win.itemsize == 2:
+            view.format = b"e"
         elif self.win.itemsize == 4:
             view.format = b"f"
         else:

@@ -11,8 +11,8 @@ from ..errors import ConfigError
 #: DLPack device types (dlpack.h): host memory, and the CUDA ones
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
 #: what a device buffer may hold: the element types of host buffers (asapmpi.dtypes)
-DTYPES = {"float32": 4, "float64": 8, "bfloat16": 2}
-_TYPESTR = {"<f4": "float32", "<f8": "float64"}
+DTYPES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+_TYPESTR = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,9 @@ def _framework(array: Any) -> str:
 
 def _check(framework: str, dtype: str, count: int, contiguous: bool, readonly: bool) -> None:
     if dtype not in DTYPES:
-        raise ConfigError(f"a {framework} device buffer must be float32, float64 or "
-                          f"bfloat16, got {dtype}; convert it with .float() or .double()")
+        raise ConfigError(f"a {framework} device buffer must be float32, float64, "
+                          f"bfloat16 or float16, got {dtype}; convert it with .float() "
+                          f"or .double()")
     if not contiguous:
         raise ConfigError(f"a {framework} device buffer must be contiguous; pass "
                           f".contiguous() (torch) or ascontiguousarray (CuPy)")

@@ -28,11 +28,12 @@ GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], 
                   Any]
 WEIGHT_NAMES = ("auto", "uniform", "metropolis")
 #: buffer format -> (dtype name, item size)
-DTYPES = {"f": ("float32", 4), "d": ("float64", 8)}
+DTYPES = {"f": ("float32", 4), "d": ("float64", 8), "e": ("float16", 2)}
 
 
 def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
-    """Return (element type, nbytes) of a writable C-contiguous float32/float64 buffer, or
+    """Return (element type, nbytes) of a writable C-contiguous float32, float64 or
+    float16 buffer, or
     of a 2-byte integer buffer of bfloat16 bit patterns given with dtype="bfloat16"."""
     try:
         view = memoryview(buffer)
@@ -51,8 +52,9 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
                                   f"format {view.format!r}")
             name = "bfloat16"
         elif fmt not in DTYPES:
-            raise ConfigError(f"buffer dtype must be float32 or float64 (or bfloat16 bit "
-                              f"patterns with dtype='bfloat16'), got format {view.format!r}")
+            raise ConfigError(f"buffer dtype must be float32, float64 or float16 (or "
+                              f"bfloat16 bit patterns with dtype='bfloat16'), got format "
+                              f"{view.format!r}")
         else:
             name = DTYPES[fmt][0]
             if dtype is not None and dtype != name:

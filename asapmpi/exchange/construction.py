@@ -40,7 +40,7 @@ def explained(exc: MPIError) -> MPIError:
 
 
 def open_window(comm: MPI.Comm, g: Graph, layouts: Sequence[Any], rank: int, window_class,
-                itemsize: int, timeout: float, slack_ns: int = 0, **options):
+                dtype: str, timeout: float, slack_ns: int = 0, **options):
     """A `window_class` slot window of `rank` over graph `g`, every rank's layout given
     (collective): its slots and words where its neighbours expect them, its waits
     polling as asapmpi.rc says with timer slack `slack_ns`, its flushes bounded by
@@ -50,7 +50,7 @@ def open_window(comm: MPI.Comm, g: Graph, layouts: Sequence[Any], rank: int, win
     out_slot, out_notify, in_ack = window_offsets(g, layouts, rank)
     try:
         win = window_class(comm, layouts[rank], g.in_neighbours(rank), g.out_neighbours(rank),
-                           out_slot, out_notify, in_ack, itemsize,
+                           out_slot, out_notify, in_ack, dtype,
                            poll_yields=rc.poll_yields, poll_max_sleep_us=rc.poll_max_sleep_us,
                            poll_slack_ns=slack_ns, flush_timeout=timeout, **options)
     except MPIError as exc:
@@ -60,7 +60,7 @@ def open_window(comm: MPI.Comm, g: Graph, layouts: Sequence[Any], rank: int, win
 
 
 def exchange_window(comm: MPI.Comm, g: Graph, rank: int, policy, channel, nbytes: int,
-                    itemsize: int, double_buffered: bool, timeout: float,
+                    dtype: str, double_buffered: bool, timeout: float,
                     slack_ns: int) -> Tuple[Any, Optional[SharedSegments]]:
     """The window of an exchange whose `policy` runs on `channel` (collective): (window,
     the shared-memory segments of its outboxes or None).  Sets policy.layouts: a policy
@@ -80,7 +80,7 @@ def exchange_window(comm: MPI.Comm, g: Graph, rank: int, policy, channel, nbytes
         segments = SharedSegments(comm, layouts[rank].segment_bytes, g.in_neighbours(rank))
         options["outboxes"] = (segments.own, segments.peers)
     try:
-        win = open_window(comm, g, layouts, rank, channel.window_class(), itemsize, timeout,
+        win = open_window(comm, g, layouts, rank, channel.window_class(), dtype, timeout,
                           slack_ns, **options)
     except BaseException:
         if segments is not None:

@@ -190,7 +190,7 @@ class Exchange:
             self.double_buffered = bool(double_buffer) and self._channel.in_place_read
             self._win, self._segments = exchange_window(
                 comm, g, rank, self._policy, self._channel, self.nbytes,
-                ITEMSIZE[self.dtype], self.double_buffered,
+                self.dtype, self.double_buffered,
                 self.timeout, self._slack_ns)
             if self._policy.reads is Reads.EXACT:
                 # NOTIFY-ACK's steps go through a transport over the channel; every other

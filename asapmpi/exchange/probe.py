@@ -51,7 +51,8 @@ def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int,
     layouts = [Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0, False)
                for r in range(g.n)]
     win = open_window(comm, g, layouts, comm.Get_rank(),
-                      MessageWindow if messages else PutWindow, 8, timeout, slack_ns)
+                      MessageWindow if messages else PutWindow, "float64", timeout,
+                      slack_ns)
     transport = (MessageTransport if messages else PutTransport)(win)
     transport.start(False)
     return transport

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
+from ..dtypes import HALF, f32_to_half, half_to_f32
 from .base import Policy, Reads, StepContext
 
 
@@ -17,7 +20,7 @@ class Allreduce(Policy):
     def __init__(self):
         self.calls = 0          # Allreduce calls, and seconds spent in them
         self.seconds = 0.0
-        self._wide = None       # bfloat16: the float32 buffer summed (made once)
+        self._wide = None       # bfloat16, float16: the float32 buffer summed (made once)
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Nothing to publish ahead: the collective moves the data in receive()."""
@@ -35,13 +38,11 @@ class Allreduce(Policy):
 
         t = time.perf_counter()
         summed = ctx.array
-        if ctx.dtype == "bfloat16":
-            # MPI has no bfloat16: sum in float32, round once (as the slot reduce does)
-            from ..dtypes import bf16_to_f32
-
+        if ctx.dtype in HALF:
+            # MPI has no 16-bit floats: sum in float32, round once (as the slot reduce)
             if self._wide is None:
-                self._wide = bf16_to_f32(ctx.array)
-            summed = bf16_to_f32(ctx.array, out=self._wide)
+                self._wide = np.empty(ctx.array.shape, dtype=np.float32)
+            summed = half_to_f32(ctx.array, ctx.dtype, out=self._wide)
         request = ctx.comm.Iallreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         if wait_polled([request], time.monotonic() + ctx.timeout):
             # a collective request can be neither cancelled nor freed while the others
@@ -53,7 +54,5 @@ class Allreduce(Policy):
         self.seconds += time.perf_counter() - t
         summed /= ctx.comm.Get_size()
         if summed is not ctx.array:
-            from ..dtypes import f32_to_bf16
-
-            f32_to_bf16(summed, out=ctx.array)
+            f32_to_half(summed, ctx.dtype, out=ctx.array)
         self.calls += 1

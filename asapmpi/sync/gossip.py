@@ -176,12 +176,13 @@ class Gossip(Policy):
                                                  self.threshold)
             self._publish_table(win)
         if win.itemsize == 2:
-            # bfloat16 bit patterns: averaged in float32 by the reduce kernel
+            # bfloat16 (bit patterns) and float16: averaged in float32 by the reduce kernel
             from .._core.kernels import weighted_sum
 
-            array = np.frombuffer(buf, dtype=np.uint16)
-            weighted_sum(array, array, 0.5, [np.frombuffer(self._tmp, dtype=np.uint16)],
-                         [0.5], bfloat16=True)
+            kind = np.uint16 if win.dtype == "bfloat16" else np.float16
+            array = np.frombuffer(buf, dtype=kind)
+            weighted_sum(array, array, 0.5, [np.frombuffer(self._tmp, dtype=kind)],
+                         [0.5], bfloat16=win.dtype == "bfloat16")
         else:
             array = np.frombuffer(buf, dtype=self._dtype(win))
             peer_model = np.frombuffer(self._tmp, dtype=array.dtype)
@@ -190,7 +191,7 @@ class Gossip(Policy):
         self.pulls.append((version, peer, got, took))
 
     def _dtype(self, win):
-        return np.float32 if win.itemsize == 4 else np.float64
+        return np.float32 if win.dtype == "float32" else np.float64
 
     def _choose(self, peers: List[int], version: int) -> int:
         if version > self.warmup:

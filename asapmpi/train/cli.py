@@ -102,8 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the exchange stages the parameters through pinned host "
                              "memory)")
     parser.add_argument("--dtype", default="float32",
-                        help="the parameters' element type: float32 (default) or bfloat16 "
-                             "(exchanged as it is, reduced in float32)")
+                        help="the parameters' element type: float32 (default), bfloat16 "
+                             "or float16 (exchanged as they are, reduced in float32)")
     out = parser.add_argument_group("outputs and checkpoints")
     out.add_argument("--out", default="asapmpi-runs",
                      help="folder for metrics.h5, convergence.png and checkpoints "

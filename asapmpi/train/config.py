@@ -20,7 +20,7 @@ MODELS = ("svm", "cnn", "mlp")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODES = ("serial", "parallel")
 #: the parameters' element types a demo trains in
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 #: what each demo trains on by default, and its learning rate and target accuracy
 DEFAULTS = {
     "svm": {"data": "synthetic-svm", "lr": 0.5, "optimizer": "sgd", "target": 0.90,
@@ -144,8 +144,8 @@ class TrainConfig:
     #: where the model computes: "cpu", or "cuda" / "cuda:N" (the Exchange stages the
     #: parameters through pinned host memory: asapmpi.device)
     device: str = "cpu"
-    #: the model's parameters' element type: float32, or bfloat16 (exchanged as it is,
-    #: reduced in float32: asapmpi.dtypes)
+    #: the model's parameters' element type: float32, bfloat16 or float16 (exchanged as
+    #: they are, reduced in float32: asapmpi.dtypes)
     dtype: str = "float32"
     width: int = 512
     kill_rank: Optional[int] = None

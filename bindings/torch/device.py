@@ -37,10 +37,12 @@ class TorchCudaOps(DeviceOps):
         self._array = self.pinned.view(torch.int16).numpy().view(np.uint16) \
             if self.bfloat16 else self.pinned.numpy()
         self._ctype = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double,
-                       torch.bfloat16: ctypes.c_int16}[tensor.dtype]
-        # bfloat16 is summed in float32 (as the host reduce does), in a buffer made once
+                       torch.bfloat16: ctypes.c_int16,
+                       torch.float16: ctypes.c_int16}[tensor.dtype]
+        # 16-bit floats are summed in float32 (as the host reduce does), in a buffer made
+        # once
         self._wide = torch.empty(self.tensor.numel(), dtype=torch.float32,
-                                 device=self.cuda) if self.bfloat16 else None
+                                 device=self.cuda) if tensor.element_size() == 2 else None
         self._stages: Dict[int, torch.Tensor] = {}
         #: slot copies made (from pageable host memory: see _slot_tensor)
         self.slot_copies = 0
@@ -74,7 +76,7 @@ class TorchCudaOps(DeviceOps):
         # own staging, synchronously: the same bytes, slower
         view = torch.from_numpy(np.ctypeslib.as_array(
             (self._ctype * self.tensor.numel()).from_address(address)))
-        return view.view(torch.bfloat16) if self.bfloat16 else view
+        return view.view(self.tensor.dtype) if self._wide is not None else view
 
     def slot_to_device(self, index: int, address: int) -> None:
         stage = self._stages.get(index)

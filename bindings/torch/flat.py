@@ -25,12 +25,12 @@ from asapmpi.errors import ConfigError
 
 #: each parameter starts on a 64-byte boundary (a cache line, an AVX-512 vector)
 ALIGN_BYTES = 64
-DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 #: what the exchange can send, said by every error about it
 SUPPORTED = ("asapmpi.torch exchanges tensors on the CPU or one CUDA device, all float32, "
-             "all float64 or all bfloat16")
+             "all float64, all bfloat16 or all float16")
 
 
 def _unique(params: Iterable[torch.Tensor], skip=()) -> List[torch.Tensor]:
@@ -104,9 +104,9 @@ class FlatParameters:
         self.device = common_device(self.tensors)
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES:
-            raise ConfigError(f"{SUPPORTED}: parameters must all be float32, all float64 "
-                              f"or all bfloat16, got {sorted(str(d) for d in dtypes)}; "
-                              f"convert the model with .float(), .double() or .bfloat16()")
+            raise ConfigError(f"{SUPPORTED}: got parameters of "
+                              f"{', '.join(sorted(str(d) for d in dtypes))}; convert the "
+                              f"model with .float(), .double(), .bfloat16() or .half()")
         self.dtype = self.params[0].dtype
         other = sorted({str(b.dtype) for b in self.buffers} - {str(self.dtype)})
         if other:

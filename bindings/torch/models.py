@@ -27,8 +27,8 @@ class LogLossSVM(nn.Module):
     @staticmethod
     def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean log loss; labels are 0/1 (0 stands for y = -1).  Computed in float32 at
-        least (bfloat16 scores would round the loss and its gradient coarsely)."""
-        scores = scores.float() if scores.dtype == torch.bfloat16 else scores
+        least (16-bit scores would round the loss and its gradient coarsely)."""
+        scores = scores.float() if scores.element_size() < 4 else scores
         return F.binary_cross_entropy_with_logits(scores, labels.to(scores.dtype))
 
     @staticmethod
@@ -43,7 +43,7 @@ class _Classifier(nn.Module):
     @staticmethod
     def loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy, in float32 at least (as for the log loss)."""
-        return F.cross_entropy(scores.float() if scores.dtype == torch.bfloat16 else scores,
+        return F.cross_entropy(scores.float() if scores.element_size() < 4 else scores,
                                labels)
 
     @staticmethod

@@ -9,7 +9,8 @@ import torch
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
-    # a copy as NumPy; bfloat16 (which NumPy lacks) as float32, exactly: loading copies
+    # a copy as NumPy (float16 as it is); bfloat16 (which NumPy lacks) as float32,
+    # exactly: loading copies
     # it back into the bfloat16 tensors, and optimizers cast their state to the
     # parameters' dtype
     tensor = tensor.detach().cpu()

@@ -1,0 +1,253 @@
+"""16-bit float buffers (bfloat16 bit patterns, IEEE float16): the reduce kernels against
+a NumPy reference (float32 accumulation, one rounding to nearest even), and Exchanges of
+them on several ranks under every policy that reduces (the slot kernel, allreduce's
+float32 sum, gossip's average).
+
+Each scenario's body is here, beside its test (`test_half_floats:NAME`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asapmpi.dtypes import NUMPY, bf16_to_f32, f32_to_bf16, f32_to_half, half_to_f32, nonfinite
+from asapmpi.errors import ConfigError
+
+HALVES = ["bfloat16", "float16"]
+
+
+def _bits(rng, n, scale=4.0, dtype="bfloat16"):
+    values = (rng.standard_normal(n) * scale).astype(np.float32)
+    return f32_to_half(values, dtype, np.empty(n, dtype=NUMPY[dtype]))
+
+
+def _half(values, dtype):
+    """float32 `values` rounded to `dtype` (a new buffer of its NumPy type)."""
+    values = np.asarray(values, dtype=np.float32)
+    return f32_to_half(values, dtype, np.empty(values.shape, dtype=NUMPY[dtype]))
+
+
+def test_conversions_round_to_nearest_even_and_keep_nan():
+    values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf, np.nan, 0.0, -0.0],
+                      dtype=np.float32)
+    back = bf16_to_f32(f32_to_bf16(values))
+    # 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1); 1 + 3*2^-8 up
+    assert back[:4].tolist() == [1.0, 1.0, 1.015625, -2.5]
+    assert np.isinf(back[4]) and np.isnan(back[5]) and back[6] == 0 and np.signbit(back[7])
+    assert nonfinite(f32_to_bf16(values), "bfloat16").tolist() == [4, 5]
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(np.random.default_rng(1).standard_normal(1000).astype(np.float32))
+    ours = f32_to_bf16(t.numpy())
+    assert np.array_equal(ours, t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("n_in", [0, 1, 3, 6])
+@pytest.mark.parametrize("checksum", [False, True])
+def test_the_kernel_accumulates_in_float32_and_rounds_once(dtype, n_in, checksum):
+    from asapmpi._core import kernels
+
+    rng = np.random.default_rng(n_in)
+    n = 5000                                   # blocks of 2048 and a tail
+    own = _bits(rng, n, dtype=dtype)
+    ins = [_bits(rng, n, dtype=dtype) for _ in range(n_in)]
+    ws = [float(w) for w in rng.uniform(0.05, 0.5, n_in)]
+    w_self = 0.3
+    acc = np.float32(w_self) * half_to_f32(own, dtype)
+    for x, w in zip(ins, ws):
+        acc = acc + np.float32(w) * half_to_f32(x, dtype)
+    out = np.empty_like(own)
+    bf16 = dtype == "bfloat16"
+    cks = kernels.weighted_sum(out, own, w_self, ins, ws, checksum=checksum, bfloat16=bf16)
+    assert np.array_equal(out.view(np.uint16), _half(acc, dtype).view(np.uint16))
+    if checksum:
+        assert cks == [kernels.checksum(x) for x in ins]
+    kernels.weighted_sum(own, own, w_self, ins, ws, bfloat16=bf16)     # in place
+    assert np.array_equal(own.view(np.uint16), out.view(np.uint16))
+
+
+def test_the_float16_kernel_converts_every_value_as_numpy_does():
+    # all 65536 bit patterns through the kernel unchanged (weight 1: exact), and float32
+    # sums that land on subnormals, past the largest float16 (65504) and on ties,
+    # rounded to nearest even as NumPy rounds
+    from asapmpi._core import kernels
+
+    every = np.arange(65536, dtype=np.uint16).view(np.float16)
+    out = np.empty_like(every)
+    kernels.weighted_sum(out, every, 1.0, [], [])
+    nan = np.isnan(every)
+    assert np.array_equal(out.view(np.uint16)[~nan], every.view(np.uint16)[~nan])
+    assert np.isnan(out[nan]).all()
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.uniform(-66000, 66000, 20000),
+                             rng.uniform(-1e-4, 1e-4, 20000),
+                             rng.standard_normal(20000) * 1e-7]).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        high = values.astype(np.float16)
+        low = ((values - high.astype(np.float32)) * 4).astype(np.float16)
+    low[~np.isfinite(low)] = 0
+    out = np.empty_like(high)
+    kernels.weighted_sum(out, np.zeros_like(high), 0.0, [high, low], [1.0, 0.25])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (np.float32(0) + high.astype(np.float32)
+                + np.float32(0.25) * low.astype(np.float32)).astype(np.float16)
+    both = ~np.isnan(want)
+    assert np.array_equal(out.view(np.uint16)[both], want.view(np.uint16)[both])
+    assert np.isinf(want).sum() > 100 and ((np.abs(want) < 6.1e-5) & (want != 0)).sum() > 100
+
+
+def test_the_kernel_refuses_bfloat16_of_another_width():
+    from asapmpi._core import kernels
+
+    a = np.zeros(8, dtype=np.float32)
+    with pytest.raises(ConfigError, match="2-byte integers"):
+        kernels.weighted_sum(a, a, 1.0, [], [], bfloat16=True)
+
+
+# ---------------------------------------------------------------- multi-rank
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("sync, graph", [("notify_ack", "ring"), ("bsp", "ring"),
+                                         ("allreduce", None)])
+def test_one_step_is_the_float32_step_rounded_once(sync, graph, dtype):
+    from mpilaunch import run
+
+    for r in run("test_half_floats:one_step_against_float32", 3, "shm", timeout=120,
+                 sync=sync, graph=graph, dtype=dtype):
+        assert r["equal"], r
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype, sync", [
+    ("bfloat16", "notify_ack"), ("bfloat16", "hop:backup=1"), ("bfloat16", "gossip"),
+    ("bfloat16", "allreduce"), ("bfloat16", "async"), ("float16", "notify_ack"),
+    ("float16", "gossip"), ("float16", "allreduce")])
+def test_half_float_buffers_mix_to_consensus(dtype, sync):
+    from mpilaunch import run
+
+    res = run("test_half_floats:consensus", 4, "shm", timeout=120, sync=sync, steps=40,
+              dtype=dtype)
+    # doubly stochastic mixing in lockstep keeps the mean (1.5, up to rounding); with
+    # backup workers, gossip's pulls or no waiting at all it lands anywhere in [0, 3]
+    low, high = (1.4, 1.6) if sync in ("notify_ack", "allreduce") else (0.0, 3.0)
+    for r in res:
+        assert r["spread"] < 0.05, r            # from 0..3: a few ulps apart
+        assert low <= r["mean"] <= high, r
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", HALVES)
+def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype):
+    from mpilaunch import run
+
+    res = run("test_half_floats:optimizer_half", 3, "shm", timeout=120, steps=20,
+              dtype=dtype)
+    first = np.array(res[0]["params"])
+    for r in res:
+        assert r["dtype"] == f"torch.{dtype}" and r["exchange_dtype"] == dtype, r
+        # replicas agree to an ulp or two (each rank sums in its own order)
+        assert np.allclose(r["params"], first, rtol=2e-2, atol=1e-3), r
+        assert r["loss_last"] < r["loss_first"], r
+
+
+@pytest.mark.mpi
+def test_bad_bfloat16_input_is_one_line_on_every_rank():
+    from mpilaunch import run
+
+    for r in run("test_half_floats:bad_input", 2, "shm", timeout=60):
+        assert r == {"float": "dtype='bfloat16' takes the bit patterns in a 2-byte integer",
+                     "mismatch": "dtype='float64' but the buffer holds float32",
+                     "half": "dtype='bfloat16' takes the bit patterns in a 2-byte integer",
+                     "unknown": "dtype must be one of float32, float64, bfloat16, float16"}, r
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_half_floats:NAME"
+
+
+def one_step_against_float32(comm, sync="notify_ack", graph="ring", dtype="bfloat16"):
+    """Values exact in `dtype`, one step on a float32 buffer and on the 16-bit buffer:
+    the 16-bit result is the float32 result rounded once."""
+    from asapmpi import Exchange
+
+    rng = np.random.default_rng(comm.rank)
+    start = half_to_f32(_bits(rng, 3000, dtype=dtype), dtype)
+    wide, bits = start.copy(), _half(start, dtype)
+    opts = {"graph": graph} if graph else {}
+    with Exchange(wide, sync=sync, comm=comm, timeout=30, **opts) as a, \
+            Exchange(bits, sync=sync, comm=comm, timeout=30, dtype=dtype, **opts) as b:
+        a.step()
+        b.step()
+    return {"equal": bool(np.array_equal(bits.view(np.uint16),
+                                         _half(wide, dtype).view(np.uint16)))}
+
+
+def consensus(comm, sync="notify_ack", steps=40, dtype="bfloat16"):
+    """Every rank starts at its rank; mixing alone brings them together."""
+    from asapmpi import Exchange
+
+    bits = _half(np.full(4096, float(comm.rank)), dtype)
+    opts = {} if sync in ("allreduce", "gossip") else {"graph": "bidirectional-ring"}
+    with Exchange(bits, sync=sync, comm=comm, timeout=30, dtype=dtype, **opts) as ex:
+        for _ in range(steps):
+            ex.step()
+    values = half_to_f32(bits, dtype)
+    return {"mean": float(values.mean()), "spread": float(values.max() - values.min())}
+
+
+def optimizer_half(comm, steps=20, dtype="bfloat16"):
+    """A 16-bit model under DecentralizedOptimizer (Adam), its parameters exchanged as
+    they are; returns its parameters and first and last losses."""
+    import torch
+
+    from asapmpi.torch import DecentralizedOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 2)).to(getattr(torch, dtype))
+    # float16: Adam's default eps (1e-8) is 0 in float16, and plain torch's first step
+    # already divides 0 by 0 (NaN from step 2 on, without asapmpi too)
+    eps = 1e-4 if dtype == "float16" else 1e-8
+    opt = DecentralizedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01, eps=eps),
+                                 "complete",
+                                 "notify_ack", model=model, comm=comm, timeout=30)
+    g = torch.Generator().manual_seed(comm.rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, 16, generator=g)
+        y = (x @ torch.ones(16) > 0).long()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x.to(getattr(torch, dtype))).float(),
+                                                 y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    params = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+    out = {"dtype": str(next(model.parameters()).dtype),
+           "exchange_dtype": opt.exchange.dtype, "params": params.tolist(),
+           "loss_first": sum(losses[:3]) / 3, "loss_last": sum(losses[-3:]) / 3}
+    opt.free()
+    return out
+
+
+def bad_input(comm):
+    """The refusals of dtype=, the same line on every rank."""
+    from asapmpi import Exchange
+
+    out = {}
+    for key, buf, dtype in (("float", np.zeros(8, dtype=np.float32), "bfloat16"),
+                            ("mismatch", np.zeros(8, dtype=np.float32), "float64"),
+                            ("half", np.zeros(8, dtype=np.float16), "bfloat16"),
+                            ("unknown", np.zeros(8, dtype=np.uint16), "bf16")):
+        try:
+            Exchange(buf, graph="ring", comm=comm, dtype=dtype)
+            out[key] = ""
+        except ConfigError as exc:
+            text = str(exc)
+            out[key] = next(m for m in (
+                "dtype='bfloat16' takes the bit patterns in a 2-byte integer",
+                "dtype='float64' but the buffer holds float32",
+                "dtype must be one of float32, float64, bfloat16, float16") if m in text) \
+                if "\n" not in text else text
+    return out
