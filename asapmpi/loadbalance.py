@@ -9,21 +9,10 @@ exactly to B (largest remainder), the same on every rank that sees the same pace
 
 The paces are shared without a collective inside the training loop: with Hop's skipping
 or backup workers the ranks take different numbers of their own steps, and a collective
-would couple (or deadlock) them.  `SpeedBoard` is an MPI window of 2 * n words on every
-rank; a rank writes its pace into every rank's board and reads its own board, both with
-passive-target RMA:
-
-- write: MPI_Win_lock(target, SHARED); MPI_Accumulate(word, REPLACE); MPI_Win_unlock;
-- read:  MPI_Win_lock(self, SHARED); MPI_Get_accumulate(NO_OP) of the whole board;
-  MPI_Win_unlock.
-
-Accumulates of one basic datatype on one location are atomic with each other (MPI-3.1
-section 11.7.1), so a reader sees a word either before or after a concurrent write, never
-torn; that is why a word packs a round number and the pace (float32 bits) into one int64
-instead of two words.  Unlock returns once the accumulate is complete at the target.
-Nothing relies on MPI side effects outside the window's lock epochs: the board is never
-read or written by local loads and stores once it is shared (its initial zeros are
-written under an exclusive self-lock before the collective that shares it).
+would couple (or deadlock) them.  `SpeedBoard` is a board (asapmpi.board: an MPI window
+of 2 * n words on every rank, written by passive-target accumulates, read atomically word
+by word); a word packs a round number and the pace (float32 bits) into one int64, so a
+reader never sees a round with another round's pace.
 
 Rounds (`Balancer`): a rank publishes the pace it measured at its own step
 P_r = warmup + r * every as round r (two words per writer, by parity of r), and at its
@@ -53,7 +42,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .errors import ConfigError, MPIError
+from .board import Board
+from .errors import ConfigError
 
 #: own steps before the first published pace (the first steps pay for lazy setup)
 WARMUP_STEPS = 5
@@ -160,96 +150,33 @@ def _unpack(word: int):
     return (word >> _ROUND_SHIFT) - 1, pace
 
 
-def _mpi(call: str, exc) -> MPIError:
-    """MPIError of an mpi4py MPI.Exception."""
-    return MPIError(exc.Get_error_code(), call, exc.Get_error_string())
-
-
-class SpeedBoard:
-    """Every rank's latest paces (seconds per sample), shared by passive-target RMA (see
-    the module docstring).  Collective to create and to free; `with` frees it on a normal
-    exit only (a collective after an error could wait on a dead rank)."""
+class SpeedBoard(Board):
+    """Every rank's latest paces (seconds per sample), on a board (asapmpi.board) of two
+    words per rank, by parity of the round (see the module docstring).  Collective to
+    create and to free."""
 
     def __init__(self, comm, active: bool, timeout: float):
-        from mpi4py import MPI
-
         from . import collectives
 
-        self.MPI, self.collectives = MPI, collectives
-        self.comm, self.timeout = comm, timeout
-        self.rank, self.n = comm.Get_rank(), comm.Get_size()
         self.active = [bool(a) for a in collectives.allgather(
             comm, bool(active), timeout, "the ranks that balance their batches")]
-        self._words = np.zeros(2 * self.n, dtype=np.int64)
-        self.win = None
-        try:
-            self.win = MPI.Win.Allocate(self._words.nbytes, 8, comm=comm)
-            self.win.Set_errhandler(MPI.ERRORS_RETURN)
-            self.win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
-            np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
-            self.win.Unlock(self.rank)
-        except MPI.Exception as exc:
-            raise _mpi("MPI_Win_allocate (speed board)", exc) from None
-        # nobody writes into a board before its owner zeroed it
-        collectives.barrier(comm, timeout, "the speed boards")
+        super().__init__(comm, 2, timeout, "speed board", readers=self.active)
 
     def publish(self, round_: int, pace: float) -> None:
         """Write this rank's pace of `round_` into every active rank's board."""
-        MPI = self.MPI
-        word = np.array([_pack(round_, pace)], dtype=np.int64)
-        where = (2 * self.rank + round_ % 2, 1, MPI.INT64_T)
-        try:
-            for target in range(self.n):
-                if not self.active[target]:
-                    continue
-                self.win.Lock(target, MPI.LOCK_SHARED)
-                self.win.Accumulate([word, MPI.INT64_T], target, where, MPI.REPLACE)
-                self.win.Unlock(target)
-        except MPI.Exception as exc:
-            raise _mpi(f"MPI_Accumulate (rank {self.rank}'s pace of round {round_} to "
-                       f"rank {target})", exc) from None
-
-    def read(self) -> np.ndarray:
-        """This rank's board, read atomically word by word."""
-        MPI = self.MPI
-        try:
-            self.win.Lock(self.rank, MPI.LOCK_SHARED)
-            self.win.Get_accumulate([np.zeros_like(self._words), MPI.INT64_T],
-                                    [self._words, MPI.INT64_T], self.rank,
-                                    (0, len(self._words), MPI.INT64_T), MPI.NO_OP)
-            self.win.Unlock(self.rank)
-        except MPI.Exception as exc:
-            raise _mpi(f"MPI_Get_accumulate (rank {self.rank}'s speed board)",
-                       exc) from None
-        return self._words.copy()
+        super().publish(round_ % 2, _pack(round_, pace))
 
     def paces(self, round_: int) -> List[Optional[float]]:
         """Per rank, its pace of `round_`, else its newest, else None."""
-        words = self.read()
         out: List[Optional[float]] = []
-        for r in range(self.n):
-            seen = [e for e in (_unpack(words[2 * r]), _unpack(words[2 * r + 1])) if e]
+        for row in self.read():
+            seen = [e for e in (_unpack(row[0]), _unpack(row[1])) if e]
             exact = [p for k, p in seen if k == round_]
             out.append(exact[0] if exact else max(seen)[1] if seen else None)
         return out
 
-    def free(self) -> None:
-        """Collective (every rank, with a deadline first): free the window; safe twice."""
-        if self.win is None:
-            return
-        self.collectives.barrier(self.comm, self.timeout, "the end of the speed boards")
-        try:
-            self.win.Free()
-        except self.MPI.Exception as exc:
-            raise _mpi("MPI_Win_free (speed board)", exc) from None
-        self.win = None
-
     def __enter__(self) -> "SpeedBoard":
         return self
-
-    def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.free()
 
 
 class Balancer:
