@@ -41,7 +41,7 @@ def test_a_cuda_array_interface_is_a_device_buffer_with_its_dtype_and_size():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"typestr": "<f2"}, "must be float32, float64 or bfloat16, got <f2"),
+    ({"typestr": "<i2"}, "must be float32, float64, bfloat16 or float16, got <i2"),
     ({"strides": (4, 16)}, "must be contiguous"),
     ({"readonly": True}, "read-only"),
     ({"shape": (0,)}, "empty"),

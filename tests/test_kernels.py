@@ -66,7 +66,7 @@ def test_fused_reduce_refuses_mixed_dtypes_and_sizes():
         kernels.weighted_sum(a32, a32, 1.0, [a64], [1.0])
     with pytest.raises(ConfigError, match="input 0 has 12 bytes"):
         kernels.weighted_sum(a32, a32, 1.0, [np.zeros(3, np.float32)], [1.0])
-    with pytest.raises(ConfigError, match="float32 or float64"):
+    with pytest.raises(ConfigError, match="float32, float64 or float16"):
         kernels.weighted_sum(np.zeros(4, np.int32), np.zeros(4, np.int32), 1.0, [], [])
     with pytest.raises(ConfigError, match="2 weights for 1 inputs"):
         kernels.weighted_sum(a32, a32, 1.0, [a32], [1.0, 2.0])

@@ -93,7 +93,7 @@ def test_single_rank_exchange_is_identity_and_frees():
 
 
 @pytest.mark.parametrize("buf, message", [
-    (np.zeros(4, dtype=np.int64), "float32 or float64"),
+    (np.zeros(4, dtype=np.int64), "float32, float64 or float16"),
     (np.zeros((4, 4))[:, 0], "C-contiguous"),
     (np.zeros(0), "empty"),
     ([1.0, 2.0], "buffer protocol"),

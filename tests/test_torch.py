@@ -55,7 +55,7 @@ def test_bfloat16_parameters_live_in_the_flat_buffer_as_bit_patterns():
 def test_flat_parameters_refuse_mixed_dtypes_and_moved_parameters():
     a = torch.nn.Parameter(torch.zeros(3))
     b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
-    with pytest.raises(ConfigError, match="all be float32, all float64 or all bfloat16"):
+    with pytest.raises(ConfigError, match=r"got parameters of torch\.float32, torch\.float64"):
         FlatParameters([a, b])
     with pytest.raises(ConfigError, match="no parameters"):
         FlatParameters([])
@@ -244,10 +244,11 @@ def _net_in(dtype=None, device=None):
 
 @pytest.mark.parametrize("make,options,message", [
     (lambda: _net_in(device="meta"), {}, r"on the CPU or one CUDA device, all float32, all "
-                                         r"float64 or all bfloat16; got frozen parameters "
-                                         r"on meta: move"),
+                                         r"float64, all bfloat16 or all float16; got frozen "
+                                         r"parameters on meta: move"),
     (lambda: _net_in(dtype=torch.float64), {},
-     r"one CUDA device, all float32, all float64 or all bfloat16: parameters must all"),
+     r"all bfloat16 or all float16: got parameters of torch.float32, torch.float64; "
+     r"convert"),
     (_net_in, {"buffers": "everything"}, r"buffers must be one of"),
     (_net_in, {"mode": "parallel"}, r"pass buffers='broadcast' or 'local'"),
     (_net_in, {"buffers": "broadcast", "sync": "hop"},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 from mpi4py import MPI
@@ -26,6 +26,7 @@ from .agreement import agree
 from .checks import GraphSpec, check_locally
 from .choice import choose_transport
 from .construction import exchange_window
+from .join import JoinBoard, join
 
 #: steps timed before the default timeout follows the measured step times
 STEPS_MEASURED = 16
@@ -213,6 +214,9 @@ class Exchange:
             self._ctx.comm = self._comm
             self._ctx.array = np.frombuffer(self._work, dtype=numpy_dtype(self.dtype))
             self._ctx.dtype = self.dtype
+        # where ranks that ran out of data say so (join()); nothing is written to it
+        # while every rank trains
+        self._joiner = JoinBoard(comm, self.timeout)
 
     def _enter_slots(self) -> None:
         """Double buffering: the buffer's values move into own slot 1 (version 1 is
@@ -295,6 +299,38 @@ class Exchange:
             self._stager.after_receive()
         self._advance(done)
         return self.buffer
+
+    def join(self, step: Optional[Callable[[], Any]] = None) -> int:
+        """This rank has no more data (uneven inputs): keep taking part in the exchange
+        with no update of its own until every rank has called join(), then step on to
+        the version every rank ends at, and return it (asapmpi.exchange.join).  Every
+        rank calls it after its last step, before free().  `step` makes one such step
+        (DecentralizedOptimizer passes its own); by default ex.step(), or receive() and
+        send() while a send is open.  A neighbour that dies is still named by the
+        waits' timeouts."""
+        self._alive()
+        refusal = self._policy.join_refusal()
+        if refusal:
+            raise ConfigError(f"join() under sync={self.sync!r}: {refusal}")
+        if step is None:
+            step = self._shadow_step
+        # a joined rank keeps the pace of its own training steps (non-lockstep policies)
+        pace = float(np.median(np.asarray(self._step_seconds))) if self._step_seconds \
+            else 0.0
+        return join(self._joiner, self._entered, step, self._policy.lockstep,
+                    min(pace, self.timeout / 4), self.timeout, self.rank,
+                    settle=self.settle if self._win is not None else None)
+
+    def _entered(self) -> int:
+        # exchange steps entered: completed, and a send still open
+        return self._window_version + (1 if self._sending else 0)
+
+    def _shadow_step(self) -> None:
+        if self._sending:
+            self.receive()
+            self.send()
+        else:
+            self.step()
 
     def _iteration_started(self) -> None:
         """Time whole iterations, from one step (or send) to the next: a neighbour's
@@ -501,6 +537,7 @@ class Exchange:
             deadline = self.timeout if self._policy.lockstep else \
                 max(self.timeout, rc.timeout_startup)
             collectives.arrive(self.comm, deadline, "free() of an Exchange")
+            self._joiner.free()
             if self.trace_file and self.rank == 0:
                 from .. import trace
 

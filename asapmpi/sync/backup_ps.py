@@ -29,7 +29,7 @@ it then skips ahead, as a late worker in Algorithm 3 fetches the current paramet
 from __future__ import annotations
 
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -59,6 +59,12 @@ class BackupPS(Policy):
         self.backup, self.server, self.seed = int(backup), int(server), int(seed)
         self._rng = np.random.default_rng(seed)
         self.dropped = 0            # contributions of iterations reduced without them
+
+    def join_refusal(self) -> Optional[str]:
+        """A server publishes versions as its workers' updates arrive, not step by step:
+        not yet joined."""
+        return ("a parameter server's versions follow its workers' updates, not each "
+                "rank's steps; give every worker the same number of steps")
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""

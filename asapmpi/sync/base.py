@@ -121,6 +121,11 @@ class Policy:
             self.records = Records()
         return self.records.table(name, dtype)
 
+    def join_refusal(self) -> Optional[str]:
+        """Why Exchange.join() cannot run under this policy, or None (it can): join
+        counts the exchange steps each rank entered, one by one."""
+        return None
+
     def user_words(self, rank: int, n: int) -> int:
         """Control words the policy needs in `rank`'s window (default none)."""
         return 0

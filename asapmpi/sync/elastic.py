@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -72,6 +72,11 @@ class ElasticBSP(Policy):
         self.R, self.server, self.algorithm, self.window = int(R), int(server), algorithm, \
             int(window)
         self.layouts = None                 # every rank's window layout (set by Exchange)
+
+    def join_refusal(self) -> Optional[str]:
+        """Supersteps count global iterations, not each rank's steps: not yet joined."""
+        return ("ElasticBSP's supersteps count global iterations, not each rank's steps; "
+                "give every worker the same number of steps")
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""

@@ -30,7 +30,7 @@ of Theorem 2 and Table 1 on every run.
 from __future__ import annotations
 
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -88,6 +88,13 @@ class Hop(Policy):
         # k + 1 - staleness
         self.retain = self.staleness or 0
         self.jumps = 0
+
+    def join_refusal(self) -> Optional[str]:
+        """Skipping jumps several versions in one step, past the count join agrees on."""
+        if self.skip_trigger is not None:
+            return ("skipping (skip_trigger) jumps several versions in one step; leave it "
+                    "off to join")
+        return None
 
     def options(self) -> Dict[str, object]:
         """The options, as every rank must have given them."""

@@ -40,8 +40,9 @@ Two computation graphs (Hop section 3.2):
 """
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from mpi4py import MPI
@@ -358,6 +359,24 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = int(state["iteration"])
         self.check()
+
+    # ------------------------------------------------------------------ uneven inputs
+
+    @contextlib.contextmanager
+    def join(self) -> Iterator[None]:
+        """Uneven inputs, as torch DDP's Join: wrap the training loop on every rank,
+        ``with opt.join(): for batch in my_shard: ... opt.step()``.  A rank whose loop
+        ends first keeps stepping with no gradients of its own (its replica is mixed,
+        its optimizer state untouched) until every rank's loop has ended, then every
+        rank steps on to one final version (Exchange.join).  Nothing happens while an
+        exception leaves the block (the job is ending)."""
+        yield
+        self.exchange.join(step=self._shadow_step)
+
+    def _shadow_step(self) -> None:
+        # no gradients: the wrapped optimizer skips every parameter, the exchange mixes
+        self.zero_grad(set_to_none=True)
+        self.step()
 
     # ------------------------------------------------------------------ lifetime
 

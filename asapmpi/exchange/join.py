@@ -1,0 +1,112 @@
+"""Join: a rank that ran out of data keeps its neighbours going until every rank has.
+
+With uneven inputs (shards of 11 and 10 batches) a rank that stops stepping leaves its
+neighbours waiting for a version it never sends: a timeout, though nobody died.  As with
+torch DDP's `Join`, a rank that has finished calls `Exchange.join()` (the optimizer's
+`with opt.join():`) and takes part in the exchange with no update of its own ("shadow"
+steps: its buffer is mixed, nothing is added to it) until every rank has joined; then
+every rank steps to the same final version, so that free() meets as after equal loops.
+
+The ranks share, on a board (asapmpi.board, one word per rank), the number of exchange
+steps each joined rank has entered (its count), published *before* it enters one.  A
+rank that has not joined writes nothing: training costs nothing more.  A joined rank
+
+1. steps along while some rank still trains: at once under a lockstep policy (its step
+   waits for the training neighbours anyway), at its own measured pace otherwise (Hop,
+   gossip, async: it must not run far ahead, since every rank catches up at the end);
+2. once every rank has joined, stops stepping ahead but still catches up to any count
+   it sees on the board above its own (a neighbour may be waiting in that step for it),
+   and starts a nonblocking MPI_Iallreduce(MAX) of its count;
+3. when the allreduce completes, steps until its count is its result J.
+
+J is at least every count ever entered: a count is entered either before its rank saw
+every rank joined (it then contributes that count or more) or as a catch-up to a count
+already on the board (entered, hence contributed, by another rank).  So no rank waits in
+step 3 for a step another rank will not enter, and every rank ends at J.
+
+The joined replicas keep taking part in the average with their current values (as DDP's
+Join divides by the initial world size by default): the ranks still training are pulled
+a little towards them for the last steps.  Policies that jump versions (Hop with
+skipping) or count global iterations (parameter servers) refuse join (Policy.joins).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..board import Board
+from ..errors import NeighbourTimeoutError
+
+#: the longest sleep of an idle joined rank's poll (seconds)
+MAX_IDLE_SLEEP_S = 0.002
+
+
+class JoinBoard:
+    """The ranks' join counts (module docstring) and the communicator their final
+    agreement runs on.  Collective to create and to free."""
+
+    def __init__(self, comm, timeout: float):
+        self.comm = comm.Dup()
+        try:
+            self.board = Board(self.comm, 1, timeout, "join board")
+        except BaseException:
+            self.comm.Free()
+            raise
+
+    def mark(self, count: int) -> None:
+        """Publish that this rank has joined and entered `count` exchange steps."""
+        self.board.publish(0, count + 1)
+
+    def counts(self) -> np.ndarray:
+        """Per rank its published count, -1 for a rank that has not joined."""
+        return self.board.read()[:, 0] - 1
+
+    def free(self) -> None:
+        """Collective, once the ranks met (Exchange.free's arrival): free both."""
+        if self.board.win is not None:
+            self.board.free(meet=False)
+            self.comm.Free()
+
+
+def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
+         lockstep: bool, pace_s: float, timeout: float, rank: int,
+         settle: Optional[Callable[[], None]] = None) -> int:
+    """Run this rank's part of join (module docstring): `entered()` is its count of
+    exchange steps, `step()` one shadow step.  Returns the final count J."""
+    from mpi4py import MPI
+
+    board.mark(entered())
+    mine, final = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    request = None
+    idle_since, sleep = time.monotonic(), 0.0
+    while True:
+        counts = board.counts()
+        everyone = bool((counts >= 0).all())
+        if everyone and request is None:
+            mine[0] = entered()
+            request = board.comm.Iallreduce(mine, final, op=MPI.MAX)
+        if request is not None and request.Test():
+            break
+        behind = int(counts.max()) > entered()
+        if behind or not everyone:
+            if not everyone and not behind and not lockstep and pace_s > 0:
+                time.sleep(pace_s)      # keep the pace of a training step, no faster
+            board.mark(entered() + 1)
+            step()
+            idle_since, sleep = time.monotonic(), 0.0
+            continue
+        # every rank joined, none ahead: the others have yet to see it and agree
+        if time.monotonic() - idle_since > timeout:
+            late = [r for r, c in enumerate(counts) if c < int(counts.max())]
+            raise NeighbourTimeoutError(
+                rank, "the agreement on the last step of join()", late, [], [], timeout)
+        if settle is not None:
+            settle()
+        sleep = min(MAX_IDLE_SLEEP_S, sleep * 2 or 1e-5)
+        time.sleep(sleep)
+    target = int(final[0])
+    while entered() < target:
+        step()
+    return target

@@ -1,0 +1,146 @@
+"""Join for uneven inputs: ranks that run out of data after different numbers of steps
+call join() and every rank ends at the same version, under every policy that counts its
+own steps; the optimizer's `with opt.join():`; refusals in one line.
+
+Each scenario's body is here, beside its test (`test_join:NAME`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+#: steps per rank before it runs out of data (4 ranks: 11/11/10/10, and a longer tail)
+UNEVEN = {"even-tail": [11, 11, 10, 10], "long-tail": [12, 4, 9, 7]}
+
+
+@pytest.mark.parametrize("sync", ["notify_ack", "hop:backup=1", "bsp", "gossip",
+                                  "allreduce", "async"])
+@pytest.mark.parametrize("shape", sorted(UNEVEN))
+def test_uneven_steps_join_without_a_timeout(sync, shape):
+    from mpilaunch import run
+
+    steps = UNEVEN[shape]
+    res = run("test_join:uneven", 4, "shm", timeout=120, sync=sync, steps=steps)
+    finals = {r["final"] for r in res}
+    assert len(finals) == 1, res                    # every rank ends at one version
+    final = finals.pop()
+    assert final >= max(steps), res
+    for r, own in zip(res, steps):
+        assert r["version"] == final and r["trained"] == own, r
+        assert np.isfinite(r["mean"]), r
+    if sync in ("notify_ack", "bsp", "allreduce"):
+        # lockstep: a joined rank that stepped along may have entered one step past the
+        # last rank's, before it saw that rank join (then every rank takes it)
+        assert final in (max(steps), max(steps) + 1), res
+
+
+@pytest.mark.parametrize("sync", ["notify_ack", "hop:backup=1", "gossip"])
+def test_uneven_steps_join_on_the_network_path(sync):
+    from mpilaunch import run
+
+    res = run("test_join:uneven", 4, "net", timeout=120, sync=sync,
+              steps=UNEVEN["long-tail"])
+    assert len({r["final"] for r in res}) == 1 and res[0]["final"] >= 12, res
+
+
+def test_join_is_deterministic_under_notify_ack():
+    from mpilaunch import run
+
+    first = run("test_join:uneven", 4, "shm", timeout=120, sync="notify_ack",
+                steps=UNEVEN["long-tail"])
+    again = run("test_join:uneven", 4, "shm", timeout=120, sync="notify_ack",
+                steps=UNEVEN["long-tail"])
+    assert [r["digest"] for r in first] == [r["digest"] for r in again]
+
+
+@pytest.mark.parametrize("sync, words", [
+    ("backup_ps:backup=1", "a parameter server's versions follow its workers' updates"),
+    ("hop:backup=1:skip_trigger=2", "skipping (skip_trigger) jumps several versions")])
+def test_policies_that_cannot_join_say_why(sync, words):
+    from mpilaunch import run
+
+    for r in run("test_join:refused", 3, "shm", timeout=60, sync=sync):
+        name = sync.partition(":")[0]
+        assert r["error"].startswith(f"join() under sync={name!r}: ") and words in r["error"]
+
+
+def test_the_optimizer_joins_uneven_shards_and_its_replicas_agree():
+    pytest.importorskip("torch")
+    from mpilaunch import run
+
+    res = run("test_join:optimizer_uneven", 4, "shm", timeout=120, batches=[11, 11, 10, 10])
+    first = np.array(res[0]["params"])
+    for r in res:
+        assert r["version"] == res[0]["version"] in (11, 12), r
+        assert np.allclose(r["params"], first, atol=1e-6), r
+        assert r["loss_last"] < r["loss_first"], r
+
+
+# ---------------------------------------------------------------- scenario bodies (on the ranks)
+# tests/mpi/run.py runs each on every rank as "test_join:NAME"
+
+
+def uneven(comm, sync="notify_ack", steps=(11, 11, 10, 10)):
+    """Rank r adds r + 1 to its buffer and steps steps[r] times, then joins."""
+    import hashlib
+
+    from asapmpi import Exchange
+
+    buf = np.full(2048, float(comm.rank), dtype=np.float64)
+    opts = {} if sync in ("allreduce", "gossip") else {"graph": "bidirectional-ring"}
+    with Exchange(buf, sync=sync, comm=comm, timeout=30, **opts) as ex:
+        for _ in range(steps[comm.rank]):
+            buf += comm.rank + 1
+            ex.step()
+        trained = ex.version
+        final = ex.join()
+        out = {"final": final, "version": ex.version, "trained": trained,
+               "mean": float(buf.mean()),
+               "digest": hashlib.sha256(buf.tobytes()).hexdigest()}
+    return out
+
+
+def refused(comm, sync):
+    """join() under a policy that cannot join: its one-line refusal."""
+    from asapmpi import Exchange
+    from asapmpi.errors import ConfigError
+
+    buf = np.zeros(64)
+    opts = {"graph": "bidirectional-ring"} if sync.startswith("hop") else {}
+    ex = Exchange(buf, sync=sync, comm=comm, timeout=30, **opts)
+    try:
+        ex.join()
+        error = ""
+    except ConfigError as exc:
+        error = str(exc)
+    ex.free()
+    return {"error": error}
+
+
+def optimizer_uneven(comm, batches=(11, 11, 10, 10)):
+    """SGD on a linear model under `with opt.join():`, rank r with batches[r] batches."""
+    import torch
+
+    from asapmpi.torch import DecentralizedOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), "complete",
+                                 "notify_ack", model=model, comm=comm, timeout=30)
+    g = torch.Generator().manual_seed(comm.rank)
+    truth = torch.arange(8, dtype=torch.float32)
+    losses = []
+    with opt.join():
+        for _ in range(batches[comm.rank]):
+            x = torch.randn(32, 8, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), x @ truth)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    out = {"version": opt.exchange.version, "params": params.tolist(),
+           "loss_first": losses[0], "loss_last": losses[-1]}
+    opt.free()
+    return out
