@@ -99,8 +99,15 @@ def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
         # whole job down within a second, before any 3 s deadline (its proxy: "unable to
         # forward PMI response"; docs/CLUSTERS.md).  Either the survivors named rank 2
         # or the launcher reported the kill: the job ended, non-zero, no hang.
-        assert named or "signal 9" in proc.stdout + proc.stderr, \
-            proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert named or _launcher_ended_it(proc), proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def _launcher_ended_it(proc) -> bool:
+    """Whether hydra ended the job after a rank was killed: it reports the kill, or its
+    proxy fails forwarding MPICH's question about the dead process and it ends the rest
+    (docs/CLUSTERS.md, "Survivors of a killed rank")."""
+    out = proc.stdout + proc.stderr
+    return "signal 9" in out or "unable to forward PMI response" in out
 
 
 @pytest.mark.parametrize("where, what", [("start", "the start of the run"),
@@ -146,10 +153,9 @@ def test_a_rank_killed_in_a_training_run_s_start_or_end_collective_ends_the_job(
     named = [line for line in proc.stderr.splitlines()
              if line.startswith("asapmpi: rank") and "waiting for" in line]
     assert all("from rank 2;" in line for line in named), named
-    # the launcher reports the kill (hydra), or the survivors name the dead rank (Open
-    # MPI, which lets them run on)
-    assert named or "signal 9" in proc.stdout + proc.stderr, \
-        proc.stdout[-2000:] + proc.stderr[-2000:]
+    # the launcher ends the job (hydra), or the survivors name the dead rank (Open MPI,
+    # which lets them run on)
+    assert named or _launcher_ended_it(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_a_timed_out_barrier_is_completed_by_the_next_one():

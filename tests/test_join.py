@@ -5,6 +5,8 @@ own steps; the optimizer's `with opt.join():`; refusals in one line.
 Each scenario's body is here, beside its test (`test_join:NAME`)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,17 @@ def test_uneven_steps_join_on_the_network_path(sync):
     assert len({r["final"] for r in res}) == 1 and res[0]["final"] >= 12, res
 
 
+@pytest.mark.parametrize("sync", ["notify_ack", "gossip"])
+def test_joins_of_successive_epochs_do_not_mix(sync):
+    # epoch 1's join must not count epoch 0's marks as joined
+    from mpilaunch import run
+
+    res = run("test_join:epochs", 4, "shm", timeout=120, sync=sync,
+              epochs=[[11, 11, 10, 10], [3, 9, 9, 6], [5, 5, 5, 5]])
+    for e in range(3):
+        assert len({r["finals"][e] for r in res}) == 1, res
+
+
 def test_join_is_deterministic_under_notify_ack():
     from mpilaunch import run
 
@@ -63,6 +76,48 @@ def test_policies_that_cannot_join_say_why(sync, words):
     for r in run("test_join:refused", 3, "shm", timeout=60, sync=sync):
         name = sync.partition(":")[0]
         assert r["error"].startswith(f"join() under sync={name!r}: ") and words in r["error"]
+
+
+def test_shards_cover_the_data_once_and_differ_by_one_example():
+    pytest.importorskip("torch")
+    from asapmpi.errors import ConfigError
+    from asapmpi.torch import ShardSampler
+
+    shards = [ShardSampler(1282, rank=r, size=4, seed=3) for r in range(4)]
+    assert [len(s) for s in shards] == [321, 321, 320, 320]
+    first = [list(s) for s in shards]
+    assert sorted(i for shard in first for i in shard) == list(range(1282))
+    assert [len(x) for x in first] == [321, 321, 320, 320]
+    for s in shards:
+        s.set_epoch(1)
+    assert [list(s) for s in shards] != first          # another permutation per epoch
+    assert list(ShardSampler(10, rank=1, size=4, shuffle=False)) == [1, 5, 9]
+    with pytest.raises(ConfigError, match="a dataset of 3 examples leaves ranks of 4"):
+        ShardSampler(3, rank=0, size=4)
+
+
+def test_the_uneven_shards_example_runs_two_epochs():
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+
+    from mpilaunch import job_command
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd, env = job_command(4, [sys.executable, os.path.join(root, "examples",
+                                                            "uneven_shards.py")],
+                           timeout=120)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # (rank, epoch, batches, final version); hydra may join two ranks' lines
+    rows = sorted(tuple(map(int, m)) for m in re.findall(
+        r"rank (\d+): epoch (\d+): (\d+) batches, .*? exchange version (\d+)", proc.stdout))
+    assert [row[:3] for row in rows] == [(r, e, 11 if r < 2 else 10) for r in range(4)
+                                         for e in range(2)], proc.stdout
+    for epoch in range(2):
+        assert len({row[3] for row in rows if row[1] == epoch}) == 1, rows
 
 
 def test_the_optimizer_joins_uneven_shards_and_its_replicas_agree():
@@ -99,6 +154,23 @@ def uneven(comm, sync="notify_ack", steps=(11, 11, 10, 10)):
                "mean": float(buf.mean()),
                "digest": hashlib.sha256(buf.tobytes()).hexdigest()}
     return out
+
+
+def epochs(comm, sync="notify_ack", epochs=()):
+    """Several epochs, rank r stepping epochs[e][r] times in epoch e, each ended by
+    join(); returns the final version of each."""
+    from asapmpi import Exchange
+
+    buf = np.full(512, float(comm.rank))
+    opts = {} if sync in ("allreduce", "gossip") else {"graph": "bidirectional-ring"}
+    finals = []
+    with Exchange(buf, sync=sync, comm=comm, timeout=30, **opts) as ex:
+        for steps in epochs:
+            for _ in range(steps[comm.rank]):
+                buf += 1.0
+                ex.step()
+            finals.append(ex.join())
+    return {"finals": finals}
 
 
 def refused(comm, sync):

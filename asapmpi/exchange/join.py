@@ -32,7 +32,7 @@ skipping) or count global iterations (parameter servers) refuse join (Policy.joi
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from ..errors import NeighbourTimeoutError
 
 #: the longest sleep of an idle joined rank's poll (seconds)
 MAX_IDLE_SLEEP_S = 0.002
+#: a board word is (round + 1) << COUNT_BITS | (count + 1): a join of an earlier epoch
+#: does not count as joined in this one
+COUNT_BITS = 40
 
 
 class JoinBoard:
@@ -48,6 +51,8 @@ class JoinBoard:
     agreement runs on.  Collective to create and to free."""
 
     def __init__(self, comm, timeout: float):
+        #: joins completed (the same on every rank: each join is collective)
+        self.round = 0
         self.comm = comm.Dup()
         try:
             self.board = Board(self.comm, 1, timeout, "join board")
@@ -56,12 +61,19 @@ class JoinBoard:
             raise
 
     def mark(self, count: int) -> None:
-        """Publish that this rank has joined and entered `count` exchange steps."""
-        self.board.publish(0, count + 1)
+        """Publish that this rank has joined this round and entered `count` exchange
+        steps."""
+        self.board.publish(0, ((self.round + 1) << COUNT_BITS) | (count + 1))
 
-    def counts(self) -> np.ndarray:
-        """Per rank its published count, -1 for a rank that has not joined."""
-        return self.board.read()[:, 0] - 1
+    def counts(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(per rank whether it has joined this round, per rank its count in this
+        round or -1).  A rank already joined in the next round (it went on without
+        waiting for this one's agreement to complete here) has joined this one; its
+        count belongs to the next round."""
+        words = self.board.read()[:, 0]
+        rounds = words >> COUNT_BITS
+        counts = (words & ((1 << COUNT_BITS) - 1)) - 1
+        return rounds >= self.round + 1, np.where(rounds == self.round + 1, counts, -1)
 
     def free(self) -> None:
         """Collective, once the ranks met (Exchange.free's arrival): free both."""
@@ -82,8 +94,9 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     request = None
     idle_since, sleep = time.monotonic(), 0.0
     while True:
-        counts = board.counts()
-        everyone = bool((counts >= 0).all())
+        joined, counts = board.counts()
+        # once seen, every rank has joined for good (phase 2 never steps along again)
+        everyone = request is not None or bool(joined.all())
         if everyone and request is None:
             mine[0] = entered()
             request = board.comm.Iallreduce(mine, final, op=MPI.MAX)
@@ -109,4 +122,5 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     target = int(final[0])
     while entered() < target:
         step()
+    board.round += 1
     return target

@@ -17,6 +17,7 @@ from .optimizer import (  # noqa: E402
     DecentralizedOptimizer,
     broadcast_parameters,
 )
+from .sampler import ShardSampler  # noqa: E402
 
 __all__ = ["BUFFERS", "LOCKSTEP", "MODES", "DecentralizedOptimizer", "FlatParameters",
-           "PackedTensors", "broadcast_parameters"]
+           "PackedTensors", "ShardSampler", "broadcast_parameters"]
