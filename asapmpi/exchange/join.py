@@ -27,7 +27,8 @@ step 3 for a step another rank will not enter, and every rank ends at J.
 The joined replicas keep taking part in the average with their current values (as DDP's
 Join divides by the initial world size by default): the ranks still training are pulled
 a little towards them for the last steps.  Policies that jump versions (Hop with
-skipping) or count global iterations (parameter servers) refuse join (Policy.joins).
+skipping) or count global iterations (parameter servers) refuse join
+(Policy.join_refusal).
 """
 from __future__ import annotations
 
