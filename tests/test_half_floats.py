@@ -57,8 +57,12 @@ def test_the_kernel_accumulates_in_float32_and_rounds_once(dtype, n_in, checksum
         acc = acc + np.float32(w) * half_to_f32(x, dtype)
     out = np.empty_like(own)
     bf16 = dtype == "bfloat16"
-    cks = kernels.weighted_sum(out, own, w_self, ins, ws, checksum=checksum, bfloat16=bf16)
+    wide = np.empty(n, dtype=np.float32)
+    cks = kernels.weighted_sum(out, own, w_self, ins, ws, checksum=checksum, bfloat16=bf16,
+                               wide=wide)
     assert np.array_equal(out.view(np.uint16), _half(acc, dtype).view(np.uint16))
+    # the float32 sums before the rounding, as master weights take them
+    assert np.array_equal(wide, acc, equal_nan=True)
     if checksum:
         assert cks == [kernels.checksum(x) for x in ins]
     kernels.weighted_sum(own, own, w_self, ins, ws, bfloat16=bf16)     # in place
@@ -160,6 +164,40 @@ def test_bad_bfloat16_input_is_one_line_on_every_rank():
                      "mismatch": "dtype='float64' but the buffer holds float32",
                      "half": "dtype='bfloat16' takes the bit patterns in a 2-byte integer",
                      "unknown": "dtype must be one of float32, float64, bfloat16, float16"}, r
+
+
+@pytest.mark.mpi
+def test_bfloat16_with_float32_masters_trains_as_far_as_float32(tmp_path):
+    # examples/bfloat16_weights.py: SGD at a small learning rate, most updates below half
+    # a bfloat16 ulp of their weight; plain bfloat16 weights round them away, the masters
+    # keep them (the mix taken in float32, a server's average rounded with error
+    # feedback, gossip's pulls through the kernel's float32 output)
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from mpilaunch import job_command
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "losses.json"
+    cmd, env = job_command(4, [sys.executable, os.path.join(root, "examples",
+                                                            "bfloat16_weights.py"),
+                               "--policies", "notify_ack,backup_ps,gossip,allreduce",
+                               "--json", str(out)], timeout=240)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=270,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    assert [row["policy"] for row in rows] == ["notify_ack", "backup_ps", "gossip",
+                                               "allreduce"]
+    for row in rows:
+        for r in row["ranks"]:
+            wide, masters, plain = r["float32"], r["bfloat16"], r["bfloat16 as it is"]
+            # gossip's pulls land at other versions from run to run: 5% for it
+            assert masters < wide * (1.05 if row["policy"] == "gossip" else 1.02), row
+            assert plain > wide * 1.25, row
 
 
 # ---------------------------------------------------------------- scenario bodies (on the ranks)

@@ -158,3 +158,41 @@ def test_the_store_makes_no_mpi_call():
     code = "\n".join(line.split("#", 1)[0] for line in source.read_text().splitlines())
     assert not re.search(r"\bMPI_\w+\s*\(", code), "the slot store calls MPI"
     assert "CHKERR" not in code
+
+
+def test_a_16_bit_reduce_also_gives_its_float32_sums_when_asked():
+    from asapmpi.dtypes import bf16_to_f32, f32_to_bf16
+
+    layout = Layout(n_in=2, n_out=0, depth=1, nbytes=N * 2)
+    memory = np.zeros(layout.total, dtype=np.uint8)
+    offsets = [layout.slot_disp(i) for i in range(2)]
+    store = SlotStore(2, layout.nbytes, layout.payload_stride, "bfloat16")
+    rng = np.random.default_rng(3)
+    ins = [f32_to_bf16(rng.normal(size=N).astype(np.float32)) for _ in range(2)]
+    for i in range(2):
+        _write(layout, memory, offsets[i], 4, ins[i])
+    own = f32_to_bf16(rng.normal(size=N).astype(np.float32))
+    wide = np.full(N, np.nan, dtype=np.float32)
+    store.set_wide(wide)
+    buf = own.copy()
+    assert store.reduce_slots(buf, 0.5, np.array([0.25, 0.25]), memory, offsets, [4, 4],
+                              min_version=4, max_version=4) == 2
+    f32 = [bf16_to_f32(x) for x in (own, *ins)]
+    sums = (np.float32(0.5) * f32[0] + np.float32(0.25) * f32[1]) + np.float32(0.25) * f32[2]
+    np.testing.assert_array_equal(wide, sums)
+    np.testing.assert_array_equal(buf, f32_to_bf16(sums))
+    # the rounding changed something (else the test could not tell the two apart)
+    assert not np.array_equal(bf16_to_f32(buf), wide)
+    assert store.wide_count == 1
+    # a refused reduce writes no sums it would count
+    assert store.reduce_slots(buf, 0.5, np.array([0.25, 0.25]), memory, offsets, [5, 5],
+                              min_version=5, max_version=5, require_all=True) == -3
+    assert store.wide_count == 1
+    store.set_wide(None)
+    store.reduce_slots(buf, 0.5, np.array([0.25, 0.25]), memory, offsets, [4, 4],
+                       min_version=4, max_version=4)
+    assert store.wide_count == 1
+    with pytest.raises(ConfigError, match="one float32 per element"):
+        store.set_wide(np.zeros(N + 1, dtype=np.float32))
+    with pytest.raises(ConfigError, match="this store reduces float64"):
+        _slots(1)[3].set_wide(np.zeros(N, dtype=np.float32))

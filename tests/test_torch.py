@@ -293,9 +293,11 @@ def test_wrapper_refuses_groups_added_later_wrapping_twice_and_unfreezing():
     opt.free()
 
 
-def test_state_dict_round_trip_through_the_wrapper_continues_bitwise():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_state_dict_round_trip_through_the_wrapper_continues_bitwise(dtype):
+    # bfloat16: the float32 master weights travel in the optimizer's state_dict
     def make():
-        model = _Net()
+        model = _Net().to(getattr(torch, dtype))
         opt = DecentralizedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.05),
                                      "complete", model=model)
         return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
@@ -321,6 +323,7 @@ def test_state_dict_round_trip_through_the_wrapper_continues_bitwise():
     opt2.load_state_dict(back["opt"])
     sched2.load_state_dict(back["sched"])
     assert opt2.iteration == 4 and opt2.exchange.version == 4
+    assert ("master" in back["opt"]) == (dtype == "bfloat16")
     train(model2, opt2, sched2, range(4, 7))
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.0125
     for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
@@ -328,6 +331,79 @@ def test_state_dict_round_trip_through_the_wrapper_continues_bitwise():
     opt2.check()                       # the loaded tensors stayed in the buffers
     opt.free()
     opt2.free()
+
+
+@pytest.mark.parametrize("mode", ["serial", "parallel"])
+def test_one_rank_bfloat16_with_masters_is_float32_training_rounded(mode):
+    # one rank: the wrapped run must equal SGD on float32 copies whose roundings the
+    # bfloat16 model computes with, bitwise; without masters the updates are rounded away
+    def model():
+        return _model().to(torch.bfloat16)
+
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y = torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(2))
+    plain = model()
+    masters = [p.detach().float().clone().requires_grad_() for p in plain.parameters()]
+    opt_plain = torch.optim.SGD(masters, lr=1e-3, momentum=0.9)
+    wrapped, stuck = model(), model()
+    opt = DecentralizedOptimizer(torch.optim.SGD(wrapped.parameters(), lr=1e-3,
+                                                 momentum=0.9), "complete", mode=mode)
+    opt_stuck = DecentralizedOptimizer(torch.optim.SGD(stuck.parameters(), lr=1e-3,
+                                                       momentum=0.9), "complete",
+                                       master_weights=False)
+    assert opt.master is not None and opt_stuck.master is None
+    for _ in range(6):
+        opt_plain.zero_grad()
+        plain.zero_grad()
+        torch.nn.functional.cross_entropy(plain(x).float(), y).backward()
+        for p, m in zip(plain.parameters(), masters):
+            m.grad = p.grad.float()
+        opt_plain.step()
+        with torch.no_grad():
+            for p, m in zip(plain.parameters(), masters):
+                p.copy_(m)
+        for m, o in ((wrapped, opt), (stuck, opt_stuck)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x).float(), y).backward()
+            o.step()
+    for p, q in zip(plain.parameters(), wrapped.parameters()):
+        assert q.dtype == torch.bfloat16 and _inside(opt.flat, q)
+        assert torch.equal(p, q)
+    for m, ref in zip(opt.master.params, masters):
+        assert torch.equal(m.detach(), ref.detach())
+    # the same steps on the bfloat16 weights themselves round updates away
+    moved = sum(int((p != q).sum()) for p, q in zip(plain.parameters(), stuck.parameters()))
+    assert moved > 0
+    assert opt.param_groups[0]["params"][0].dtype == torch.float32
+    opt.free()
+    opt_stuck.free()
+
+
+def test_master_weights_refuse_what_they_cannot_do_in_one_line():
+    with pytest.raises(ConfigError, match="these are torch.float32: leave master_weights"):
+        model = _model()
+        DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                               master_weights=True)
+    with pytest.raises(ConfigError, match="master_weights must be True, False or None"):
+        model = _model().bfloat16()
+        DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                               master_weights="yes")
+    model = _model().bfloat16()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.zeros(1, 1, 8, 8, dtype=torch.bfloat16)).sum().backward()
+    sgd.step()
+    with pytest.raises(ConfigError, match="wrap it before its first step"):
+        DecentralizedOptimizer(sgd, "complete")
+    model = _model().bfloat16()
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                                 master_weights=False)
+    other = _model().bfloat16()
+    with_masters = DecentralizedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1),
+                                          "complete")
+    with pytest.raises(ConfigError, match="written with master weights on"):
+        opt.load_state_dict(with_masters.state_dict())
+    opt.free()
+    with_masters.free()
 
 
 def test_checkpoint_round_trip_of_model_and_adam_state(tmp_path):

@@ -39,7 +39,7 @@ cdef extern from "kernels.h" nogil:
                        const double *ws, int n_in, size_t n, asap_cksum_t *cks)
     void asap_wsum_bf16(uint16_t *out, const uint16_t *own, float w0,
                         const uint16_t *const *ins, const float *ws, int n_in, size_t n,
-                        asap_cksum_t *cks)
+                        asap_cksum_t *cks, float *wide)
     void asap_wsum_f16(uint16_t *out, const uint16_t *own, float w0,
                         const uint16_t *const *ins, const float *ws, int n_in, size_t n,
-                        asap_cksum_t *cks)
+                        asap_cksum_t *cks, float *wide)

@@ -397,12 +397,15 @@ static inline uint16_t asap_f32_to_f16(float f) {
  * accumulated in float32 left to right ((w0*own + w1*x1) + w2*x2 ...: every product
  * rounded to float32 before its add, as the float32 reduce), rounded once at the end;
  * out may equal own (a block of own is read before the same block of out is written).
+ * wide, when not NULL, gets the float32 sums before that rounding (float32 master
+ * weights take the mix from there: rounding it to 16 bits first loses, on average, what
+ * the replicas' masters disagree by below one unit in the last place).
  * With cks, every input block is copied once, checksummed and summed from the copy, as
  * the float reduces do. */
 #define ASAP_DEFINE_WSUM16(NAME, TO_F32, FROM_F32)                                        \
   ASAP_CLONES static void NAME(uint16_t *out, const uint16_t *own, float w0,              \
                                const uint16_t *const *ins, const float *ws, int n_in,     \
-                               size_t n, asap_cksum_t *cks) {                             \
+                               size_t n, asap_cksum_t *cks, float *wide) {                \
     enum { BLK = ASAP_CHECKED_BLOCK_BYTES / sizeof(uint16_t) };                           \
     float acc[BLK] __attribute__((aligned(64)));                                          \
     uint16_t copy[BLK] __attribute__((aligned(64)));                                      \
@@ -426,6 +429,7 @@ static inline uint16_t asap_f32_to_f16(float f) {
         for (size_t j = 0; j < m; j++) acc[j] = acc[j] + w * TO_F32(x[j]);                \
       }                                                                                   \
       for (size_t j = 0; j < m; j++) out[s + j] = FROM_F32(acc[j]);                       \
+      if (wide) memcpy(wide + s, acc, m * sizeof(float));                                 \
     }                                                                                     \
   }
 

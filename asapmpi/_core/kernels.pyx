@@ -15,12 +15,13 @@ include "chkerr.pxi"
 
 
 def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
-                 bint bfloat16=False):
+                 bint bfloat16=False, float[::1] wide=None):
     """out = w_self*own + sum_i weights[i]*inputs[i], in one blocked pass.
 
     All buffers are contiguous float32 (or all float64, or all float16) of one size; `out`
     may be `own`.  bfloat16: the buffers hold bfloat16 bit patterns (2-byte integers).
-    float16 and bfloat16 are reduced in float32 and rounded to nearest even once.
+    float16 and bfloat16 are reduced in float32 and rounded to nearest even once; `wide`
+    (float32, one per element) then also gets the sums before that rounding.
     Returns the inputs' checksums (list of int) when `checksum` is true, else None.
     """
     cdef Py_ssize_t n_in = len(inputs)
@@ -32,6 +33,7 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
     cdef asap_cksum_t *cks = NULL
     cdef Py_ssize_t i, got = 0, nbytes, itemsize
     cdef bint have_out = False, have_own = False
+    cdef float *wide_ptr = NULL
     if len(weights) != n_in:
         raise ConfigError(f"{len(weights)} weights for {n_in} inputs")
     fmt = _format(out)
@@ -54,6 +56,13 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
         nbytes = vout.len
         if vown.len != nbytes:
             raise ConfigError("own and out differ in size")
+        if wide is not None:
+            if itemsize != 2 or wide.shape[0] != nbytes // 2:
+                raise ConfigError(f"wide= takes one float32 per element of a 16-bit "
+                                  f"buffer ({nbytes // itemsize} elements of "
+                                  f"{itemsize} bytes here), got {wide.shape[0]}")
+            if wide.shape[0]:
+                wide_ptr = &wide[0]
         vins = <Py_buffer *>malloc(max(n_in, 1) * sizeof(Py_buffer))
         ptrs = <const void **>malloc(max(n_in, 1) * sizeof(void *))
         w64 = <double *>malloc(max(n_in, 1) * sizeof(double))
@@ -78,11 +87,11 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
             elif itemsize == 2 and not bfloat16:
                 asap_wsum_f16(<uint16_t *>vout.buf, <const uint16_t *>vown.buf,
                               <float>w_self, <const uint16_t *const *>ptrs, w32,
-                              <int>n_in, nbytes // 2, cks if checksum else NULL)
+                              <int>n_in, nbytes // 2, cks if checksum else NULL, wide_ptr)
             elif itemsize == 2:
                 asap_wsum_bf16(<uint16_t *>vout.buf, <const uint16_t *>vown.buf,
                                <float>w_self, <const uint16_t *const *>ptrs, w32,
-                               <int>n_in, nbytes // 2, cks if checksum else NULL)
+                               <int>n_in, nbytes // 2, cks if checksum else NULL, wide_ptr)
             else:
                 asap_wsum_f64(<double *>vout.buf, <const double *>vown.buf, w_self,
                               <const double *const *>ptrs, w64, <int>n_in, nbytes // 8,

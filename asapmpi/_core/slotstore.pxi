@@ -71,6 +71,10 @@ cdef class SlotStore:
     cdef int *used
     cdef int *status
     cdef char *own_copy             # the reader's buffer before a pass that may be undone
+    cdef float *wide                # 16-bit buffers: where the float32 sums also go, or NULL
+    cdef object _wide_ref           # the array `wide` points into (kept alive)
+    #: reduces that wrote their float32 sums to the set_wide() array
+    cdef readonly int64_t wide_count
     cdef sync_fn sync
     cdef void *sync_ctx
     cdef int64_t[:, ::1] _stats
@@ -128,6 +132,24 @@ cdef class SlotStore:
         free(self.used)
         free(self.status)
         free(self.own_copy)
+
+    def set_wide(self, wide):
+        """From now on every reduce of this 16-bit store also writes its float32 sums,
+        before they are rounded, into `wide` (a C-contiguous float32 array of one value
+        per element; None stops it); wide_count counts the reduces that did."""
+        cdef float[::1] view
+        if wide is None:
+            self.wide, self._wide_ref = NULL, None
+            return
+        if self.kernel not in (2, 3):
+            raise ConfigError(f"set_wide keeps the float32 sums of a bfloat16 or float16 "
+                              f"reduce; this store reduces {self.dtype}")
+        view = wide
+        if view.shape[0] != self.nbytes // self.itemsize:
+            raise ConfigError(f"set_wide takes one float32 per element "
+                              f"({self.nbytes // self.itemsize}), got {view.shape[0]}")
+        self._wide_ref = view
+        self.wide = &view[0] if view.shape[0] else NULL
 
     cdef int keep_copies(self) except -1:
         """Before a reduce that may have to undo its pass (seqlock, checksum, or
@@ -193,6 +215,8 @@ cdef class SlotStore:
                 self._count()
                 return -3
         self._count()
+        if self.wide != NULL:
+            self.wide_count += 1
         return n_used
 
     cdef int check(self, int64_t min_version, int64_t max_version, bint exact_each,
@@ -279,11 +303,11 @@ cdef class SlotStore:
         elif self.kernel == 2:
             asap_wsum_bf16(<uint16_t *>out, <const uint16_t *>own, <float>(w_self * scale),
                            <const uint16_t *const *>self.ins, self.ws_f32, k,
-                           self.nbytes // 2, self._cks_compact(checksum, k))
+                           self.nbytes // 2, self._cks_compact(checksum, k), self.wide)
         elif self.kernel == 3:
             asap_wsum_f16(<uint16_t *>out, <const uint16_t *>own, <float>(w_self * scale),
                           <const uint16_t *const *>self.ins, self.ws_f32, k,
-                          self.nbytes // 2, self._cks_compact(checksum, k))
+                          self.nbytes // 2, self._cks_compact(checksum, k), self.wide)
         else:
             asap_wsum_f64(<double *>out, <const double *>own, w_self * scale,
                           <const double *const *>self.ins, self.ws_f64, k,

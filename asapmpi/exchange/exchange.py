@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from .. import _core, collectives
 from ..device import DeviceReduce
-from ..dtypes import ITEMSIZE, nonfinite, numpy_dtype
+from ..dtypes import HALF, ITEMSIZE, nonfinite, numpy_dtype
 from ..errors import ConfigError, FreedError, NonFiniteError
 from ..launch import cores
 from ..launch.faults import install_abort_hook
@@ -176,7 +176,7 @@ class Exchange:
         self._policy = local["policy"]
         self._ctx = StepContext(float(w[rank, rank]),
                                 np.ascontiguousarray(w[rank, self.in_neighbours]),
-                                self.timeout, bool(checksum))
+                                self.timeout, bool(checksum), dtype=self.dtype)
         self.transport = "put"
         self.transport_report: Dict[str, Any] = {"requested": transport, "chosen": None,
                                                  "reason": "no window: MPI collectives"}
@@ -213,7 +213,6 @@ class Exchange:
             self._comm = comm.Dup()
             self._ctx.comm = self._comm
             self._ctx.array = np.frombuffer(self._work, dtype=numpy_dtype(self.dtype))
-            self._ctx.dtype = self.dtype
         # where ranks that ran out of data say so (join()); nothing is written to it
         # while every rank trains
         self._joiner = JoinBoard(comm, self.timeout)
@@ -503,6 +502,34 @@ class Exchange:
         if win is None:
             return {}
         return {r: _core.STATUS_NAMES[s] for r, s in zip(self.in_neighbours, win.last_status())}
+
+    def keep_float32_mix(self, array: Optional[np.ndarray]) -> None:
+        """For a bfloat16 or float16 buffer: every reduce from now on also writes its
+        float32 sums, before they are rounded into the buffer, to `array` (C-contiguous
+        float32, one value per element of the buffer; None stops it).  `float32_mixes`
+        counts the reduces that did; one done elsewhere (on a CUDA device) does not.
+        Float32 master weights take the mix from there (asapmpi.torch)."""
+        if self.dtype not in HALF:
+            raise ConfigError(f"keep_float32_mix is for bfloat16 or float16 buffers; this "
+                              f"one is {self.dtype}, its reduce rounds nothing")
+        count = self.nbytes // ITEMSIZE[self.dtype]
+        if array is not None and not (isinstance(array, np.ndarray)
+                                      and array.dtype == np.float32
+                                      and array.flags.c_contiguous and array.size == count):
+            raise ConfigError(f"keep_float32_mix takes a C-contiguous float32 NumPy array of "
+                              f"{count} values (one per element of the buffer)")
+        win = self._alive()
+        # a policy that reduces outside the window's store (allreduce, gossip's pulls)
+        # writes ctx.wide itself
+        self._ctx.wide = None if array is None else array.reshape(-1)
+        if win is not None:
+            win.store.set_wide(self._ctx.wide)
+
+    @property
+    def float32_mixes(self) -> int:
+        """Reduces that wrote their float32 sums to keep_float32_mix's array."""
+        win = self._alive()
+        return self._ctx.wide_count + (0 if win is None else int(win.store.wide_count))
 
     @property
     def window(self):

@@ -42,7 +42,8 @@ class Allreduce(Policy):
             # MPI has no 16-bit floats: sum in float32, round once (as the slot reduce)
             if self._wide is None:
                 self._wide = np.empty(ctx.array.shape, dtype=np.float32)
-            summed = half_to_f32(ctx.array, ctx.dtype, out=self._wide)
+            wide = self._wide if ctx.wide is None else ctx.wide
+            summed = half_to_f32(ctx.array, ctx.dtype, out=wide)
         request = ctx.comm.Iallreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         if wait_polled([request], time.monotonic() + ctx.timeout):
             # a collective request can be neither cancelled nor freed while the others
@@ -55,4 +56,6 @@ class Allreduce(Policy):
         summed /= ctx.comm.Get_size()
         if summed is not ctx.array:
             f32_to_half(summed, ctx.dtype, out=ctx.array)
+            if summed is ctx.wide:
+                ctx.wide_count += 1
         self.calls += 1

@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
 from .base import Policy, Reads, StepContext, server_star
 from .baselines import NEWEST
+from .feedback import RoundingFeedback
 
 
 class BackupPS(Policy):
@@ -57,6 +58,7 @@ class BackupPS(Policy):
                 raise ConfigError(f"backup_ps option {label} must be an integer >= 0, got "
                                   f"{value!r}")
         self.backup, self.server, self.seed = int(backup), int(server), int(seed)
+        self._rounding = RoundingFeedback()     # the server's publication
         self._rng = np.random.default_rng(seed)
         self.dropped = 0            # contributions of iterations reduced without them
 
@@ -119,6 +121,7 @@ class BackupPS(Policy):
                                 f"check; a worker broke the protocol")
         self.dropped += win.n_in - need
         self.reduced.append((k, *versions))
+        self._rounding.round_into(buf, ctx)
         # workers may be reading the previous version: seqlock write
         win.put(buf, k, k, seqlock=True, checksum=ctx.checksum)
 

@@ -37,6 +37,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import zipline
 from .base import Policy, Reads, StepContext, server_star
+from .feedback import RoundingFeedback
 
 ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
               "full_gridscan": zipline.full_gridscan}
@@ -72,6 +73,7 @@ class ElasticBSP(Policy):
         self.R, self.server, self.algorithm, self.window = int(R), int(server), algorithm, \
             int(window)
         self.layouts = None                 # every rank's window layout (set by Exchange)
+        self._rounding = RoundingFeedback()     # the server's publication
 
     def join_refusal(self) -> Optional[str]:
         """Supersteps count global iterations, not each rank's steps: not yet joined."""
@@ -153,6 +155,7 @@ class ElasticBSP(Policy):
         workers = win.n_in
         win.reduce(buf, 0.0, np.full(workers, 1.0 / workers), s, s, s,
                    checksum=ctx.checksum, require_all=True)
+        self._rounding.round_into(buf, ctx)
         # the counts of superstep s were assigned at s - 1 (1 each for the first)
         self._total += int(np.sum(self._counts)) if s > 1 else workers
         self._global = self._total // workers

@@ -182,7 +182,9 @@ class Gossip(Policy):
             kind = np.uint16 if win.dtype == "bfloat16" else np.float16
             array = np.frombuffer(buf, dtype=kind)
             weighted_sum(array, array, 0.5, [np.frombuffer(self._tmp, dtype=kind)],
-                         [0.5], bfloat16=win.dtype == "bfloat16")
+                         [0.5], bfloat16=win.dtype == "bfloat16", wide=ctx.wide)
+            if ctx.wide is not None:
+                ctx.wide_count += 1
         else:
             array = np.frombuffer(buf, dtype=self._dtype(win))
             peer_model = np.frombuffer(self._tmp, dtype=array.dtype)

@@ -51,6 +51,7 @@ import asapmpi
 from asapmpi.errors import ConfigError
 
 from .flat import FlatParameters, PackedTensors, common_device, host_bcast
+from .master import MasterWeights, wants_masters
 
 MODES = ("serial", "parallel")
 BUFFERS = ("mix", "broadcast", "local")
@@ -130,6 +131,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         parameters' storage alternates between the exchange's two buffers; the Parameter
         objects stay).  A model on a CUDA device keeps its flat buffer there, staged by
         the Exchange through pinned host memory (asapmpi.device).
+    master_weights: step the wrapped optimizer on float32 copies of bfloat16 or float16
+        parameters (bindings/torch/master.py): the model and the exchange keep the
+        16-bit values, no update is rounded away.  Default: on for 16-bit parameters;
+        False exchanges and updates them as they are.
 
     It is a torch.optim.Optimizer whose `param_groups`, `state` and `defaults` are the
     wrapped optimizer's (the same objects): learning-rate schedulers and gradient
@@ -145,7 +150,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                  sync: str = "notify_ack", *, period: int = 1, mode: str = "serial",
                  broadcast: bool = True, comm: Optional[MPI.Comm] = None,
                  model: Optional[torch.nn.Module] = None, buffers: str = "mix",
-                 **exchange_options):
+                 master_weights: Optional[bool] = None, **exchange_options):
         if isinstance(optimizer, DecentralizedOptimizer):
             raise ConfigError("optimizer is a DecentralizedOptimizer already; wrap the "
                               "plain torch.optim optimizer once")
@@ -186,6 +191,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                 raise ConfigError(f"sync={sync!r} decides itself when each worker "
                                   f"synchronizes: use period=1 and mode='serial'")
             self.flat = FlatParameters(trainable, mixed)
+            masters = wants_masters(master_weights, self.flat, optimizer)
             self.side = PackedTensors(side)
             layout = (self.side.nbytes, [tuple(p.shape) for p in self.frozen])
         except ConfigError as exc:
@@ -221,6 +227,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             for p in self.frozen:
                 _bcast_tensor(p, self._side_comm)
             self.side.bcast(self._side_comm)
+        #: the float32 masters the wrapped optimizer steps on, or None
+        self.master = MasterWeights(optimizer, self.flat, self.exchange) if masters else None
         self.iteration = 0
         self._sent = False
         self._bytes_before_send = 0
@@ -256,8 +264,11 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                           "is created; add the group to the torch optimizer before wrapping")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients, as torch.optim.Optimizer.zero_grad."""
+        """Clear the gradients, as torch.optim.Optimizer.zero_grad (with master
+        weights, the 16-bit parameters' too)."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self.master is not None:
+            self.master.clear_grads()
 
     def _mixes(self, iteration: int) -> bool:
         return iteration % self.period == 0
@@ -303,7 +314,12 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     def _update(self, closure=None):
         """The wrapped optimizer's step, unless a GradScaler found inf or NaN gradients
         (then nothing: the mix goes on); gradients it left scaled are unscaled first,
-        as GradScaler.unscale_ would (multiplied by the float32 reciprocal)."""
+        as GradScaler.unscale_ would (multiplied by the float32 reciprocal).  With master
+        weights: the masters take what changed the 16-bit parameters and their
+        gradients, the optimizer steps on them, the parameters get them rounded."""
+        if self.master is not None:
+            self.master.absorb()
+            self.master.grads_in()
         found_inf = getattr(self, "found_inf", None)
         if found_inf is not None and float(found_inf) > 0:
             return None
@@ -315,7 +331,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                     for p in group["params"]:
                         if p.grad is not None:
                             p.grad.mul_(inverse)
-        return self.optimizer.step(closure)
+        loss = self.optimizer.step(closure)
+        if self.master is not None:
+            self.master.push()
+        return loss
 
     def _mixed(self) -> None:
         if self.broadcast_each_mix:
@@ -342,8 +361,11 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             # parallel mode: Send(k+1) is out already; a resumed run sends it again
             # (it restarts from these parameters), so it is not counted here
             exchange["bytes_sent"] = self._bytes_before_send
-        return {"optimizer": self.optimizer.state_dict(), "exchange": exchange,
-                "iteration": self.iteration, "period": self.period, "mode": self.mode}
+        state = {"optimizer": self.optimizer.state_dict(), "exchange": exchange,
+                 "iteration": self.iteration, "period": self.period, "mode": self.mode}
+        if self.master is not None:
+            state["master"] = self.master.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from state_dict(); before the first step, on every rank alike."""
@@ -355,8 +377,15 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"the checkpoint was written with period={state['period']}, "
                               f"mode={state['mode']!r}; this optimizer has "
                               f"period={self.period}, mode={self.mode!r}")
+        if (self.master is not None) != ("master" in state):
+            raise ConfigError("the checkpoint was written with master weights "
+                              f"{'on' if 'master' in state else 'off'}, this optimizer has "
+                              f"them {'on' if self.master is not None else 'off'}; pass the "
+                              f"same master_weights")
         self.exchange.load_state_dict(state["exchange"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.master is not None:
+            self.master.load_state_dict(state["master"])
         self.iteration = int(state["iteration"])
         self.check()
 

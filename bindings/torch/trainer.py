@@ -496,6 +496,8 @@ class _Loop:
         """This rank's model, optimizer and exchange state, iteration, RNG and metrics."""
         def work():
             trainer = self.opt.state_dict()
+            if "master" in trainer:
+                trainer["master"] = trainer["master"].numpy()
             tree = {"model": state.module_state(self.model),
                     "optimizer": state.optimizer_state(trainer.pop("optimizer")),
                     "trainer": trainer,
