@@ -380,7 +380,7 @@ def test_one_rank_bfloat16_with_masters_is_float32_training_rounded(mode):
 
 
 def test_master_weights_refuse_what_they_cannot_do_in_one_line():
-    with pytest.raises(ConfigError, match="these are torch.float32: leave master_weights"):
+    with pytest.raises(ConfigError, match=r"these are torch\.float32: leave master_weights"):
         model = _model()
         DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
                                master_weights=True)
