@@ -565,3 +565,35 @@ def test_learning_rate_schedules_of_the_demos():
     assert learning_rate(svm, 200) == pytest.approx(0.5 / (1 + 1e-4 * 0.5 * 200))
     cnn = TrainConfig(model="cnn", iters=100, lr=0.05).resolved()
     assert learning_rate(cnn, 0) == learning_rate(cnn, 99) == 0.05
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+def test_a_forgotten_free_is_one_line_per_rank_and_no_traceback(path, tmp_path):
+    # an optimizer (its exchange, its join board) never freed: each rank says so once,
+    # and the MPI's own complaints about the registered memory are not repeated
+    import subprocess
+    import sys
+
+    from mpilaunch import job_command
+
+    script = tmp_path / "forget.py"
+    script.write_text(
+        "import torch\nfrom asapmpi.torch import DecentralizedOptimizer\n"
+        "model = torch.nn.Linear(8, 2)\n"
+        "opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "
+        "'ring', model=model, timeout=60)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad()\n"
+        "    model(torch.ones(4, 8)).sum().backward()\n"
+        "    opt.step()\n"
+        "print('trained', flush=True)\n")
+    cmd, env = job_command(2, [sys.executable, str(script)], path, timeout=90)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("trained") == 2, proc.stdout
+    said = sorted(line for line in proc.stderr.splitlines() if "without free()" in line)
+    assert [line.split(":")[1] for line in said] == [" rank 0", " rank 1"], proc.stderr
+    for noise in ("Traceback", "Exception ignored", "UCX", "mpool"):
+        assert noise not in proc.stderr, proc.stderr
