@@ -76,7 +76,9 @@ def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
     return pending
 
 
-def _cancel(requests: List[MPI.Request]) -> None:
+def cancel(requests: List[MPI.Request]) -> None:
+    """Cancel each request still pending and complete it (a message that was already
+    matched completes instead)."""
     for req in requests:
         if req != MPI.REQUEST_NULL:
             req.Cancel()
@@ -99,14 +101,14 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
         recvs = [comm.Irecv([byte[r:r + 1], MPI.BYTE], source=r, tag=ARRIVE_TAG)
                  for r in range(1, size)]
         missing = [i + 1 for i in wait_polled(recvs, deadline)]
-        _cancel([recvs[r - 1] for r in missing])
+        cancel([recvs[r - 1] for r in missing])
         verdict[0] = len(missing)
         verdict[1:1 + len(missing)] = missing
         present = [r for r in range(1, size) if r not in missing]
         sends = [comm.Isend([verdict, MPI.INT64_T], dest=r, tag=VERDICT_TAG) for r in present]
         # the verdict is small (sent eagerly): a rank that arrived cannot keep it waiting
         late = wait_polled(sends, time.monotonic() + timeout)
-        _cancel([sends[i] for i in late])
+        cancel([sends[i] for i in late])
     else:
         one = np.ones(1, dtype=np.uint8)
         send = comm.Isend([one, MPI.BYTE], dest=0, tag=ARRIVE_TAG)
@@ -114,7 +116,7 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
         # rank 0 sends its verdict at its own deadline, which may be after ours: wait a
         # little longer, so that the missing rank, not rank 0, is named
         if wait_polled([recv], deadline + min(timeout, VERDICT_GRACE_S)):
-            _cancel([recv, send])
+            cancel([recv, send])
             raise NeighbourTimeoutError(rank, f"{what} (relayed by rank 0)", [0], [], [],
                                         timeout)
         send.Wait()

@@ -40,23 +40,31 @@ class NeighbourTimeoutError(AsapError, TimeoutError):
     """
 
     def __init__(self, rank: int, what: str, ranks: Sequence[int], expected: Sequence[int],
-                 observed: Sequence[int], timeout: float):
+                 observed: Sequence[int], timeout: float, why: str = ""):
         self.rank = rank
         self.what = what
         self.ranks = list(ranks)
         self.expected = list(expected)
         self.observed = list(observed)
         self.timeout = timeout
+        #: what is known of the ranks that did not answer (empty: nothing; they are
+        #: dead or stalled), as explained() set it
+        self.why = why
         # a collective has no per-rank value to show: just the ranks that never arrived
         detail = ", ".join(
             f"rank {r} (expected {e}, last seen {o})" for r, e, o in zip(ranks, expected, observed)
         ) if self.expected else ", ".join(f"rank {r}" for r in ranks) or \
             "a rank of the communicator (an MPI collective does not say which)"
-        super().__init__(
-            f"rank {rank}: timed out after {timeout:g} s waiting for {what} from {detail}; "
-            f"the neighbour is dead or stalled (raise the timeout with ASAPMPI_TIMEOUT if "
-            f"it is only slow)"
-        )
+        cause = why or ("the neighbour is dead or stalled (raise the timeout with "
+                        "ASAPMPI_TIMEOUT if it is only slow)")
+        super().__init__(f"rank {rank}: timed out after {timeout:g} s waiting for {what} "
+                         f"from {detail}; {cause}")
+
+    def explained(self, why: str) -> "NeighbourTimeoutError":
+        """The same timeout, saying `why` the ranks did not answer instead of 'dead or
+        stalled'."""
+        return NeighbourTimeoutError(self.rank, self.what, self.ranks, self.expected,
+                                     self.observed, self.timeout, why)
 
 
 class ProtocolError(AsapError, RuntimeError):

@@ -57,6 +57,30 @@ def test_joins_of_successive_epochs_do_not_mix(sync):
         assert len({r["finals"][e] for r in res}) == 1, res
 
 
+@pytest.mark.parametrize("sync", ["notify_ack", "bsp", "hop"])
+def test_a_rank_that_left_without_join_is_told_from_a_dead_one(sync):
+    # rank 3 steps 10 times and enters free() without join(); its neighbours wait for
+    # its version 11: the timeout says it is alive and finished, and what to change
+    from mpilaunch import launch
+
+    proc = launch("test_join:without_join", 4, "shm", timeout=90, sync=sync,
+                  steps=[11, 11, 11, 10])
+    errors = dict(re.findall(r"^rank (\d): (.*)$", proc.stdout, re.M))
+    # rank 3's neighbours (2 and 0 on the ring) heard it leave; a timeout that names
+    # rank 3 (NOTIFY-ACK and Hop wait on it, BSP's barrier names its root) says so
+    told = [e for r, e in errors.items() if r in "02"]
+    assert told, proc.stdout + proc.stderr
+    for e in told:
+        assert re.search(r"rank 3 (is alive but finished: it|\(a neighbour\)) entered "
+                         r"free\(\) after 10 steps without join\(\)", e), e
+        assert "must all end their loops in join()" in e and "dead or stalled" not in e, e
+    for e in errors.values():
+        if "from rank 3 (" in e:
+            # its last version, also among Hop's rotating slots (not the slot's former)
+            assert "from rank 3 (expected 11, last seen 10)" in e, e
+            assert "rank 3 is alive but finished" in e, e
+
+
 def test_join_is_deterministic_under_notify_ack():
     from mpilaunch import run
 
@@ -154,6 +178,24 @@ def uneven(comm, sync="notify_ack", steps=(11, 11, 10, 10)):
                "mean": float(buf.mean()),
                "digest": hashlib.sha256(buf.tobytes()).hexdigest()}
     return out
+
+
+def without_join(comm, sync="notify_ack", steps=(11, 11, 11, 10)):
+    """Rank r steps steps[r] times and frees without join(); each rank prints the error
+    it got, as 'rank R: MESSAGE'."""
+    from asapmpi import Exchange, rc
+    from asapmpi.errors import NeighbourTimeoutError
+
+    rc.timeout_startup = 4          # free()'s deadline under Hop (default 300 s)
+    buf = np.zeros(256)
+    ex = Exchange(buf, "bidirectional-ring", sync, comm=comm, timeout=4)
+    try:
+        for _ in range(steps[comm.rank]):
+            ex.step()
+        ex.free()
+    except NeighbourTimeoutError as exc:
+        print(f"rank {comm.rank}: {exc}", flush=True)
+    return {}
 
 
 def epochs(comm, sync="notify_ack", epochs=()):

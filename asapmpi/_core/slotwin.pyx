@@ -1189,12 +1189,20 @@ cdef class SlotWindow:
 
     cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout,
                         bint at_least=False):
+        cdef Py_ssize_t rel, sender
         waiting, expected, observed = [], [], []
         for i in range(n):
             value = asap_load_i64(self.base + self.wait_offs[i])
             if (value < self.wait_expected[i]) if at_least else (value != self.wait_expected[i]):
                 waiting.append(ranks[i])
                 expected.append(self.wait_expected[i])
+                # a notify word of rotating slots (depth > 1) holds the version that slot
+                # had before: the sender's last version is the newest of its slots
+                rel = self.wait_offs[i] - self.off_notify
+                if self.depth > 1 and 0 <= rel < 8 * self.n_in * self.depth:
+                    sender = (rel // 8) // self.depth
+                    value = max(self._own_word(self.off_notify + 8 * (sender * self.depth + s))
+                                for s in range(self.depth))
                 observed.append(value)
         if not waiting:
             return  # everything arrived just as the time ran out: not a timeout

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from .. import _core, collectives
 from ..device import DeviceReduce
 from ..dtypes import HALF, ITEMSIZE, nonfinite, numpy_dtype
-from ..errors import ConfigError, FreedError, NonFiniteError
+from ..errors import ConfigError, FreedError, NeighbourTimeoutError, NonFiniteError
 from ..launch import cores
 from ..launch.faults import install_abort_hook
 from ..launch.ranks import check_world_size
@@ -259,8 +259,12 @@ class Exchange:
             self._stager.before_send()
         self._check_finite()
         self._iteration_started()
-        done = self._policy.step(self._device_reduce or win, self._work,
-                                 self._window_version + 1, self._ctx)
+        try:
+            done = self._policy.step(self._device_reduce or win, self._work,
+                                     self._window_version + 1, self._ctx)
+        except NeighbourTimeoutError as exc:
+            raise self._joiner.explain(exc, self.in_neighbours,
+                                       self._window_version + 1) from None
         if self._stager is not None:
             self._stager.after_receive()
         self._advance(done)
@@ -292,8 +296,12 @@ class Exchange:
         if not self._sending:
             raise ConfigError("receive() without send(); call send() first (or step())")
         self._sending = False
-        done = self._policy.receive(self._device_reduce or win, self._work,
-                                    self._window_version + 1, self._ctx)
+        try:
+            done = self._policy.receive(self._device_reduce or win, self._work,
+                                        self._window_version + 1, self._ctx)
+        except NeighbourTimeoutError as exc:
+            raise self._joiner.explain(exc, self.in_neighbours,
+                                       self._window_version + 1) from None
         if self._stager is not None:
             self._stager.after_receive()
         self._advance(done)
@@ -563,8 +571,11 @@ class Exchange:
             # may leave a slow rank far behind, alive, with steps still to do
             deadline = self.timeout if self._policy.lockstep else \
                 max(self.timeout, rc.timeout_startup)
+            # a neighbour still waiting for this rank's next version learns why it
+            # will not come (JoinBoard.explain)
+            self._joiner.say_leaving(self._entered(), self.out_neighbours)
             collectives.arrive(self.comm, deadline, "free() of an Exchange")
-            self._joiner.free()
+            self._joiner.free(self.in_neighbours)
             if self.trace_file and self.rank == 0:
                 from .. import trace
 

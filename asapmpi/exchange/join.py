@@ -24,6 +24,12 @@ every rank joined (it then contributes that count or more) or as a catch-up to a
 already on the board (entered, hence contributed, by another rank).  So no rank waits in
 step 3 for a step another rank will not enter, and every rank ends at J.
 
+A rank that enters free() tells its out-neighbours so, with its count, in a small
+message (not on the board: a passive-target write to a dead neighbour may never
+return): a neighbour that times out waiting for its next version then tells a rank
+that finished its loop without join() (alive, waiting in free()) from one that joined
+and stalled or is dead (explain()).
+
 The joined replicas keep taking part in the average with their current values (as DDP's
 Join divides by the initial world size by default): the ranks still training are pulled
 a little towards them for the last steps.  Policies that jump versions (Hop with
@@ -45,6 +51,8 @@ MAX_IDLE_SLEEP_S = 0.002
 #: a board word is (round + 1) << COUNT_BITS | (count + 1): a join of an earlier epoch
 #: does not count as joined in this one
 COUNT_BITS = 40
+#: the tag of the message a rank entering free() sends its out-neighbours
+LEAVING_TAG = 71
 
 
 class JoinBoard:
@@ -54,7 +62,13 @@ class JoinBoard:
     def __init__(self, comm, timeout: float):
         #: joins completed (the same on every rank: each join is collective)
         self.round = 0
+        from mpi4py import MPI
+
+        self.MPI = MPI
         self.comm = comm.Dup()
+        self._leaving = np.zeros(1, dtype=np.int64)
+        self._sends = []
+        self._heard = {}                # rank: the count its leaving message said
         try:
             self.board = Board(self.comm, 1, timeout, "join board")
         except BaseException:
@@ -66,21 +80,88 @@ class JoinBoard:
         steps."""
         self.board.publish(0, ((self.round + 1) << COUNT_BITS) | (count + 1))
 
-    def counts(self) -> Tuple[np.ndarray, np.ndarray]:
+    def say_leaving(self, count: int, out_neighbours) -> None:
+        """Tell the out-neighbours (the ranks that wait for this one's versions) that
+        this rank entered free() after `count` exchange steps; free() collects the
+        messages."""
+        self._leaving[0] = count
+        rank = self.comm.Get_rank()
+        self._sends = [self.comm.Isend([self._leaving, self.MPI.INT64_T], dest=r,
+                                       tag=LEAVING_TAG)
+                       for r in sorted(set(out_neighbours)) if r != rank]
+
+    def _left(self, ranks) -> dict:
+        # {rank: its count} of those of `ranks` whose leaving message has arrived
+        left = {}
+        for r in ranks:
+            if r not in self._heard and self.comm.Iprobe(source=r, tag=LEAVING_TAG):
+                got = np.zeros(1, dtype=np.int64)
+                self.comm.Recv([got, self.MPI.INT64_T], source=r, tag=LEAVING_TAG)
+                self._heard[r] = int(got[0])
+            if r in self._heard:
+                left[r] = self._heard[r]
+        return left
+
+    def explain(self, exc: NeighbourTimeoutError, in_neighbours=(),
+                awaited: int = 0) -> NeighbourTimeoutError:
+        """`exc` saying which of the ranks it names, or of this rank's in-neighbours
+        that stepped fewer than `awaited` times (the version this rank waited to
+        complete), entered free() (they finished their steps without join()), and which
+        of the ranks it names joined and stopped; unchanged when nothing is known of
+        them (dead or stalled)."""
+        named = list(exc.ranks)
+        left = self._left(named + [r for r in in_neighbours if r not in named])
+        joined, counts = self.counts()
+        said = []
+        for r in named:
+            if r in left:
+                said.append(f"rank {r} is alive but finished: it entered free() after "
+                            f"{left[r]} steps without join()")
+            elif joined[r]:
+                said.append(f"rank {r} ran out of data and joined (step {counts[r]}) but "
+                            f"stopped stepping along: it is stalled")
+        for r in sorted(r for r in set(left) - set(named) if left[r] < awaited):
+            said.append(f"rank {r} (a neighbour) entered free() after {left[r]} steps "
+                        f"without join()")
+        if not said:
+            return exc
+        if any("free()" in line for line in said):
+            said.append("ranks that step different numbers of times (uneven data) must "
+                        "all end their loops in join() (`with opt.join():` around the "
+                        "loop, or ex.join() after it)")
+        return exc.explained("; ".join(said))
+
+    def counts(self, words: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(per rank whether it has joined this round, per rank its count in this
         round or -1).  A rank already joined in the next round (it went on without
         waiting for this one's agreement to complete here) has joined this one; its
         count belongs to the next round."""
-        words = self.board.read()[:, 0]
+        words = (self.board.read() if words is None else words)[:, 0]
         rounds = words >> COUNT_BITS
         counts = (words & ((1 << COUNT_BITS) - 1)) - 1
         return rounds >= self.round + 1, np.where(rounds == self.round + 1, counts, -1)
 
-    def free(self) -> None:
-        """Collective, once the ranks met (Exchange.free's arrival): free both."""
-        if self.board.win is not None:
-            self.board.free(meet=False)
-            self.comm.Free()
+    def free(self, in_neighbours) -> None:
+        """Collective, once the ranks met (Exchange.free's arrival, after every rank's
+        say_leaving): collect the in-neighbours' leaving messages, free the board and
+        the communicator."""
+        if self.board.win is None:
+            return
+        from ..collectives import cancel, wait_polled
+
+        rank = self.comm.Get_rank()
+        # every in-neighbour sent its message before the ranks met: it is on its way
+        senders = sorted(set(in_neighbours) - set(self._heard) - {rank})
+        got = np.zeros(max(len(senders), 1), dtype=np.int64)
+        recvs = [self.comm.Irecv([got[i:i + 1], self.MPI.INT64_T], source=r, tag=LEAVING_TAG)
+                 for i, r in enumerate(senders)]
+        deadline = time.monotonic() + self.board.timeout
+        cancel([recvs[i] for i in wait_polled(recvs, deadline)])
+        # eager sends of 8 bytes: complete once buffered; a dead receiver's is cancelled
+        cancel([self._sends[i] for i in wait_polled(self._sends, deadline)])
+        self._sends = []
+        self.board.free(meet=False)
+        self.comm.Free()
 
 
 def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
