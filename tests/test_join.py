@@ -118,6 +118,11 @@ def test_shards_cover_the_data_once_and_differ_by_one_example():
     assert list(ShardSampler(10, rank=1, size=4, shuffle=False)) == [1, 5, 9]
     with pytest.raises(ConfigError, match="a dataset of 3 examples leaves ranks of 4"):
         ShardSampler(3, rank=0, size=4)
+    # even: as long as the longest, padded with the permutation's first examples
+    even = [list(ShardSampler(1282, rank=r, size=4, seed=3, even=True)) for r in range(4)]
+    assert [len(x) for x in even] == [321] * 4
+    assert even[:2] == first[:2] and even[2][:320] == first[2] and even[3][:320] == first[3]
+    assert [even[2][-1], even[3][-1]] == [first[0][0], first[1][0]]
 
 
 def test_the_uneven_shards_example_runs_two_epochs():

@@ -400,7 +400,14 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         rank steps on to one final version (Exchange.join).  Nothing happens while an
         exception leaves the block (the job is ending)."""
         yield
-        self.exchange.join(step=self._shadow_step)
+        self.join_now()
+
+    def join_now(self) -> int:
+        """This rank's loop has ended (what leaving a ``with opt.join():`` block does;
+        for training loops run by a framework, called from its end-of-epoch hook): step
+        along without gradients until every rank has joined, then on to the final
+        version, which it returns."""
+        return self.exchange.join(step=self._shadow_step)
 
     def _shadow_step(self) -> None:
         # no gradients: the wrapped optimizer skips every parameter, the exchange mixes
