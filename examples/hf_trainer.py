@@ -88,6 +88,8 @@ def main() -> None:
     summary = {"ranks": comm.size, "sync": args.sync, "steps": result.global_step,
                "loss_first": losses[0], "loss_last": losses[-1], "eval_loss": evaluated,
                "replica_gap": comm.allreduce(gap, op=MPI.MAX),
+               # the gap the average at the end of training closed
+               "replica_gap_before_average": comm.allreduce(first.replica_gap, op=MPI.MAX),
                "rank_dir": os.path.basename(first.args.output_dir)}
     if args.check_resume:
         again = trainer(out, args.steps, args.sync, save_every=half)

@@ -29,7 +29,10 @@ Run it with mpiexec.  What the Trainer needs changed, and where it is done:
   DecentralizedOptimizer with `sync`, `graph` and the exchange options given; pass
   `optimizers=(DecentralizedOptimizer(...), scheduler)` to build it yourself.
 
-Evaluation runs on each rank's own replica; rank 0 logs its metrics.
+When train() ends (not by an exception) the replicas are averaged once (one
+allreduce: every rank holds the consensus model; `average_at_end=False` keeps each
+rank's own) and the exchange is freed.  Evaluation runs on each rank's replica; rank 0
+logs its metrics.
 """
 from __future__ import annotations
 
@@ -75,14 +78,20 @@ class DecentralizedTrainer(transformers.Trainer):
     """A transformers.Trainer whose ranks mix their replicas through asapmpi (module
     docstring).  sync, graph: as DecentralizedOptimizer; comm: the communicator
     (default MPI.COMM_WORLD); exchange_options: more DecentralizedOptimizer and
-    Exchange options (period=, timeout=, buffers=, master_weights=, ...).  The other
-    arguments are the Trainer's."""
+    Exchange options (period=, timeout=, buffers=, master_weights=, ...);
+    average_at_end: average the replicas when train() ends.  The other arguments are
+    the Trainer's."""
 
     def __init__(self, *args, sync: str = "notify_ack", graph=None, comm=None,
-                 exchange_options: Optional[Dict[str, Any]] = None, **kwargs):
+                 exchange_options: Optional[Dict[str, Any]] = None,
+                 average_at_end: bool = True, **kwargs):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.sync, self.graph = sync, graph
         self.exchange_options = dict(exchange_options or {})
+        self.average_at_end = bool(average_at_end)
+        #: before the average at the end of train(): the largest gap of this replica to
+        #: the ranks' mean (None until then)
+        self.replica_gap: Optional[float] = None
         #: the DecentralizedOptimizer (once created; None after train() freed it)
         self.decentralized: Optional[DecentralizedOptimizer] = None
         if self.comm.Get_rank() != 0:
@@ -133,13 +142,16 @@ class DecentralizedTrainer(transformers.Trainer):
         return self.comm.Get_rank() == 0
 
     def train(self, *args, **kwargs):
-        """Trainer.train, then the exchange is freed (collective): evaluate() and
-        save_model() go on working on this rank's replica."""
+        """Trainer.train, then the replicas averaged (average_at_end) and the exchange
+        freed (collective): evaluate() and save_model() go on working on this rank's
+        replica."""
         resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
         self._resuming = resume not in (None, False)
         # an exception leaves the exchange as it is: freeing is collective, and the
         # other ranks may be gone (the job is ending)
         result = super().train(*args, **kwargs)
+        if self.average_at_end and self.decentralized is not None:
+            self.replica_gap = self.decentralized.average_replicas()
         self.free()
         return result
 

@@ -41,6 +41,7 @@ Two computation graphs (Hop section 3.2):
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -48,7 +49,7 @@ import torch
 from mpi4py import MPI
 
 import asapmpi
-from asapmpi.errors import ConfigError
+from asapmpi.errors import ConfigError, NeighbourTimeoutError
 
 from .flat import FlatParameters, PackedTensors, common_device, host_bcast
 from .master import MasterWeights, wants_masters
@@ -413,6 +414,33 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         # no gradients: the wrapped optimizer skips every parameter, the exchange mixes
         self.zero_grad(set_to_none=True)
         self.step()
+
+    def average_replicas(self) -> float:
+        """Give every rank the mean over the ranks of the parameters and mixed buffers
+        (the float32 masters too): one MPI_Allreduce of the flat buffer, waited for by
+        polling.  Collective, between steps: at the end of training, so that every rank
+        holds the consensus model that decentralized SGD's guarantees are about.
+        Returns the largest difference this rank's values had from the mean."""
+        from .. import collectives
+
+        gap = 0.0
+        tensors = [self.flat.tensor] + ([self.master.tensor] if self.master is not None else [])
+        for tensor in tensors:
+            host = tensor.detach().to("cpu", torch.float64)
+            total = host.numpy().copy()
+            request = self.comm.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+            if collectives.wait_polled([request], time.monotonic() + self.exchange.timeout):
+                raise NeighbourTimeoutError(self.comm.Get_rank(),
+                                            "the allreduce of average_replicas()", [], [], [],
+                                            self.exchange.timeout)
+            mean = torch.from_numpy(total / self.comm.Get_size())
+            if host.numel():
+                gap = max(gap, float((host - mean).abs().max()))
+            with torch.no_grad():
+                tensor.copy_(mean.to(tensor.device, tensor.dtype))
+        if self.master is not None:
+            self.master.push()          # the parameters: the mean masters, rounded
+        return gap
 
     # ------------------------------------------------------------------ lifetime
 
