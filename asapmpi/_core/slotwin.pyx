@@ -1197,12 +1197,15 @@ cdef class SlotWindow:
                 waiting.append(ranks[i])
                 expected.append(self.wait_expected[i])
                 # a notify word of rotating slots (depth > 1) holds the version that slot
-                # had before: the sender's last version is the newest of its slots
+                # had before: the sender's last version is the newest of its slots, or
+                # the newest this rank reduced (a message engine stamps the slots, not
+                # these words)
                 rel = self.wait_offs[i] - self.off_notify
-                if self.depth > 1 and 0 <= rel < 8 * self.n_in * self.depth:
+                if 0 <= rel < 8 * self.n_in * self.depth:
                     sender = (rel // 8) // self.depth
-                    value = max(self._own_word(self.off_notify + 8 * (sender * self.depth + s))
-                                for s in range(self.depth))
+                    value = max([value, self.store._last_version[sender]]
+                                + [self._own_word(self.off_notify + 8 * (sender * self.depth + s))
+                                   for s in range(self.depth)])
                 observed.append(value)
         if not waiting:
             return  # everything arrived just as the time ran out: not a timeout
