@@ -13,6 +13,7 @@ in the last place of their weight: plain bfloat16 rounds them away.
 import argparse
 import copy
 import json
+import time
 
 import torch
 from mpi4py import MPI
@@ -26,8 +27,10 @@ RUNS = (("float32", torch.float32, None), ("bfloat16", torch.bfloat16, None),
         ("bfloat16 as it is", torch.bfloat16, False))
 
 
-def held_out_losses(comm, sync: str, seed: int, steps: int, lr: float) -> dict:
-    """{run label: this replica's held-out loss} for the three runs of RUNS."""
+def held_out_losses(comm, sync: str, seed: int, steps: int, lr: float,
+                    step_s: float = 0.0) -> dict:
+    """{run label: this replica's held-out loss} for the three runs of RUNS; step_s:
+    seconds slept per step (an emulated compute)."""
     g = torch.Generator().manual_seed(1000 + seed)
     teacher = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.Tanh(),
                                   torch.nn.Linear(16, 2))
@@ -54,6 +57,8 @@ def held_out_losses(comm, sync: str, seed: int, steps: int, lr: float) -> dict:
             loss = torch.nn.functional.cross_entropy(model(x[train][idx].to(dtype)).float(),
                                                      y[train][idx])
             loss.backward()
+            if step_s:
+                time.sleep(step_s)
             opt.step()
         opt.free()
         wide = copy.deepcopy(model).float()
@@ -69,6 +74,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--lr", type=float, default=0.002)
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="sleep this long per step: async and gossip read whatever "
+                             "version is newest, so their results depend on the ranks' "
+                             "pace, which the dtype changes unless the step is longer")
     parser.add_argument("--json", help="write every rank's losses here (rank 0)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
@@ -78,7 +87,8 @@ def main() -> None:
               + "   (held-out loss, worst replica)", flush=True)
     for sync in args.policies.split(","):
         for seed in map(int, args.seeds.split(",")):
-            every = comm.gather(held_out_losses(comm, sync, seed, args.steps, args.lr))
+            every = comm.gather(held_out_losses(comm, sync, seed, args.steps, args.lr,
+                                                args.step_ms / 1000))
             if comm.rank == 0:
                 worst = {label: max(r[label] for r in every) for label, *_ in RUNS}
                 rows.append({"policy": sync, "seed": seed, "ranks": every, "worst": worst})
