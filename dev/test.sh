@@ -23,7 +23,7 @@ OMPI_PY="$(bash "$ROOT/dev/setup-openmpi.sh")"
 
 status=0
 echo "=== MPICH ($PY)"
-(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -ra "${MPICH_SELECT[@]}" "$@" tests) || status=1
+(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -ra --durations=40 "${MPICH_SELECT[@]}" "$@" tests) || status=1
 
 echo "=== Open MPI ($OMPI_PY)"
 # from the copy it built in: the checkout's extension modules are MPICH's
@@ -31,5 +31,5 @@ cd "$(dirname "$OMPI_PY")/../src"
 # Open MPI refuses root unless told (CI runs as root); nothing else is set here: every
 # test takes its launcher options from asapmpi.launchers
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-"$OMPI_PY" -m pytest -p no:cacheprovider -ra "${OMPI_SELECT[@]}" "$@" tests || status=1
+"$OMPI_PY" -m pytest -p no:cacheprovider -ra --durations=40 "${OMPI_SELECT[@]}" "$@" tests || status=1
 exit $status
