@@ -156,6 +156,18 @@ def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["serial", "parallel"])
+def test_a_bfloat16_run_with_masters_resumes_bitwise(mode):
+    # the state_dict between two steps holds the last mix in its masters: a run resumed
+    # from it on 3 ranks ends where the uninterrupted one does, bit for bit
+    from mpilaunch import run
+
+    for r in run("test_half_floats:resume_half", 3, "shm", timeout=120, mode=mode):
+        assert r["whole"] == r["resumed"], r
+        assert r["moved"], r
+
+
+@pytest.mark.mpi
 def test_bad_bfloat16_input_is_one_line_on_every_rank():
     from mpilaunch import run
 
@@ -289,3 +301,54 @@ def bad_input(comm):
                 "dtype must be one of float32, float64, bfloat16, float16") if m in text) \
                 if "\n" not in text else text
     return out
+
+
+def resume_half(comm, mode="serial", steps=12, cut=5):
+    """bfloat16 SGD with float32 masters on a ring: steps straight through, and again
+    cut at `cut` into a state_dict that a fresh optimizer resumes from; returns both
+    final parameter digests."""
+    import hashlib
+    import io
+
+    import torch
+
+    from asapmpi.torch import DecentralizedOptimizer
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 4).bfloat16()
+        opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=3e-3,
+                                                     momentum=0.9),
+                                     "ring", "notify_ack", model=model, comm=comm,
+                                     mode=mode, timeout=60)
+        return model, opt
+
+    def train(model, opt, ks):
+        for k in ks:
+            g = torch.Generator().manual_seed(100 * k + comm.rank)
+            x = torch.randn(8, 16, generator=g).bfloat16()
+            opt.zero_grad()
+            model(x).float().pow(2).mean().backward()
+            opt.step()
+
+    def digest(model):
+        return hashlib.sha256(b"".join(p.detach().view(torch.int16).numpy().tobytes()
+                                       for p in model.parameters())).hexdigest()
+
+    model, opt = make()
+    start = digest(model)
+    train(model, opt, range(cut))
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
+    train(model, opt, range(cut, steps))
+    whole = digest(model)
+    opt.free()
+    model, opt = make()
+    saved.seek(0)
+    back = torch.load(saved, weights_only=False)
+    model.load_state_dict(back["model"])
+    opt.load_state_dict(back["opt"])
+    train(model, opt, range(cut, steps))
+    resumed = digest(model)
+    opt.free()
+    return {"whole": whole, "resumed": resumed, "moved": whole != start}

@@ -95,7 +95,8 @@ class MasterWeights:
     def absorb(self) -> None:
         """Carry into the masters what changed the 16-bit parameters since they were
         rounded from them: the float32 mix of the one reduce since (module docstring),
-        else the parameters' own change (none, or a loaded state_dict)."""
+        else the parameters' own change (none, or a loaded state_dict).  Then push()
+        (the optimizer does it after each mix), so that a second absorb finds nothing."""
         mixes = self.exchange.float32_mixes
         with torch.no_grad():
             if mixes == self._mixes + 1:

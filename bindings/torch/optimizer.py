@@ -45,6 +45,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -229,7 +230,15 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                 _bcast_tensor(p, self._side_comm)
             self.side.bcast(self._side_comm)
         #: the float32 masters the wrapped optimizer steps on, or None
-        self.master = MasterWeights(optimizer, self.flat, self.exchange) if masters else None
+        self.master = None
+        if masters and self.exchange.role == "server":
+            # a parameter server only averages (its buffer, which its workers read, is
+            # left alone); it rounds its average with error feedback from the float32
+            # sums (asapmpi/sync/feedback.py)
+            self._server_sums = np.zeros(self.flat.numel, dtype=np.float32)
+            self.exchange.keep_float32_mix(self._server_sums)
+        elif masters:
+            self.master = MasterWeights(optimizer, self.flat, self.exchange)
         self.iteration = 0
         self._sent = False
         self._bytes_before_send = 0
@@ -316,8 +325,9 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's step, unless a GradScaler found inf or NaN gradients
         (then nothing: the mix goes on); gradients it left scaled are unscaled first,
         as GradScaler.unscale_ would (multiplied by the float32 reciprocal).  With master
-        weights: the masters take what changed the 16-bit parameters and their
-        gradients, the optimizer steps on them, the parameters get them rounded."""
+        weights: the masters take what changed the 16-bit parameters since the last mix
+        (a loaded state_dict; nothing otherwise) and their gradients, the optimizer steps
+        on them, the parameters get them rounded."""
         if self.master is not None:
             self.master.absorb()
             self.master.grads_in()
@@ -338,6 +348,11 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _mixed(self) -> None:
+        if self.master is not None:
+            # at once, not at the next update: a checkpoint between the two holds the
+            # mix in its masters (the float32 sums are this step's only)
+            self.master.absorb()
+            self.master.push()
         if self.broadcast_each_mix:
             self.side.bcast(self._side_comm)
 
