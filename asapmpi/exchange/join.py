@@ -83,7 +83,10 @@ class JoinBoard:
     def say_leaving(self, count: int, out_neighbours) -> None:
         """Tell the out-neighbours (the ranks that wait for this one's versions) that
         this rank entered free() after `count` exchange steps; free() collects the
-        messages."""
+        messages.  Nothing once freed (a free() that failed after freeing the board,
+        called again)."""
+        if self.board.win is None:
+            return
         self._leaving[0] = count
         rank = self.comm.Get_rank()
         self._sends = [self.comm.Isend([self._leaving, self.MPI.INT64_T], dest=r,

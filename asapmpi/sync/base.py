@@ -52,7 +52,7 @@ class StepContext:
     #: asapmpi.transports.Transport: send(k), wait(k), release(k)), for policies that
     #: read exact versions (Reads.EXACT); the others drive the window itself
     channel: Optional[Any] = None
-    #: a 16-bit buffer's float32 mean before rounding also goes here when set
+    #: a 16-bit buffer's float32 mix (the sums before rounding) also goes here when set
     #: (Exchange.keep_float32_mix), counted in wide_count (policies without a window)
     wide: Optional[np.ndarray] = None
     wide_count: int = 0
