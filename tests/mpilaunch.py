@@ -65,6 +65,12 @@ HAS_UCX = _has_ucx()
 
 #: pytest marks for tests about one MPI family's behaviour: they run only on it
 mpich_only = pytest.mark.skipif(STACK != "mpich", reason="about MPICH's behaviour")
+#: tests of logic above the core (the trainer's reports and refusals, numerics, the
+#: framework integrations): what they test is the same on both families, and the core
+#: paths they drive are tested on Open MPI by the others; run on the embedded MPICH only
+#: (they would add minutes to CI's Open MPI half)
+above_the_core = pytest.mark.skipif(STACK != "mpich",
+                                    reason="logic above the core: tested on MPICH")
 openmpi_only = pytest.mark.skipif(STACK != "openmpi", reason="about Open MPI's behaviour")
 
 

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.mpi
+from mpilaunch import above_the_core
+
+pytestmark = [pytest.mark.mpi, above_the_core]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

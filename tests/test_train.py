@@ -12,7 +12,7 @@ import pytest
 import asapmpi
 from asapmpi.train.checkpoint import load_tree
 
-from mpilaunch import job_command, mpich_only
+from mpilaunch import above_the_core, job_command, mpich_only
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi
@@ -31,6 +31,7 @@ def train(*args, timeout=420, cwd=None):
                           cwd=cwd, check=False)
 
 
+@above_the_core
 def test_svm_compare_reports_table_json_metrics_and_plot(tmp_path):
     out = tmp_path / "run"
     proc = train("svm", "-n", "4", "--iters", "300", "--out", str(out), "--json",
@@ -77,6 +78,7 @@ def test_cnn_on_digits_learns_in_parallel_mode_with_a_period(tmp_path):
     assert s["bytes_sent_per_rank"] == 60 * s["model_bytes"]
 
 
+@above_the_core
 def test_the_wide_mlp_learns_and_refuses_wide_sparse_data(tmp_path):
     # width 64: weights 2000x64, 64x64, 64x2 and biases 64, 64, 2, each parameter padded
     # to 64 bytes (16 float32) in the flat buffer
@@ -131,6 +133,7 @@ def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks, extra):
             b["trainer"]["exchange"]["bytes_sent"]
 
 
+@above_the_core
 def test_resume_refuses_another_configuration_and_fresh_runs_clear_old_ones(tmp_path):
     common = ["svm", "-n", "2", "--iters", "20", "--out", str(tmp_path)]
     assert train(*common).returncode == 0
@@ -162,6 +165,7 @@ def test_the_last_evaluation_has_its_own_mark(tmp_path):
         assert list(f["notify_ack/rank_1/iteration"][()]) == [0, 10, 20, 25]
 
 
+@above_the_core
 def test_hop_skipping_counts_the_iterations_it_jumped(tmp_path):
     proc = train("svm", "-n", "4", "--graph", "ring-based", "--iters", "120", "--sync",
                  "hop", "--hop", "backup=1", "--hop", "skip_trigger=1", "--hop",
@@ -198,6 +202,7 @@ def test_bad_input_is_one_line_before_any_rank_starts(args, message):
     assert "Traceback" not in proc.stderr
 
 
+@above_the_core
 def test_bad_input_found_on_the_ranks_is_one_line_too(tmp_path):
     # hop backup >= in-degree can only be judged with the graph: every rank refuses alike
     proc = train("svm", "-n", "4", "--graph", "ring", "--sync", "hop", "--hop", "backup=1",
@@ -281,6 +286,7 @@ def test_the_main_job_ends_with_the_table_and_its_reading(tmp_path):
     assert (tmp_path / "d.png").stat().st_size > 10_000
 
 
+@above_the_core
 def test_svm_on_a_wide_libsvm_file_uses_sparse_batches(tmp_path):
     # 10000 columns > SPARSE_COLUMNS: batches and the test set are sparse tensors
     from asapmpi.train import data
@@ -332,6 +338,7 @@ def test_the_million_feature_workload_runs_with_its_own_defaults(tmp_path):
     assert s["final_test_accuracy"] > 0.5
 
 
+@above_the_core
 def test_16_bit_models_train_as_far_as_float32(tmp_path):
     # notify_ack reads exactly the neighbours' versions: each run is deterministic, and
     # they differ only by the 16-bit rounding of the weights (exchanged as they are,
