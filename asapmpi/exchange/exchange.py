@@ -259,12 +259,7 @@ class Exchange:
             self._stager.before_send()
         self._check_finite()
         self._iteration_started()
-        try:
-            done = self._policy.step(self._device_reduce or win, self._work,
-                                     self._window_version + 1, self._ctx)
-        except NeighbourTimeoutError as exc:
-            raise self._joiner.explain(exc, self.in_neighbours,
-                                       self._window_version + 1) from None
+        done = self._explained(self._policy.step, win)
         if self._stager is not None:
             self._stager.after_receive()
         self._advance(done)
@@ -296,16 +291,21 @@ class Exchange:
         if not self._sending:
             raise ConfigError("receive() without send(); call send() first (or step())")
         self._sending = False
-        try:
-            done = self._policy.receive(self._device_reduce or win, self._work,
-                                        self._window_version + 1, self._ctx)
-        except NeighbourTimeoutError as exc:
-            raise self._joiner.explain(exc, self.in_neighbours,
-                                       self._window_version + 1) from None
+        done = self._explained(self._policy.receive, win)
         if self._stager is not None:
             self._stager.after_receive()
         self._advance(done)
         return self.buffer
+
+    def _explained(self, call, win):
+        # the policy's step or receive of the next version; a timeout says what the
+        # join board knows of the ranks it names (JoinBoard.explain)
+        try:
+            return call(self._device_reduce or win, self._work, self._window_version + 1,
+                        self._ctx)
+        except NeighbourTimeoutError as exc:
+            raise self._joiner.explain(exc, self.in_neighbours,
+                                       self._window_version + 1) from None
 
     def join(self, step: Optional[Callable[[], Any]] = None) -> int:
         """This rank has no more data (uneven inputs): keep taking part in the exchange
