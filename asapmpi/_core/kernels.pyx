@@ -122,6 +122,18 @@ def checksum(buf):
         PyBuffer_Release(&view)
 
 
+def load_words(const int64_t[::1] words, int64_t[::1] out):
+    """out[i] = words[i], each by one 8-byte atomic load after a full fence: a copy of
+    window words that other ranks' accumulates write (asapmpi.board's peek)."""
+    cdef Py_ssize_t i, n = words.shape[0]
+    if out.shape[0] != n:
+        raise ConfigError(f"load_words needs out of {n} words, got {out.shape[0]}")
+    with nogil:
+        asap_fence()
+        for i in range(n):
+            out[i] = asap_load_i64(&words[i])
+
+
 def _format(obj):
     fmt = memoryview(obj).format
     return fmt.lstrip("@=<")

@@ -174,9 +174,11 @@ class Exchange:
         self._carried = {"bytes_sent": 0, "wait_seconds": 0.0}
         self.mixing = w
         self._policy = local["policy"]
-        self._ctx = StepContext(float(w[rank, rank]),
-                                np.ascontiguousarray(w[rank, self.in_neighbours]),
-                                self.timeout, bool(checksum), dtype=self.dtype)
+        # the graph's weights; a step whose average leaves out joined ranks uses others
+        self._weights = (float(w[rank, rank]),
+                         np.ascontiguousarray(w[rank, self.in_neighbours]))
+        self._ctx = StepContext(*self._weights, self.timeout, bool(checksum),
+                                dtype=self.dtype)
         self.transport = "put"
         self.transport_report: Dict[str, Any] = {"requested": transport, "chosen": None,
                                                  "reason": "no window: MPI collectives"}
@@ -259,6 +261,7 @@ class Exchange:
             self._stager.before_send()
         self._check_finite()
         self._iteration_started()
+        self._leave_out_joined(self._window_version + 1)
         done = self._explained(self._policy.step, win)
         if self._stager is not None:
             self._stager.after_receive()
@@ -276,6 +279,7 @@ class Exchange:
             self._stager.before_send()
         self._check_finite()
         self._iteration_started()
+        self._leave_out_joined(self._window_version + 1)
         self._policy.send(self._device_reduce or win, self._work, self._window_version + 1,
                           self._ctx)
         self._sending = True
@@ -310,8 +314,10 @@ class Exchange:
     def join(self, step: Optional[Callable[[], Any]] = None) -> int:
         """This rank has no more data (uneven inputs): keep taking part in the exchange
         with no update of its own until every rank has called join(), then step on to
-        the version every rank ends at, and return it (asapmpi.exchange.join).  Every
-        rank calls it after its last step, before free().  `step` makes one such step
+        the version every rank ends at, and return it (asapmpi.exchange.join).  From
+        its second such step on, this rank's replica is out of the other ranks'
+        averages, which are over the ranks still training.  Every rank calls it after
+        its last step, before free().  `step` makes one such step
         (DecentralizedOptimizer passes its own); by default ex.step(), or receive() and
         send() while a send is open.  A neighbour that dies is still named by the
         waits' timeouts."""
@@ -327,6 +333,24 @@ class Exchange:
         return join(self._joiner, self._entered, step, self._policy.lockstep,
                     min(pace, self.timeout / 4), self.timeout, self.rank,
                     settle=self.settle if self._win is not None else None)
+
+    def _leave_out_joined(self, version: int) -> None:
+        """Take the ranks that joined out of the average of step `version`
+        (asapmpi.exchange.join): the weights of the others, this rank's own included,
+        are scaled to sum to 1 (on a complete graph: the mean of the training ranks)."""
+        absent = self._joiner.absent(version)     # join counts window versions
+        if absent == self._ctx.absent:
+            return
+        ctx, (w_self, weights) = self._ctx, self._weights
+        ctx.absent = absent
+        if not absent:
+            ctx.w_self, ctx.weights, ctx.present = w_self, weights, None
+            return
+        present = np.array([r not in absent for r in self.in_neighbours], dtype=bool)
+        ctx.present = present
+        kept = np.where(present, weights, 0.0)
+        total = w_self + float(kept.sum())
+        ctx.weights, ctx.w_self = kept / total, w_self / total
 
     def _entered(self) -> int:
         # exchange steps entered: completed, and a send still open

@@ -30,11 +30,24 @@ return): a neighbour that times out waiting for its next version then tells a ra
 that finished its loop without join() (alive, waiting in free()) from one that joined
 and stalled or is dead (explain()).
 
-The joined replicas keep taking part in the average with their current values (as DDP's
-Join divides by the initial world size by default): the ranks still training are pulled
-a little towards them for the last steps.  Policies that jump versions (Hop with
-skipping) or count global iterations (parameter servers) refuse join
-(Policy.join_refusal).
+The ranks still training average over each other only (DDP's Join with
+divide_by_initial_world_size=False): a joined rank's replica leaves every average from
+its second shadow version on.  A rank publishes, once per join, the count it joined at
+(c: its versions above c are shadows) as a second board word, before its first shadow
+step; every rank entering step s (absent(s)) leaves out the ranks with c + 1 < s.  The
+lag of one version makes this deterministic under the lockstep policies: a rank enters
+step s only after it completed step s - 1, which waited for every in-neighbour's version
+s - 1 (allreduce: every rank's), which a rank with c + 1 < s sent after its word was
+complete at every reader (MPI_Win_flush).  So every rank leaves out the same ranks at
+the same version, found by a peek of its own board (about 0.5 us a step), and a re-run
+gives the same result.  Under window policies a left-out in-neighbour's weight is 0 and
+the others, the rank's own included, are scaled to sum to 1 (as Hop renormalizes over
+its backups; on a complete graph the mean of the training ranks; a joined rank mixes
+only with itself and the ranks still training); allreduce sums the training ranks'
+buffers (the joined add zeros) and divides by their number; gossip pulls only from
+training peers.  When every rank has joined, the catch-up steps leave replicas as they
+are.  Policies that jump versions (Hop with skipping) or count global iterations
+(parameter servers) refuse join (Policy.join_refusal).
 """
 from __future__ import annotations
 
@@ -53,6 +66,9 @@ MAX_IDLE_SLEEP_S = 0.002
 COUNT_BITS = 40
 #: the tag of the message a rank entering free() sends its out-neighbours
 LEAVING_TAG = 71
+#: the board's words: the count entered (catch-ups read it), the count joined at
+ENTERED, JOINED_AT = 0, 1
+NOBODY = frozenset()
 
 
 class JoinBoard:
@@ -70,15 +86,36 @@ class JoinBoard:
         self._sends = []
         self._heard = {}                # rank: the count its leaving message said
         try:
-            self.board = Board(self.comm, 1, timeout, "join board")
+            self.board = Board(self.comm, 2, timeout, "join board")
         except BaseException:
             self.comm.Free()
             raise
 
+    def _word(self, count: int) -> int:
+        return ((self.round + 1) << COUNT_BITS) | (count + 1)
+
     def mark(self, count: int) -> None:
         """Publish that this rank has joined this round and entered `count` exchange
         steps."""
-        self.board.publish(0, ((self.round + 1) << COUNT_BITS) | (count + 1))
+        self.board.publish(ENTERED, self._word(count))
+
+    def mark_joined(self, count: int) -> None:
+        """Publish, once per round and before any shadow step, that this rank joined
+        after `count` exchange steps entered: its versions above it are shadows."""
+        self.board.publish(JOINED_AT, self._word(count))
+
+    def absent(self, version: int) -> frozenset:
+        """The ranks whose replicas leave the average of step `version` (module
+        docstring): joined in this round (or a later one) at a count c with
+        c + 1 < version."""
+        if self.board.win is None:
+            return NOBODY
+        words = self.board.peek()[:, JOINED_AT]
+        first = (self.round + 1) << COUNT_BITS
+        if words.max() < first:
+            return NOBODY           # nobody joined this round: every training step
+        at = (words & ((1 << COUNT_BITS) - 1)) - 1
+        return frozenset(np.flatnonzero((words >= first) & (at + 1 < version)).tolist())
 
     def say_leaving(self, count: int, out_neighbours) -> None:
         """Tell the out-neighbours (the ranks that wait for this one's versions) that
@@ -139,7 +176,7 @@ class JoinBoard:
         round or -1).  A rank already joined in the next round (it went on without
         waiting for this one's agreement to complete here) has joined this one; its
         count belongs to the next round."""
-        words = (self.board.read() if words is None else words)[:, 0]
+        words = (self.board.read() if words is None else words)[:, ENTERED]
         rounds = words >> COUNT_BITS
         counts = (words & ((1 << COUNT_BITS) - 1)) - 1
         return rounds >= self.round + 1, np.where(rounds == self.round + 1, counts, -1)
@@ -174,6 +211,7 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     exchange steps, `step()` one shadow step.  Returns the final count J."""
     from mpi4py import MPI
 
+    board.mark_joined(entered())
     board.mark(entered())
     mine, final = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     request = None

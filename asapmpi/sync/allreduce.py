@@ -44,6 +44,12 @@ class Allreduce(Policy):
                 self._wide = np.empty(ctx.array.shape, dtype=np.float32)
             wide = self._wide if ctx.wide is None else ctx.wide
             summed = half_to_f32(ctx.array, ctx.dtype, out=wide)
+        size = ctx.comm.Get_size()
+        # ranks that joined (Exchange.join) add zeros, and the sum is divided by the
+        # ranks still training: every rank leaves out the same ones at the same version
+        training = size - len(ctx.absent) if len(ctx.absent) < size else size
+        if training < size and ctx.comm.Get_rank() in ctx.absent:
+            summed[...] = 0
         request = ctx.comm.Iallreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
         if wait_polled([request], time.monotonic() + ctx.timeout):
             # a collective request can be neither cancelled nor freed while the others
@@ -53,7 +59,7 @@ class Allreduce(Policy):
                                         f"the allreduce of version {version}", [], [], [],
                                         ctx.timeout)
         self.seconds += time.perf_counter() - t
-        summed /= ctx.comm.Get_size()
+        summed /= training
         if summed is not ctx.array:
             f32_to_half(summed, ctx.dtype, out=ctx.array)
             if summed is ctx.wide:

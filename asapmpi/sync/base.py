@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, FrozenSet, Optional, Tuple
 
 import numpy as np
 
@@ -56,6 +56,11 @@ class StepContext:
     #: (Exchange.keep_float32_mix), counted in wide_count (policies without a window)
     wide: Optional[np.ndarray] = None
     wide_count: int = 0
+    #: ranks whose replicas are out of this step's average (they joined: Exchange.join);
+    #: w_self and weights already leave out the in-neighbours among them, and present
+    #: marks, per in-neighbour, those still in (None: all)
+    absent: FrozenSet[int] = frozenset()
+    present: Optional[np.ndarray] = None
 
 
 def server_star(policy: str, server: int, n: int):

@@ -182,6 +182,8 @@ class Hop(Policy):
         else:
             raw_self = ctx.w_self
             raw = np.where(versions > 0, ctx.weights, 0.0)
+        if ctx.present is not None:
+            raw = np.where(ctx.present, raw, 0.0)     # joined ranks leave the average
         total = raw_self + raw.sum()
         return raw_self / total, np.ascontiguousarray(raw / total)
 

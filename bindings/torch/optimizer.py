@@ -411,9 +411,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     def join(self) -> Iterator[None]:
         """Uneven inputs, as torch DDP's Join: wrap the training loop on every rank,
         ``with opt.join(): for batch in my_shard: ... opt.step()``.  A rank whose loop
-        ends first keeps stepping with no gradients of its own (its replica is mixed,
-        its optimizer state untouched) until every rank's loop has ended, then every
-        rank steps on to one final version (Exchange.join).  Nothing happens while an
+        ends first keeps stepping with no gradients of its own (its replica follows the
+        training ranks' mix and leaves theirs, its optimizer state untouched) until
+        every rank's loop has ended, then every rank steps on to one final version
+        (Exchange.join).  Nothing happens while an
         exception leaves the block (the job is ending)."""
         yield
         self.join_now()
