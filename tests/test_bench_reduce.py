@@ -11,7 +11,7 @@ import pytest
 
 from asapmpi.bench import reduce as bench
 
-from mpilaunch import job_command
+from mpilaunch import above_the_core, job_command
 from mpilaunch import run as run_scenario
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +105,7 @@ def test_inside_an_mpi_job_it_measures_that_job(tmp_path):
 
 
 @pytest.mark.mpi
+@above_the_core     # the harness's timed loop; elastic's own paths: test_elastic_policy
 def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
     # every rank's timed loop runs the same supersteps (a worker's local steps and its
     # exchange with the server per call), so the loops meet and the job ends

@@ -16,6 +16,8 @@ from asapmpi.bench import training
 from asapmpi.bench.hosts import emulation_unavailable
 from asapmpi.errors import AsapError
 
+from mpilaunch import above_the_core
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -183,6 +185,7 @@ def _check_report(report, labels, scenarios):
 
 
 @pytest.mark.mpi
+@above_the_core     # the report's writing; the harness runs on Open MPI in the next test
 def test_a_short_run_on_one_host_writes_its_report(tmp_path):
     labels = ["allreduce", "hop:backup=1"]
     scenarios = ["homogeneous", "straggler-host"]
