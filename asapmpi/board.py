@@ -6,15 +6,17 @@ MPI_Win_lock_all epoch held from creation to free(); a rank reads its own board:
 
 - write: MPI_Accumulate(word, REPLACE); MPI_Win_flush(target);
 - read:  MPI_Get_accumulate(NO_OP) of the whole board; MPI_Win_flush(self);
-- peek:  MPI_Win_sync, a fence, then one 8-byte atomic load per word of its memory
-  (`_core.kernels.load_words`): about 0.5 us against 15 us for a read, for a word read
-  on every exchange step (the join board's first counts).
+- peek:  a fence, then one 8-byte atomic load per word of its memory
+  (`_core.kernels.load_words`, or `peeker()` for the largest of one word per rank:
+  about 0.1 us against 15 us for a read), for a word read on every exchange step (the
+  join board's joined-at words).
 
 Accumulates of one basic datatype on one location are atomic with each other (MPI-3.1
 section 11.7.1), so a reader sees a word either before or after a concurrent write,
 never torn; Flush returns once the accumulate is complete at the target.  A peek
-relies on the unified memory model (a load sees an update once complete at the target:
-docs/PROTOCOL.md A1) and on an 8-byte accumulate of one int64 being seen whole by an
+relies on the unified memory model (MPI-4.0 12.4: updates by accumulate calls are
+eventually observed by loads without additional RMA calls; `unified`, docs/PROTOCOL.md
+A1) and on an 8-byte accumulate of one int64 being seen whole by an
 8-byte atomic load (A12); it is used only for words whose writes completed before the
 reader looks for them (the join board's lag rule).  The board's initial zeros are written under an
 exclusive self-lock before the collective that shares it.
@@ -65,6 +67,8 @@ class Board:
         except MPI.Exception as exc:
             raise mpi_error(f"MPI_Win_allocate ({what})", exc) from None
         self._memory = np.frombuffer(self.win.tomemory(), dtype=np.int64)
+        #: loads of the memory see completed accumulates (peek); else only read() does
+        self.unified = self.win.Get_attr(MPI.WIN_MODEL) == MPI.WIN_UNIFIED
         self._peeked = np.zeros_like(self._words)
         # nobody writes into a board before its owner zeroed it
         collectives.barrier(comm, timeout, what)
@@ -102,16 +106,19 @@ class Board:
                             exc) from None
         return self._words.reshape(self.n, self.words).copy()
 
+    def peeker(self, index: int):
+        """A `_core.kernels.WordPeek` of word `index` of every rank on this rank's board
+        (module docstring: valid until free())."""
+        from ._core.kernels import WordPeek
+
+        return WordPeek(self._memory, self.words, index)
+
     def peek(self) -> np.ndarray:
         """This rank's board by atomic loads of its memory (module docstring: only for
         words whose writes completed before the caller looks); the array returned is
         reused by the next peek."""
         from ._core.kernels import load_words
 
-        try:
-            self.win.Sync()
-        except self.MPI.Exception as exc:
-            raise mpi_error(f"MPI_Win_sync (rank {self.rank}'s {self.what})", exc) from None
         load_words(self._memory, self._peeked)
         return self._peeked.reshape(self.n, self.words)
 

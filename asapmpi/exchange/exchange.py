@@ -218,6 +218,7 @@ class Exchange:
         # where ranks that ran out of data say so (join()); nothing is written to it
         # while every rank trains
         self._joiner = JoinBoard(comm, self.timeout)
+        self._joined_seen = self._joiner.joined_seen
 
     def _enter_slots(self) -> None:
         """Double buffering: the buffer's values move into own slot 1 (version 1 is
@@ -338,6 +339,8 @@ class Exchange:
         """Take the ranks that joined out of the average of step `version`
         (asapmpi.exchange.join): the weights of the others, this rank's own included,
         are scaled to sum to 1 (on a complete graph: the mean of the training ranks)."""
+        if not self._ctx.absent and not self._joined_seen():
+            return                  # while every rank trains: one C call a step
         absent = self._joiner.absent(version)     # join counts window versions
         if absent == self._ctx.absent:
             return

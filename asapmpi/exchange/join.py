@@ -78,6 +78,7 @@ class JoinBoard:
     def __init__(self, comm, timeout: float):
         #: joins completed (the same on every rank: each join is collective)
         self.round = 0
+        self._joined_at = None
         from mpi4py import MPI
 
         self.MPI = MPI
@@ -90,6 +91,21 @@ class JoinBoard:
         except BaseException:
             self.comm.Free()
             raise
+        # every step looks for a joined rank: one C call while none has
+        self._joined_at = self.board.peeker(JOINED_AT)
+        self._next_round(0)
+
+    def _next_round(self, round_: int) -> None:
+        self.round = round_
+        # a word of this round or a later one; without the unified model every word is
+        # "seen" and absent() reads the board
+        self._joined_at.threshold = ((round_ + 1) << COUNT_BITS) if self.board.unified \
+            else -(1 << 62)
+
+    def joined_seen(self) -> bool:
+        """Whether a rank may have joined this round (Exchange's test on every step:
+        absent() is called only then); False once freed."""
+        return self.board.win is not None and self._joined_at.seen()
 
     def _word(self, count: int) -> int:
         return ((self.round + 1) << COUNT_BITS) | (count + 1)
@@ -108,12 +124,13 @@ class JoinBoard:
         """The ranks whose replicas leave the average of step `version` (module
         docstring): joined in this round (or a later one) at a count c with
         c + 1 < version."""
-        if self.board.win is None:
-            return NOBODY
-        words = self.board.peek()[:, JOINED_AT]
         first = (self.round + 1) << COUNT_BITS
-        if words.max() < first:
+        if not self.joined_seen():
             return NOBODY           # nobody joined this round: every training step
+        if self.board.unified:
+            words = self.board.peek()[:, JOINED_AT]
+        else:
+            words = self.board.read()[:, JOINED_AT]     # no MPI here has this model
         at = (words & ((1 << COUNT_BITS) - 1)) - 1
         return frozenset(np.flatnonzero((words >= first) & (at + 1 < version)).tolist())
 
@@ -245,5 +262,5 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     target = int(final[0])
     while entered() < target:
         step()
-    board.round += 1
+    board._next_round(board.round + 1)
     return target
