@@ -1,0 +1,45 @@
+"""Seconds per Exchange.step() with nothing else in the loop: the slowest rank's best of
+three loops after a warm-up, for before/after checks of per-step overhead.
+
+    .venv/bin/mpiexec -n 8 .venv/bin/python dev/step_loop.py [SYNC] [--steps 1500]
+        [--floats 16384] [--graph root-expander]
+
+(the network path: run under the environment asapmpi.launchers.network_env gives)
+"""
+import argparse
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import asapmpi
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sync", nargs="?", default="notify_ack")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--floats", type=int, default=16384)
+    parser.add_argument("--graph", default="root-expander")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    buf = np.zeros(args.floats, dtype=np.float32)
+    with asapmpi.Exchange(buf, graph=args.graph, sync=args.sync, comm=comm,
+                          timeout=60) as ex:
+        for _ in range(200):
+            ex.step()
+        best = float("inf")
+        for _ in range(3):
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                ex.step()
+            best = min(best, (time.perf_counter() - start) / args.steps)
+        ex.settle()
+    worst = comm.reduce(best, op=MPI.MAX)
+    if comm.rank == 0:
+        print(f"{args.sync} {worst * 1e6:.1f} us/step")
+
+
+if __name__ == "__main__":
+    main()
