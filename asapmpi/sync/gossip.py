@@ -157,8 +157,9 @@ class Gossip(Policy):
             # every rank passes the same communication iterations: one allgather
             self._congestion(win, ctx, version)
         peers = [r for r in range(n) if r != win.rank]
-        # ranks that joined (Exchange.join) are no one's peers while another trains
-        peers = [r for r in peers if r not in ctx.absent] or peers
+        if ctx.absent:
+            # ranks that joined (Exchange.join) are no one's peers while another trains
+            peers = [r for r in peers if r not in ctx.absent] or peers
         peer = self._choose(peers, version)
         counted, start = win.wait_seconds, time.monotonic()
         got = self._pull(win, peer, ctx)
