@@ -16,9 +16,9 @@ section 11.7.1), so a reader sees a word either before or after a concurrent wri
 never torn; Flush returns once the accumulate is complete at the target.  A peek
 relies on the unified memory model (MPI-4.0 12.4: updates by accumulate calls are
 eventually observed by loads without additional RMA calls; `unified`, docs/PROTOCOL.md
-A1) and on an 8-byte accumulate of one int64 being seen whole by an
-8-byte atomic load (A12); it is used only for words whose writes completed before the
-reader looks for them (the join board's lag rule).  The board's initial zeros are written under an
+A1) and on an 8-byte accumulate of one int64 being seen whole by an 8-byte atomic load
+(A12); it is used only for words whose writes completed before the reader looks for
+them (the join board's lag rule).  The board's initial zeros are written under an
 exclusive self-lock before the collective that shares it.
 
 Load balancing's speed board and the Exchange's join board are boards.  mpi4py and

@@ -39,15 +39,16 @@ lag of one version makes this deterministic under the lockstep policies: a rank 
 step s only after it completed step s - 1, which waited for every in-neighbour's version
 s - 1 (allreduce: every rank's), which a rank with c + 1 < s sent after its word was
 complete at every reader (MPI_Win_flush).  So every rank leaves out the same ranks at
-the same version, found by a peek of its own board (about 0.5 us a step), and a re-run
-gives the same result.  Under window policies a left-out in-neighbour's weight is 0 and
-the others, the rank's own included, are scaled to sum to 1 (as Hop renormalizes over
-its backups; on a complete graph the mean of the training ranks; a joined rank mixes
-only with itself and the ranks still training); allreduce sums the training ranks'
-buffers (the joined add zeros) and divides by their number; gossip pulls only from
-training peers.  When every rank has joined, the catch-up steps leave replicas as they
-are.  Policies that jump versions (Hop with skipping) or count global iterations
-(parameter servers) refuse join (Policy.join_refusal).
+the same version, found by a peek of its own board (one C call a step while nobody
+has joined), and a re-run gives the same result.  Under window policies a left-out
+in-neighbour's weight is 0 and the others, the rank's own included, are scaled to sum
+to 1 (as Hop renormalizes over its backups; on a complete graph the mean of the
+training ranks; a joined rank mixes only with itself and the ranks still training);
+allreduce sums the training ranks' buffers (the joined add zeros) and divides by their
+number; gossip pulls only from training peers.  When every rank has joined, the
+catch-up steps leave replicas as they are.  Policies that jump versions (Hop with
+skipping) or count global iterations (parameter servers) refuse join
+(Policy.join_refusal).
 """
 from __future__ import annotations
 
