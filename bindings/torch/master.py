@@ -20,7 +20,11 @@ disagreements below half a unit, ties to even, so the mean drifts (bfloat16, SGD
 small learning rate: 30% higher held-out loss than float32, against the same loss with
 the float32 mix).  Where the reduce ran elsewhere (on a CUDA device) or not at all, the
 parameters themselves stand in for the mix: zero when nothing wrote them since they
-were rounded, the new values when a state_dict was loaded into the model.
+were rounded, the new values when a state_dict was loaded into the model.  On the host
+that stand-in (three passes and two allocations) runs only when something wrote the
+parameters: a reduce is counted by the exchange, and every other write (a loaded
+state_dict, a user's in-place change) goes through torch and bumps the tensor's version
+counter; on a device it always runs.
 """
 from __future__ import annotations
 
@@ -72,6 +76,10 @@ class MasterWeights:
         self.params: List[torch.nn.Parameter] = [
             torch.nn.Parameter(self.tensor[start:start + count].view_as(p))
             for p, (start, count) in zip(flat.params, flat.spans)]
+        # on the host every write to the parameters is a counted reduce or a torch op
+        # (module docstring); a device's reduce writes through its own views
+        self._watch_version = flat.device.type == "cpu"
+        self._rounded_at = -1       # the parameters' version when last rounded from us
         self.pull()
         #: the exchange's float32 sums of every reduce, before rounding (on the host)
         self.exchange = exchange
@@ -91,6 +99,11 @@ class MasterWeights:
         broadcast): their residuals start at zero."""
         with torch.no_grad():
             self.tensor.copy_(self._half())
+        self._rounded()
+
+    def _rounded(self) -> None:
+        # the parameters now equal the masters rounded: remember their version
+        self._rounded_at = self._half()._version
 
     def absorb(self) -> None:
         """Carry into the masters what changed the 16-bit parameters since they were
@@ -98,6 +111,9 @@ class MasterWeights:
         else the parameters' own change (none, or a loaded state_dict).  Then push()
         (the optimizer does it after each mix), so that a second absorb finds nothing."""
         mixes = self.exchange.float32_mixes
+        if (mixes == self._mixes and self._watch_version
+                and self._half()._version == self._rounded_at):
+            return                  # nothing wrote the parameters since they were rounded
         with torch.no_grad():
             if mixes == self._mixes + 1:
                 now = self.wide[:self.count].to(self.tensor.device, copy=True)
@@ -128,6 +144,7 @@ class MasterWeights:
         reads and the next mix sends)."""
         with torch.no_grad():
             self._half().copy_(self.tensor)
+        self._rounded()
 
     def state_dict(self) -> torch.Tensor:
         """The masters, for a checkpoint (the model's state_dict holds only their
