@@ -124,7 +124,7 @@ def checksum(buf):
 
 cdef class WordPeek:
     """Every `stride`-th int64 word of `words` from `offset`, peeked on every exchange
-    step (the join board's joined-at words): max() is one fence and an 8-byte atomic
+    step (the join board's joined-at words): seen() is one fence and an 8-byte atomic
     load per word, about 0.1 us, where NumPy's reductions take microseconds.  The
     caller keeps the memory alive (a board peeks only while its window exists)."""
     cdef object owner
@@ -152,10 +152,6 @@ cdef class WordPeek:
             if v > best:
                 best = v
         return best
-
-    def max(self):
-        """The largest of the words (INT64_MIN for none)."""
-        return self._max()
 
     def seen(self):
         """Whether some word is at least `threshold`: the step's whole cost while no

@@ -17,7 +17,8 @@ rank that has not joined writes nothing: training costs nothing more.  A joined 
 2. once every rank has joined, stops stepping ahead but still catches up to any count
    it sees on the board above its own (a neighbour may be waiting in that step for it),
    and starts a nonblocking MPI_Iallreduce(MAX) of its count;
-3. when the allreduce completes, steps until its count is its result J.
+3. when the allreduce completes, steps until its count is its result J (at least one
+   more than the largest count any rank joined at, the same allreduce's second word).
 
 J is at least every count ever entered: a count is entered either before its rank saw
 every rank joined (it then contributes that count or more) or as a catch-up to a count
@@ -45,10 +46,11 @@ in-neighbour's weight is 0 and the others, the rank's own included, are scaled t
 to 1 (as Hop renormalizes over its backups; on a complete graph the mean of the
 training ranks; a joined rank mixes only with itself and the ranks still training);
 allreduce sums the training ranks' buffers (the joined add zeros) and divides by their
-number; gossip pulls only from training peers.  When every rank has joined, the
-catch-up steps leave replicas as they are.  Policies that jump versions (Hop with
-skipping) or count global iterations (parameter servers) refuse join
-(Policy.join_refusal).
+number; gossip pulls only from training peers.  Every rank steps at least once past
+the last rank's last training step, and the steps after that one leave every replica
+as it is (all ranks are left out), so the result does not depend on J.  Policies that
+jump versions (Hop with skipping) or count global iterations (parameter servers)
+refuse join (Policy.join_refusal).
 """
 from __future__ import annotations
 
@@ -229,9 +231,12 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     exchange steps, `step()` one shadow step.  Returns the final count J."""
     from mpi4py import MPI
 
-    board.mark_joined(entered())
+    joined_at = entered()
+    board.mark_joined(joined_at)
     board.mark(entered())
-    mine, final = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    # the agreement: the largest count entered, and the largest count joined at
+    mine, final = np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64)
+    mine[1] = joined_at
     request = None
     idle_since, sleep = time.monotonic(), 0.0
     while True:
@@ -260,7 +265,10 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
             settle()
         sleep = min(MAX_IDLE_SLEEP_S, sleep * 2 or 1e-5)
         time.sleep(sleep)
-    target = int(final[0])
+    # at least one step past the last rank's last training step: that step (its first
+    # shadow) still averages its replica, every later one none of the joined ranks',
+    # so the result does not depend on how many steps past it the ranks ran
+    target = max(int(final[0]), int(final[1]) + 1)
     while entered() < target:
         step()
     board._next_round(board.round + 1)
