@@ -18,6 +18,11 @@ TRANSPORT_FLAGS = {"outbox", "messages", "mailbox", "newest"}
 WINDOW_CLASSES = {"PutWindow", "SharedWindow", "MessageWindow", "MailboxWindow",
                   "NewestWindow"}
 
+#: window class -> the kind of words it carries (asapmpi/_core/words.pxi)
+WORDS_KIND = {"PutWindow": "OneSidedWords", "SharedWindow": "OneSidedWords",
+              "MessageWindow": "Words", "MailboxWindow": "MessageWords",
+              "NewestWindow": "MessageWords"}
+
 #: policy -> {family: window class it gives the policy}, in the order offered
 FITS = {
     "notify_ack": {"put": "PutWindow", "shared": "SharedWindow",
@@ -187,6 +192,9 @@ def test_every_window_class_has_one_row_and_advertises_what_it_does():
         with win:
             # words in an MPI window are remote atomics; a message channel has none
             assert win.rma == channel.remote_atomics, channel.window
+            # the words are an object of the channel's kind: atomics where there is a
+            # window, messages on a mailbox, local words where the updates are the words
+            assert win.words_kind == WORDS_KIND[channel.window], channel.window
         # reading in place means mapping the writers' memory: one host
         assert not channel.in_place_read or channel.one_host, channel.window
         # a channel that waits for no target progress on a network has no one-sided ops

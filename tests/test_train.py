@@ -277,8 +277,8 @@ def test_the_main_job_ends_with_the_table_and_its_reading(tmp_path):
     start = lines.index(next(x for x in lines if x.startswith("straggler-host: ")))
     # the table's rows follow its header ("policy ...") and its rule
     head = next(i for i in range(start, len(lines)) if lines[i].startswith("policy "))
-    assert [row.split()[0] for row in lines[head + 2:head + 4]] == [
-        "allreduce", "backup_ps:backup=2"]
+    assert [row.split()[0] for row in lines[head + 2:head + 5]] == [
+        "allreduce", "backup_ps:backup=2", "hop:backup=1:max_gap=8:skip_trigger=1:max_jump=8"]
     # the reading: which policy reached the target first against allreduce (or none, at
     # 40 iterations)
     assert lines[-1].startswith("straggler-host (host 3 4x slower by ")

@@ -28,13 +28,6 @@ cdef enum:
     # first two words), iteration, spare
     MB_TRAILER = 4
     MB_TRAILER_BYTES = 32
-    # the tag of token messages (slot tags are 0 .. depth - 1)
-    MB_TOKEN_TAG = 32767
-    # words written into another rank's window (write_words): one message of the
-    # displacement, the count and up to WRITE_WORDS_MAX values, MB_WORD_SENDS in flight
-    MB_WORD_TAG = 32766
-    MB_WORD_CELLS = WRITE_WORDS_MAX + 2
-    MB_WORD_SENDS = 16
 
 
 cdef class MailboxWindow(SlotWindow):
@@ -67,21 +60,11 @@ cdef class MailboxWindow(SlotWindow):
     cdef int64_t *mb_stage_version  # per stage: the version it holds (0: none)
     cdef int mb_stage_next          # the stage the next put fills
     cdef MPI_Request *mb_send       # per stage and out-neighbour
-    cdef MPI_Request *tok_recv      # per out-neighbour: its next token
-    cdef int64_t *tok_in
-    cdef MPI_Request *tok_send      # per in-neighbour: the token in flight
-    cdef int64_t *tok_out
-    cdef int64_t *tok_next          # per in-neighbour: the token waiting to go (0: none)
-    cdef int64_t *mb_sent           # messages sent and received per (peer, tag), for the
-    cdef int64_t *mb_got            # drain at free(): tags 0..depth-1, then tokens
-    cdef MPI_Request *wd_recv       # the next word message, from any rank
-    cdef int64_t *wd_in             # its cells: displacement, count, values
-    cdef MPI_Request *wd_send       # word messages in flight (a ring)
-    cdef int64_t *wd_out            # their cells
-    cdef int *wd_peer               # and the rank each went to
-    cdef int wd_next                # the ring's next entry
-    cdef int64_t *wd_sent           # word messages sent to and received from each rank,
-    cdef int64_t *wd_got            # for the drain
+    cdef MPI_Request *tok_recv      # per out-neighbour: its next token (msg_words')
+    cdef MPI_Request *wd_recv       # the next word message, from any rank (msg_words')
+    cdef int64_t *mb_sent           # updates sent and received per (peer, tag), for the
+    cdef int64_t *mb_got            # drain at free()
+    cdef MessageWords msg_words     # the words: tokens and word messages (words.pxi)
 
     def __cinit__(self):
         self.transport = "mailbox"
@@ -103,35 +86,25 @@ cdef class MailboxWindow(SlotWindow):
         free(self.mb_stage_version); self.mb_stage_version = NULL
         free(self.mb_held); self.mb_held = NULL
         free(self.mb_index); self.mb_index = NULL
-        free(self.tok_in); self.tok_in = NULL
-        free(self.tok_send); self.tok_send = NULL
-        free(self.tok_out); self.tok_out = NULL
-        free(self.tok_next); self.tok_next = NULL
         free(self.mb_sent); self.mb_sent = NULL
         free(self.mb_got); self.mb_got = NULL
-        free(self.wd_in); self.wd_in = NULL
-        free(self.wd_send); self.wd_send = NULL
-        free(self.wd_out); self.wd_out = NULL
-        free(self.wd_peer); self.wd_peer = NULL
-        free(self.wd_sent); self.wd_sent = NULL
-        free(self.wd_got); self.wd_got = NULL
 
     # ------------------------------------------------------------------ lifetime
 
     cdef int _leave(self, _Leftover lo) except -1:
         # the receives (updates, tokens, words) cancelled, the sends kept, and every
-        # buffer either may touch
+        # buffer either may touch (the words' own sends and buffers: theirs to hand)
         with nogil:
             lo.add_all(self.mb_req, self.mb_req_snd, True)
             lo.add_all(self.mb_req + self.mb_req_snd, self.mb_nreq - self.mb_req_snd, False)
-            lo.add_all(self.tok_send, self.n_in, False)
-            lo.add_all(self.wd_send, MB_WORD_SENDS, False)
         lo.own(self.mb_stage); self.mb_stage = NULL
-        lo.own(self.tok_in); self.tok_in = NULL
-        lo.own(self.tok_out); self.tok_out = NULL
-        lo.own(self.wd_in); self.wd_in = NULL
-        lo.own(self.wd_out); self.wd_out = NULL
+        if self.msg_words is not None:
+            self.msg_words.leave(lo)
         return SlotWindow._leave(self, lo)
+
+    cdef Words _make_words(self):
+        self.msg_words = MessageWords()
+        return self.msg_words
 
     cdef int _prepare(self, layout) except -1:
         SlotWindow._prepare(self, layout)
@@ -159,28 +132,15 @@ cdef class MailboxWindow(SlotWindow):
         self.mb_status = <MPI_Status *>calloc(n_req, sizeof(MPI_Status))
         self.mb_held = <int64_t *>calloc(max(nrecv, 1), sizeof(int64_t))
         self.mb_index = <int *>calloc(n_req, sizeof(int))
-        self.tok_in = <int64_t *>calloc(m, sizeof(int64_t))
-        self.tok_send = <MPI_Request *>calloc(n, sizeof(MPI_Request))
-        self.tok_out = <int64_t *>calloc(n, sizeof(int64_t))
-        self.tok_next = <int64_t *>calloc(n, sizeof(int64_t))
+        self.msg_words.allocate(self.n_in, self.n_out, self.size)
         self.mb_stage_stride = (self.nbytes + MB_TRAILER_BYTES + 63) // 64 * 64
         self.mb_stage = <char *>calloc(stages, self.mb_stage_stride)
         self.mb_stage_version = <int64_t *>calloc(stages, sizeof(int64_t))
-        self.mb_sent = <int64_t *>calloc(self.size * (self.depth + 1), sizeof(int64_t))
-        self.mb_got = <int64_t *>calloc(self.size * (self.depth + 1), sizeof(int64_t))
-        self.wd_in = <int64_t *>calloc(MB_WORD_CELLS, sizeof(int64_t))
-        self.wd_send = <MPI_Request *>calloc(MB_WORD_SENDS, sizeof(MPI_Request))
-        self.wd_out = <int64_t *>calloc(MB_WORD_SENDS * MB_WORD_CELLS, sizeof(int64_t))
-        self.wd_peer = <int *>calloc(MB_WORD_SENDS, sizeof(int))
-        self.wd_sent = <int64_t *>calloc(self.size, sizeof(int64_t))
-        self.wd_got = <int64_t *>calloc(self.size, sizeof(int64_t))
+        self.mb_sent = <int64_t *>calloc(self.size * self.depth, sizeof(int64_t))
+        self.mb_got = <int64_t *>calloc(self.size * self.depth, sizeof(int64_t))
         if (self.mb_req == NULL or self.mb_status == NULL or self.mb_stage == NULL
                 or self.mb_held == NULL or self.mb_stage_version == NULL
-                or self.mb_index == NULL or self.tok_in == NULL
-                or self.tok_send == NULL or self.tok_out == NULL or self.tok_next == NULL
-                or self.mb_sent == NULL or self.mb_got == NULL or self.wd_in == NULL
-                or self.wd_send == NULL or self.wd_out == NULL or self.wd_peer == NULL
-                or self.wd_sent == NULL or self.wd_got == NULL):
+                or self.mb_index == NULL or self.mb_sent == NULL or self.mb_got == NULL):
             raise MemoryError()
         for k in range(n_req):
             self.mb_req[k] = MPI_REQUEST_NULL
@@ -192,23 +152,15 @@ cdef class MailboxWindow(SlotWindow):
         self.mb_req_snd = self.mb_req_wd + 1
         self.mb_send = self.mb_req + self.mb_req_snd
         self.mb_npump = self.mb_req_snd
-        for k in range(MB_WORD_SENDS):
-            self.wd_send[k] = MPI_REQUEST_NULL
-        for k in range(n):
-            self.tok_send[k] = MPI_REQUEST_NULL
         return 0
 
     cdef int _open(self) except -1:
         # the messages' own communicator; every slot free, every out-neighbour's
         # tokens awaited
-        cdef int j
         with nogil:
             self._dup_comm(&self.msg_comm)
             self._post_all()
-            for j in range(self.n_out):
-                self._post_token(j)
-            if self.n_user:     # only a window with user words takes word messages
-                self._post_words()
+            self.msg_words.open(self.msg_comm, self.tok_recv, self.wd_recv)
             _note_mailbox(self)
         return 0
 
@@ -224,17 +176,17 @@ cdef class MailboxWindow(SlotWindow):
         # slot it was meant for, or a scratch buffer once the slot holds an unreleased
         # version) and every receive no message will match is cancelled, so that no
         # message outlives the communicator.  The counts of messages sent, per sender
-        # and tag, come by MPI_Alltoall.
-        cdef int width = self.depth + 1
+        # and tag (updates), and per sender (tokens, word messages: the words'), come
+        # by MPI_Alltoall.
+        cdef int width = self.depth
         cdef int64_t *sent_to_me
         cdef int64_t *words_to_me
-        cdef int i, j, r
-        cdef int64_t missing
-        _forget_mailbox(self)   # what still waits goes now (_send_tokens below)
+        cdef int i, r
+        _forget_mailbox(self)   # what still waits goes now (send_tokens below)
         if self.msg_comm == MPI_COMM_NULL:
             return 0
         sent_to_me = <int64_t *>calloc(self.size * width, sizeof(int64_t))
-        words_to_me = <int64_t *>calloc(self.size, sizeof(int64_t))
+        words_to_me = <int64_t *>calloc(2 * self.size, sizeof(int64_t))
         if sent_to_me == NULL or words_to_me == NULL:
             free(sent_to_me)
             free(words_to_me)
@@ -246,49 +198,21 @@ cdef class MailboxWindow(SlotWindow):
                 # now, and the watchdog ends the job then instead of a hang
                 asap_watchdog_arm(self.flush_timeout, b"the mailbox's drain at free()", -1,
                                   self.nbr_desc)
-                self._send_tokens()     # tokens still waiting go too: they are counted
+                self.msg_words.send_tokens()    # tokens still waiting go too: counted
                 CHKERR(MPI_Alltoall(self.mb_sent, width, MPI_INT64_T, sent_to_me, width,
                                     MPI_INT64_T, self.comm), "MPI_Alltoall")
-                CHKERR(MPI_Alltoall(self.wd_sent, 1, MPI_INT64_T, words_to_me, 1,
+                CHKERR(MPI_Alltoall(self.msg_words.sent, 2, MPI_INT64_T, words_to_me, 2,
                                     MPI_INT64_T, self.comm), "MPI_Alltoall")
-            # word messages still to come, from anyone: the posted receive takes the
-            # first, a scratch buffer each of the rest
-            missing = 0
-            for r in range(self.size):
-                missing += words_to_me[r] - self.wd_got[r]
-            if self.wd_recv[0] != MPI_REQUEST_NULL:
-                if missing > 0:
-                    missing -= 1
-                else:
-                    with nogil:
-                        CHKERR(MPI_Cancel(self.wd_recv), "MPI_Cancel")
-            for _ in range(missing):
-                extra.append((MPI_ANY_SOURCE, MB_WORD_TAG, np.empty(MB_WORD_CELLS, np.int64)))
+            self.msg_words.drain_post(words_to_me, extra)
             for i in range(self.n_in):
                 self._drain_sender(i, sent_to_me + self._in[i] * width, extra)
-            for j in range(self.n_out):
-                missing = (sent_to_me[self._out[j] * width + self.depth]
-                           - self.mb_got[self._out[j] * width + self.depth])
-                if missing > 0:
-                    missing -= 1
-                else:
-                    with nogil:
-                        CHKERR(MPI_Cancel(&self.tok_recv[j]), "MPI_Cancel")
-                for _ in range(missing):
-                    extra.append((self._out[j], MB_TOKEN_TAG, np.empty(1, np.int64)))
             requests = [self._irecv_scratch(buf, peer, tag) for peer, tag, buf in extra]
             with nogil:
                 for r in range(self.mb_nrecv):
                     CHKERR(MPI_Wait(&self.mb_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
-                for r in range(self.n_out):
-                    CHKERR(MPI_Wait(&self.tok_recv[r], MPI_STATUS_IGNORE), "MPI_Wait")
                 for r in range(self.mb_stages * self.n_out):
                     CHKERR(MPI_Wait(&self.mb_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
-                for r in range(self.n_in):
-                    CHKERR(MPI_Wait(&self.tok_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
-                CHKERR(MPI_Wait(self.wd_recv, MPI_STATUS_IGNORE), "MPI_Wait")
-                for r in range(MB_WORD_SENDS):
-                    CHKERR(MPI_Wait(&self.wd_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
+                self.msg_words.drain_wait()
             for req in requests:
                 req.Wait()
             with nogil:
@@ -304,7 +228,7 @@ cdef class MailboxWindow(SlotWindow):
         # takes the first still to come, a scratch buffer each of the rest
         cdef int s, idx
         cdef int64_t missing
-        cdef int width = self.depth + 1
+        cdef int width = self.depth
         for s in range(self.depth):
             idx = i * self.depth + s
             missing = sent[s] - self.mb_got[self._in[i] * width + s]
@@ -353,10 +277,6 @@ cdef class MailboxWindow(SlotWindow):
         self.mb_held[idx] = 0
         return 0
 
-    cdef int _post_token(self, int j) except -1 nogil:
-        return CHKERR(MPI_Irecv(&self.tok_in[j], 1, MPI_INT64_T, self._out[j], MB_TOKEN_TAG,
-                                self.msg_comm, &self.tok_recv[j]), "MPI_Irecv")
-
     cdef int64_t _fill(self, int i, char *hdr) noexcept nogil:
         # An update arrived in the buffer at `hdr`: write its header and footer from the
         # trailer as a put would have (footer before header), so every reader's checks
@@ -374,7 +294,7 @@ cdef class MailboxWindow(SlotWindow):
         cdef int64_t version = self._fill(i, self._slot(i, idx % self.depth))
         asap_store_i64(self.base + self.off_notify + 8 * idx, version)
         self.mb_held[idx] = version if version > 0 else 1
-        self.mb_got[self._in[i] * (self.depth + 1) + idx % self.depth] += 1
+        self.mb_got[self._in[i] * self.depth + idx % self.depth] += 1
         self.bytes_got += self.nbytes
         return 0
 
@@ -402,7 +322,7 @@ cdef class MailboxWindow(SlotWindow):
                 if idx < self.mb_req_tok:
                     self._arrived(idx)
                 elif idx < self.mb_req_wd:
-                    self._token_arrived(idx - self.mb_req_tok)
+                    self.msg_words.token_arrived(idx - self.mb_req_tok)
                 elif idx >= self.mb_req_snd:
                     self._sent(idx - self.mb_req_snd)
                 else:
@@ -410,17 +330,8 @@ cdef class MailboxWindow(SlotWindow):
             # the word message last: a bad one raises, and everything else that
             # completed in this pass is already accounted for (the drain counts it)
             if word >= 0:
-                self._word_arrived(self.mb_status[word].MPI_SOURCE)
+                self.msg_words.word_arrived(self.mb_status[word].MPI_SOURCE)
         return self._pumped()
-
-    cdef int _token_arrived(self, int j) except -1 nogil:
-        # out-neighbour j's token: into its ack word, and its next token awaited
-        cdef int64_t *ack = <int64_t *>(self.base + self.off_ack + 8 * j)
-        self.mb_got[self._out[j] * (self.depth + 1) + self.depth] += 1
-        # tokens of one sender arrive in order; max() keeps a word that only grows
-        if self.tok_in[j] > asap_load_i64(ack):
-            asap_store_i64(ack, self.tok_in[j])
-        return self._post_token(j)
 
     cdef int _sent(self, int k) except -1 nogil:
         # send k of mb_send was taken (only a mailbox of newest versions pumps sends)
@@ -428,7 +339,7 @@ cdef class MailboxWindow(SlotWindow):
 
     cdef int _pumped(self) except -1 nogil:
         # after a pump: the tokens that waited for an earlier one to leave
-        return self._send_tokens()
+        return self.msg_words.send_tokens()
 
     cdef int _progress(self) except -1 nogil:
         # nothing reaches this window one-sidedly: the messages are the progress
@@ -441,114 +352,43 @@ cdef class MailboxWindow(SlotWindow):
 
     # ------------------------------------------------------------------ words
 
-    cdef int _post_words(self) except -1 nogil:
-        return CHKERR(MPI_Irecv(self.wd_in, MB_WORD_CELLS, MPI_INT64_T, MPI_ANY_SOURCE,
-                                MB_WORD_TAG, self.msg_comm, self.wd_recv), "MPI_Irecv")
-
-    cdef int _word_arrived(self, int source) except -1 nogil:
-        # the word message from `source` completed: its values into this rank's user
-        # words, in order (a reader that waits for the last word of a message sees the
-        # others), and the next one awaited
-        cdef int64_t cells[MB_WORD_CELLS]
-        cdef int64_t k, disp, count
-        memcpy(cells, self.wd_in, sizeof(cells))
-        self.wd_got[source] += 1
-        self._post_words()
-        disp, count = cells[0], cells[1]
-        if (count < 1 or count > WRITE_WORDS_MAX or disp % 8 or disp < self.off_user
-                or disp + 8 * count > self.off_user + 8 * self.n_user):
-            with gil:
-                raise ProtocolError(f"rank {self.rank}: rank {source} wrote {count} "
-                                    f"word(s) at offset {disp}, outside this window's "
-                                    f"{self.n_user} user words")
-        for k in range(count):
-            asap_store_i64(self.base + disp + 8 * k, cells[2 + k])
-        asap_fence()
-        return 0
-
     def write_words(self, int target, Py_ssize_t disp, values):
         """Write the int64 `values` (1 to 6) into `target`'s user words from `disp`, as
         one message: the target's next wait or pump stores them in order, so a reader
         that waits for the last one (wait_word) sees the others.  One-way: no old
         values; the message may still be in flight when this returns."""
         cdef int64_t[::1] v = self._words(values)
-        cdef int n = <int>v.shape[0]
-        cdef int slot = self.wd_next
         cdef int r = 0
-        cdef int k
         self._check_alive()
         self._check_target(target, disp)
         with nogil:
-            r = self._wait_word_send(slot, self.flush_timeout)
+            r = self._wait_word_send(self.flush_timeout)
         if r:
             raise NeighbourTimeoutError(
                 self.rank, f"the receive of the word message it sent {MB_WORD_SENDS} "
                 f"writes ago (the reader's next wait takes it)",
-                [self.wd_peer[slot]], [], [], self.flush_timeout)
+                [self.msg_words.wd_peer[self.msg_words.wd_next]], [], [],
+                self.flush_timeout)
         with nogil:
-            self.wd_out[slot * MB_WORD_CELLS] = disp
-            self.wd_out[slot * MB_WORD_CELLS + 1] = n
-            for k in range(n):
-                self.wd_out[slot * MB_WORD_CELLS + 2 + k] = v[k]
-            CHKERR(MPI_Isend(self.wd_out + slot * MB_WORD_CELLS, 2 + n, MPI_INT64_T, target,
-                             MB_WORD_TAG, self.msg_comm, &self.wd_send[slot]), "MPI_Isend")
-            self.wd_peer[slot] = target
-            self.wd_sent[target] += 1
-            self.wd_next = (slot + 1) % MB_WORD_SENDS
+            self.msg_words.write(target, disp, &v[0], <int>v.shape[0])
 
-    cdef int _wait_word_send(self, int slot, double timeout) except -1 nogil:
-        # 1 on timeout: the word message sent from `slot` MB_WORD_SENDS messages ago
-        # has not left (its reader stopped calling MPI)
+    cdef int _wait_word_send(self, double timeout) except -1 nogil:
+        # 1 on timeout: the word message sent from the next send buffer MB_WORD_SENDS
+        # messages ago has not left (its reader stopped calling MPI)
         cdef long polls = 0
         cdef double t0 = asap_now()
-        cdef int flag = 0
-        while self.wd_send[slot] != MPI_REQUEST_NULL:
-            CHKERR(MPI_Test(&self.wd_send[slot], &flag, MPI_STATUS_IGNORE), "MPI_Test")
-            if flag:
-                return 0
+        while not self.msg_words.word_send_free():
             if self._idle(&polls, t0, timeout):
                 return 1
         return 0
 
     # ------------------------------------------------------------------ tokens
 
-    cdef int _send_tokens(self) except -1 nogil:
-        # One token in flight per in-neighbour; a newer one waits in tok_next (tokens
-        # are counters: the newest says everything the older ones did).  The tokens in
-        # flight are tested together (one progress call), and only when one waits.
-        cdef int i
-        cdef int count = 0
-        cdef bint waiting = False
-        for i in range(self.n_in):
-            if self.tok_next[i] > 0:
-                waiting = True
-                break
-        if not waiting:
-            return 0
-        CHKERR(MPI_Testsome(self.n_in, self.tok_send, &count, self.mb_index,
-                            MPI_STATUSES_IGNORE), "MPI_Testsome")
-        for i in range(self.n_in):
-            if self.tok_next[i] <= 0 or self.tok_send[i] != MPI_REQUEST_NULL:
-                continue
-            self.tok_out[i] = self.tok_next[i]
-            self.tok_next[i] = 0
-            CHKERR(MPI_Isend(&self.tok_out[i], 1, MPI_INT64_T, self._in[i], MB_TOKEN_TAG,
-                             self.msg_comm, &self.tok_send[i]), "MPI_Isend")
-            self.mb_sent[self._in[i] * (self.depth + 1) + self.depth] += 1
-        return 0
-
     @property
     def tokens_held(self):
         """The in-neighbours whose newest token waits for the send of the one before
         it (it leaves at this window's next pump, or any wait's or settle's)."""
-        return [self._in[i] for i in range(self.n_in) if self.tok_next[i] > 0]
-
-    cdef bint _tokens_waiting(self) noexcept nogil:
-        cdef int i
-        for i in range(self.n_in):
-            if self.tok_next[i] > 0:
-                return True
-        return False
+        return self.msg_words.tokens_held()
 
     cdef int _settle(self, double timeout) except -1 nogil:
         # Before this rank waits outside this window (another window's wait, asapmpi's
@@ -562,7 +402,7 @@ cdef class MailboxWindow(SlotWindow):
         cdef double t0 = asap_now()
         cdef double limit = timeout if timeout < 1.0 else 1.0
         self._pump()
-        while self._tokens_waiting() and asap_now() - t0 < limit:
+        while self.msg_words.tokens_waiting() and asap_now() - t0 < limit:
             asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
                          self.poll_slack_ns)
             polls += 1
@@ -586,13 +426,9 @@ cdef class MailboxWindow(SlotWindow):
         """Hop's token: `version` iterations done, sent to every in-neighbour; then
         release the slots no later iteration reads (a version <= version - retain), so
         their writers may refill them."""
-        cdef int i
         self._check_alive()
         with nogil:
-            for i in range(self.n_in):
-                if version > self.tok_next[i]:
-                    self.tok_next[i] = version
-            self._send_tokens()
+            self.msg_words.ack(version)
             self._repost(version - self.retain)
 
     def release(self, int64_t version):
@@ -673,7 +509,7 @@ cdef class MailboxWindow(SlotWindow):
             CHKERR(MPI_Isend(buf, <int>(self.nbytes + MB_TRAILER_BYTES), MPI_BYTE,
                              self._out[j], tag, self.msg_comm,
                              &self.mb_send[stage * self.n_out + j]), "MPI_Isend")
-            self.mb_sent[self._out[j] * (self.depth + 1) + tag] += 1
+            self.mb_sent[self._out[j] * self.depth + tag] += 1
             self.bytes_put += self.nbytes
         return 0
 

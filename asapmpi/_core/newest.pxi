@@ -138,7 +138,7 @@ cdef class NewestWindow(MailboxWindow):
             self.mb_posted[r] = self.mb_cur[i]
             self.mb_cur[i] = arrived
             asap_store_i64(self.base + self.off_notify + 8 * i, version)
-        self.mb_got[self._in[i] * (self.depth + 1)] += 1
+        self.mb_got[self._in[i]] += 1
         self.bytes_got += self.nbytes
         return self._post_newest(r)
 
@@ -147,7 +147,7 @@ cdef class NewestWindow(MailboxWindow):
         # receives take the first two (the earlier posted first, as MPI matches them),
         # a scratch buffer each of the rest; a receive no update will match is
         # cancelled.
-        cdef int64_t missing = sent[0] - self.mb_got[self._in[i] * (self.depth + 1)]
+        cdef int64_t missing = sent[0] - self.mb_got[self._in[i]]
         cdef int first = 2 * i if self.mb_held[2 * i] < self.mb_held[2 * i + 1] else 2 * i + 1
         cdef int second = 4 * i + 1 - first
         if missing < 2:
@@ -197,7 +197,7 @@ cdef class NewestWindow(MailboxWindow):
         self.mb_busy[k] = s
         self.mb_refs[s] += 1
         self.mb_waiting[j] = 0
-        self.mb_sent[self._out[j] * (self.depth + 1)] += 1
+        self.mb_sent[self._out[j]] += 1
         self.bytes_put += self.nbytes
         return 0
 
@@ -225,7 +225,7 @@ cdef class NewestWindow(MailboxWindow):
             if (self.mb_waiting[j] and self.mb_busy[j] < 0
                     and self.mb_busy[self.n_out + j] < 0):
                 self._send_newest(j, 0)
-        return self._send_tokens()
+        return self.msg_words.send_tokens()
 
     cdef int _release_outside(self) except -1 nogil:
         # one poll of a wait outside the windows: as a settle (it never waits).  A

@@ -118,7 +118,7 @@ cdef class PutWindow(SlotWindow):
                            self.win), "MPI_Put")
         self._flush_all(b"MPI_Win_flush_all after the put", version, self.out_desc)
         if notify:
-            self._notify(version, slot)
+            self.words.notify(version, slot)
         return 0
 
     cdef int _get_polled(self, char *local, Py_ssize_t n, int target, MPI_Aint disp,

@@ -135,5 +135,5 @@ cdef class SharedWindow(SlotWindow):
         # performs it (_sync: MPI_Win_sync, then the fence).
         self._sync()
         if notify:
-            self._notify(version, slot)
+            self.words.notify(version, slot)
         return 0

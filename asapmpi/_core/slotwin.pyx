@@ -53,7 +53,7 @@ cdef enum:
     # write_words: the most words one call writes (a mailbox sends them as one message)
     WRITE_WORDS_MAX = 6
 
-# The windows of this process holding lazy notifies or acks (see _lazy_word).  A rank
+# The windows of this process holding lazy notifies or acks (OneSidedWords._lazy).  A rank
 # waiting on one window completes the pending words of every other first: an MPI may
 # defer even issuing them until a synchronization call (Open MPI's osc pt2pt does), and
 # a neighbour could be waiting for one of them while this rank waits on another window
@@ -307,22 +307,25 @@ cdef int _watch_finalize() except -1 nogil:
 
 
 include "slotstore.pxi"
+include "words.pxi"
 
 
 cdef class SlotWindow:
-    """One rank's slot window: the slot layout, the notify, ack and user words and the
-    waits on them, shared by every transport; its slot store (`store`, slotstore.pxi)
+    """One rank's slot window: the slot layout and the waits on its words, shared by
+    every transport; its words (`words`, words.pxi) carry the notifies, acks, tokens
+    and user words the transport's way, and its slot store (`store`, slotstore.pxi)
     verifies and reduces what the transport brought.
 
     A transport is a subclass (one file each, included below): PutWindow (put.pxi),
     SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow
     (mailbox.pxi) and NewestWindow (newest.pxi).  It moves updates into the slots
-    (_send, or its own calls), says where a slot is (_slot), drives its progress
-    (_pump, _progress) and drains what is in flight before the window is freed
-    (_drain); the base calls these hooks and nothing else of it.  Collective over
+    (_send, or its own calls), says where a slot is (_slot), makes its words
+    (_make_words), drives its progress (_pump, _progress) and drains what is in flight
+    before the window is freed (_drain); the base calls these hooks and nothing else
+    of it.  Collective over
     `comm` on creation and on free().  A PutWindow's put() returns once its bytes
     are complete at every target (one MPI_Win_flush_all), but notifies and acks (put,
-    shared) are issued lazily (_lazy_word) and complete only by the next
+    shared) are issued lazily (OneSidedWords._lazy) and complete only by the next
     MPI_Win_flush_all of the window (the next put, or a word issued while LAZY_WORDS
     are pending), by any wait of this process once it has lasted poll_yields polls
     (_settle_pending), before asapmpi's collectives (settle_all) and at free().
@@ -360,16 +363,9 @@ cdef class SlotWindow:
     cdef int64_t *wait_expected
     cdef int64_t hdr[8]
     cdef int64_t ftr[8]
-    cdef int64_t word_out
-    # origin buffers of notifies and acks not yet completed (see _lazy_word)
-    cdef int64_t lazy_words[LAZY_WORDS]
-    cdef int n_lazy
-    # result buffers of those operations: LAZY_WORDS rows of max(n_in, n_out) words,
-    # the row of the newest word at lazy_results (see _lazy_word)
-    cdef int64_t *lazy_sink
-    cdef int64_t *lazy_results
-    cdef int64_t word_sink
-    cdef int64_t word_in
+    # the notify, ack, token and user words: how they reach other ranks and how this
+    # rank reads its own (words.pxi; the channel's kind, made by _make_words)
+    cdef Words words
     cdef long poll_yields, poll_max_sleep_us
     cdef readonly long poll_slack_ns  # timer slack of the waits' sleeps (0: the thread's)
     # _pump() is this transport's progress (a mailbox): a wait that pumped this poll
@@ -459,7 +455,8 @@ cdef class SlotWindow:
             self._out[i] = out_ranks[i]
             self.out_slot_disp[i] = out_slot_disp[i]
             self.out_notify_disp[i] = out_notify_disp[i]
-        # the transport's own checks and memory, before any communication
+        # the transport's words and its own checks and memory, before any communication
+        self.words = self._make_words()
         self._prepare(layout)
         _describe(self.out_desc, out_ranks)
         _describe(self.in_desc, in_ranks)
@@ -513,6 +510,7 @@ cdef class SlotWindow:
         (<int64_t *>self.base)[3] = self.n_out
         (<int64_t *>self.base)[4] = self.depth
         (<int64_t *>self.base)[5] = self.nbytes
+        self._bind_words()
         if self.rma:
             with nogil:
                 CHKERR(MPI_Win_lock_all(MPI_MODE_NOCHECK, self.win), "MPI_Win_lock_all")
@@ -534,6 +532,28 @@ cdef class SlotWindow:
         if layout.outbox:
             raise ConfigError("an outbox layout is the shared transport's: create a "
                               "SharedWindow")
+        return 0
+
+    cdef Words _make_words(self):
+        """The transport's words (before any communication): one-sided atomics where
+        there is a window, else local words only (a message transport whose messages
+        are its notifies and acks)."""
+        return OneSidedWords() if self.rma else Words()
+
+    cdef int _bind_words(self) except -1:
+        # once the memory exists: where the words are, whom they go to
+        cdef Words w = self.words
+        w.base = self.base
+        w.rank, w.size = self.rank, self.size
+        w.n_in, w.n_out, w.depth, w.n_user = self.n_in, self.n_out, self.depth, self.n_user
+        w.off_notify, w.off_ack, w.off_user = self.off_notify, self.off_ack, self.off_user
+        w.timeout = self.flush_timeout
+        w._in, w._out = self._in, self._out
+        w.out_notify_disp, w.in_ack_disp = self.out_notify_disp, self.in_ack_disp
+        w.skip = self.skip
+        w.nbr_desc = self.nbr_desc
+        if self.rma:
+            (<OneSidedWords>w).bound(self.win)
         return 0
 
     cdef int _open(self) except -1:
@@ -625,8 +645,7 @@ cdef class SlotWindow:
         self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
         self.skip = <int *>calloc(m, sizeof(int))
         self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
-        self.lazy_sink = <int64_t *>calloc(LAZY_WORDS * w, sizeof(int64_t))
-        if (self.lazy_sink == NULL or self.sizes == NULL or self.skip == NULL
+        if (self.sizes == NULL or self.skip == NULL
                 or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
                 or self.out_notify_disp == NULL or self.in_ack_disp == NULL
                 or self.wait_offs == NULL or self.wait_expected == NULL):
@@ -642,13 +661,13 @@ cdef class SlotWindow:
         free(self.wait_expected); self.wait_expected = NULL
         free(self.skip); self.skip = NULL
         free(self.sizes); self.sizes = NULL
-        free(self.lazy_sink); self.lazy_sink = NULL
 
     def __dealloc__(self):
         # a subclass's __dealloc__ ran first: it left its requests and their memory
         # behind (_leave_behind) and freed the rest of the transport's own memory
         cdef int finalized = 1
-        _forget_pending(&self.win)
+        if self.words is not None:
+            self.words.forget()
         self._closed()
         if not self._freed:
             MPI_Finalized(&finalized)
@@ -710,7 +729,7 @@ cdef class SlotWindow:
                 self._leave_behind()
                 raise
             with nogil:
-                _forget_pending(&self.win)  # unlock_all completes its words
+                self.words.forget()     # unlock_all completes its words
                 if self._locked:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
                 if self.rma:
@@ -746,6 +765,13 @@ cdef class SlotWindow:
     def freed(self):
         """True once free() ran."""
         return self._freed
+
+    @property
+    def words_kind(self):
+        """How this window's words travel (words.pxi): "OneSidedWords" (MPI atomics in
+        the neighbours' windows), "MessageWords" (tokens and word messages) or "Words"
+        (local only: the transport's messages are its notifies and acks)."""
+        return type(self.words).__name__
 
     def __enter__(self):
         return self
@@ -799,13 +825,13 @@ cdef class SlotWindow:
     cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
         # A flush cannot time out; the watchdog ends the job if it outlives the timeout.
         cdef int ierr
-        if self.n_lazy:
-            ranks = self.nbr_desc       # it also completes notifies and acks (_lazy_word)
+        if self.words.lazy():
+            ranks = self.nbr_desc       # it also completes the lazy notifies and acks
         asap_watchdog_arm(self.flush_timeout, what, version, ranks)
         ierr = MPI_Win_flush_all(self.win)
         asap_watchdog_disarm()
         CHKERR(ierr, "MPI_Win_flush_all")
-        self.n_lazy = 0
+        self.words.flushed()
         return 0
 
     cdef int _flush(self, int target, const char *what) except -1 nogil:
@@ -836,68 +862,23 @@ cdef class SlotWindow:
 
     # ------------------------------------------------------------------ words
 
-    cdef int _notify(self, int64_t version, Py_ssize_t slot) except -1 nogil:
-        cdef int j
-        cdef int64_t *word = self._lazy_word(version)
-        for j in range(self.n_out):
-            if self.skip[j]:
-                continue
-            CHKERR(MPI_Fetch_and_op(word, self.lazy_results + j, MPI_INT64_T, self._out[j],
-                                    self.out_notify_disp[j] + 8 * slot, MPI_REPLACE,
-                                    self.win), "MPI_Fetch_and_op")
-        return 0
-
-    cdef int64_t *_lazy_word(self, int64_t value) except NULL nogil:
-        # Notifies and acks are not flushed: a flush is a round trip to the neighbours,
-        # and on the network path it waits for their CPUs (MPICH's active-message RMA),
-        # even a local flush.  The payload was complete (put: flushed; shared: stored
-        # and fenced) before its notify was issued, which is all the ordering the
-        # protocol needs.  Each word gets its own origin buffer, untouched until
-        # completion; completion comes with the next flush_all (the next put, or a
-        # word issued while LAZY_WORDS are pending, below), with any wait of this
-        # process once it has lasted poll_yields polls (_settle_pending), before
-        # asapmpi's collectives (settle_all) or at free(): a rank that waits on a
-        # neighbour for longer than poll_yields polls holds no incomplete word of its
-        # own.
-        # The words are written with MPI_Fetch_and_op(MPI_REPLACE), not MPI_Accumulate:
-        # both are atomic and ordered alike (accumulate_ordering), but MPICH 5.0.2 keeps
-        # 128 bytes per MPI_Accumulate on its shared-memory path for the life of the
-        # window (dev/repro/mpich_accumulate_leak.py): 0.5 KB per NOTIFY-ACK step, a
-        # gigabyte per rank in a few million steps.  Each operation has its own result
-        # word in lazy_sink, untouched until the flush that completes it.
-        if self.n_lazy == LAZY_WORDS:
-            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", value,
-                            self.nbr_desc)
-        if self.n_lazy == 0:
-            _note_pending(&self.win, &self.n_lazy)
-        self.lazy_words[self.n_lazy] = value
-        self.lazy_results = self.lazy_sink + self.n_lazy * max(self.n_in, self.n_out, 1)
-        self.n_lazy += 1
-        return &self.lazy_words[self.n_lazy - 1]
-
     def notify(self, int64_t version):
         """Publish `version` in every out-neighbour's notify word for slot version % depth
-        (issued lazily: see _lazy_word)."""
+        (issued lazily: see OneSidedWords._lazy)."""
         self._check_alive()
         self._check_rma("notify()", -1)
         self._check_version(version)
         with nogil:
             self._mark_suppressed(0)
-            self._notify(version, version % self.depth)
+            self.words.notify(version, version % self.depth)
 
     def ack(self, int64_t version):
         """Tell every in-neighbour that its `version` was consumed (its slot is free);
-        issued lazily, not flushed before this returns (see _lazy_word)."""
-        cdef int i
-        cdef int64_t *word
+        issued lazily, not flushed before this returns (see OneSidedWords._lazy)."""
         self._check_alive()
         self._check_rma("ack()", -1)
         with nogil:
-            word = self._lazy_word(version)
-            for i in range(self.n_in):
-                CHKERR(MPI_Fetch_and_op(word, self.lazy_results + i, MPI_INT64_T,
-                                        self._in[i], self.in_ack_disp[i], MPI_REPLACE,
-                                        self.win), "MPI_Fetch_and_op")
+            self.words.ack(version)
 
     def release(self, int64_t version):
         """This rank is done reading every slot that holds a version <= `version` (1 <<
@@ -919,6 +900,7 @@ cdef class SlotWindow:
         "max") the int64 word at `disp` in `target`'s window; returns the word's old
         value (MPI_Fetch_and_op, flushed)."""
         cdef MPI_Op mop
+        cdef int64_t old = 0
         self._check_alive()
         self._check_target(target, disp)
         self._check_rma("accumulate_word()", -1)
@@ -931,12 +913,8 @@ cdef class SlotWindow:
         else:
             raise ConfigError(f"op must be 'replace', 'sum' or 'max', got {op!r}")
         with nogil:
-            self.word_out = value
-            # Fetch_and_op rather than Accumulate: see _lazy_word (MPICH's leak)
-            CHKERR(MPI_Fetch_and_op(&self.word_out, &self.word_sink, MPI_INT64_T, target,
-                                    disp, mop, self.win), "MPI_Fetch_and_op")
-            self._flush(target, b"MPI_Win_flush after an accumulate")
-        return self.word_sink
+            old = (<OneSidedWords>self.words).accumulate(target, disp, value, mop)
+        return old
 
     def write_words(self, int target, Py_ssize_t disp, values):
         """Write the int64 `values` (1 to 6) into consecutive words of `target`'s window
@@ -1028,24 +1006,24 @@ cdef class SlotWindow:
         self._check_target(target, disp)
         self._check_rma("compare_and_swap_word()", -1)
         with nogil:
-            self.word_out = value
-            CHKERR(MPI_Compare_and_swap(&self.word_out, &compare, &old, MPI_INT64_T, target,
-                                        disp, self.win), "MPI_Compare_and_swap")
-            if target == self.rank:
-                CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
-            else:
-                self._flush(target, b"MPI_Win_flush after a compare-and-swap")
+            old = (<OneSidedWords>self.words).compare_and_swap(target, disp, compare, value)
         return old
 
     def fetch_word(self, int target, Py_ssize_t disp):
         """Read the int64 word at `disp` in `target`'s window atomically (MPI_NO_OP;
         this rank's own word on a transport without a window)."""
+        cdef int64_t value = 0
         self._check_alive()
         self._check_target(target, disp)
         self._check_rma("fetch_word() of another rank", target)
         with nogil:
-            self._fetch(target, disp)
-        return self.word_in
+            if target == self.rank:
+                self._pump()        # the words messages feed: as fresh as they can be
+                value = self.words.own(disp)
+            else:
+                (<OneSidedWords>self.words).fetch(target, disp)
+                value = (<OneSidedWords>self.words).word_in
+        return value
 
     def fetch_words(self, int target, Py_ssize_t disp, Py_ssize_t count):
         """Read `count` int64 words from `disp` in `target`'s window, each atomically
@@ -1060,35 +1038,12 @@ cdef class SlotWindow:
         out = np.empty(count, dtype=np.int64)
         cdef int64_t[::1] o = out
         with nogil:
-            CHKERR(MPI_Get_accumulate(NULL, 0, MPI_INT64_T, &o[0], <int>count, MPI_INT64_T,
-                                      target, disp, <int>count, MPI_INT64_T, MPI_NO_OP,
-                                      self.win), "MPI_Get_accumulate")
-            if target == self.rank:
-                CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
-            else:
-                self._flush(target, b"MPI_Win_flush after an atomic read")
+            (<OneSidedWords>self.words).fetch_many(target, disp, &o[0], <int>count)
         return out
 
     cdef int64_t _own_word(self, MPI_Aint disp) except? -1 nogil:
-        # A word of this rank's window, read atomically.  Neighbours write it with
-        # one-sided atomics, so an MPI atomic read (same_op_no_op); a mailbox, whose
-        # words only its own pump writes, overrides this with a plain atomic load.
-        self._fetch(self.rank, disp)
-        return self.word_in
-
-    cdef int _fetch(self, int target, MPI_Aint disp) except -1 nogil:
-        if target == self.rank:
-            self._pump()        # the words messages feed: as fresh as they can be
-            if not self.rma:    # and only this process writes them
-                self.word_in = asap_load_i64(self.base + disp)
-                return 0
-        CHKERR(MPI_Fetch_and_op(NULL, &self.word_in, MPI_INT64_T, target, disp, MPI_NO_OP,
-                                self.win), "MPI_Fetch_and_op")
-        if target == self.rank:
-            CHKERR(MPI_Win_flush(target, self.win), "MPI_Win_flush")
-        else:
-            self._flush(target, b"MPI_Win_flush after an atomic read")
-        return 0
+        # a word of this rank's window, read atomically (how: the words' kind)
+        return self.words.own(disp)
 
     cdef int _check_rma(self, str what, int target) except -1:
         # a one-sided word operation (on `target`; -1: on any rank, its own included)
@@ -1138,8 +1093,7 @@ cdef class SlotWindow:
         that no rank waits while a neighbour waits for one of its words."""
         if polls < self.poll_yields:
             return 0
-        if self.n_lazy:
-            self._flush_all(b"MPI_Win_flush_all of its notifies and acks", -1, self.nbr_desc)
+        self.words.settle(self.flush_timeout)
         if _n_pending or _n_mailbox:
             # this window pumps in its own wait (its loop or _idle's _progress)
             _settle_all(self.flush_timeout, False, <PyObject *>self)

@@ -18,7 +18,7 @@ Reader r:
          statement, _wait_stage and the barrier's polls): every receive MPI completed
          is stamped (_arrived: footer, header and notify := the trailer's version);
          every token that arrived raises the ack word (max) and its receive is
-         reposted; then _send_tokens (below)
+         reposted; then send_tokens (below)
 Hop, iteration k of rank r (asapmpi/sync/hop.py):
   RECV   standard: wait_notifies(k), then reduce(require_all); backup b: wait until
          n_in - b notifies == k, then reduce(only_notified): the slots whose notify is
@@ -27,9 +27,9 @@ Hop, iteration k of rank r (asapmpi/sync/hop.py):
          last pump, the reduce's pump, its loads of footer and header
   READ   the reduce's end (header loaded again; the payload read must be the version)
   ENTER  wait_acks(k - max_gap, at least) (pumping), then ack(k): tok_next := k for
-         every in-neighbour, _send_tokens, _repost(k - retain) (every slot holding a
+         every in-neighbour, send_tokens, _repost(k - retain) (every slot holding a
          version <= k - retain: its receive is posted again, words zeroed)
-  _send_tokens: per in-neighbour, tok_next leaves (MPI_Isend) only when the token sent
+  send_tokens: per in-neighbour, tok_next leaves (MPI_Isend) only when the token sent
          before it completed (one in flight per neighbour; tokens are counters); else
          it is held back
 BSP, step k (asapmpi/sync/baselines.py): SEND, POST (put(k, seqlock, no notify)),
@@ -40,7 +40,7 @@ After the last iteration, Exchange.free(): SETTLE (collectives.arrive begins wit
   settle_all: a mailbox's _settle sends the tokens it holds back, as the variant says),
   ARRIVE (a barrier of all ranks, polled: MPI progresses, receives are matched; no pump
   of the window).  With tail="free" SlotWindow.free() follows: FREE (settle_all again),
-  ALLREDUCE (a blocking collective), DRAIN (_drain: _send_tokens; the MPI_Alltoall of
+  ALLREDUCE (a blocking collective), DRAIN (_drain: send_tokens; the MPI_Alltoall of
   how many updates per tag and tokens each rank sent each other; per slot and token
   receive, `missing` = sent - received: the posted receive takes the first still to
   come, a scratch receive each of the rest, a receive nothing will match is
@@ -220,7 +220,7 @@ class MailboxModel(Model):
     def pump(self, state, s: list, r: int) -> bool:
         """_pump of rank r into the next state s: stamp the receives MPI completed,
         raise the ack words by the tokens that arrived and repost their receives, then
-        _send_tokens.  Returns whether anything changed."""
+        send_tokens.  Returns whether anything changed."""
         changed = False
         for i in self.ins[r]:
             for d in range(self.depth):
@@ -243,7 +243,7 @@ class MailboxModel(Model):
         return changed
 
     def send_tokens(self, s: list, r: int) -> bool:
-        """_send_tokens: every token held back whose channel is free leaves."""
+        """send_tokens: every token held back whose channel is free leaves."""
         changed = False
         for i in self.ins[r]:
             if s[self.toknext[i, r]] and not s[self.tokflight[i, r]]:
@@ -341,7 +341,7 @@ class MailboxModel(Model):
     # by MPI at any moment.  A match commutes with every action that neither reads its
     # slot nor the sender's stage and request, so it is taken as part of the first
     # action that does: the reader's pump, the writer's stage wait (its send
-    # completed), the sender's _send_tokens; that action is explored once for every
+    # completed), the sender's send_tokens; that action is explored once for every
     # choice of which of the matchable messages were matched by then.  Every choice
     # is a real run; the one matching all of them is forced (MPI matches a posted
     # receive of a polling rank), and matching more never disables what matching less
@@ -389,7 +389,7 @@ class MailboxModel(Model):
         if self.hop:
             if pc in (ENTER, WAITALL) or dropping:  # the tokens it waits for
                 keys += [("t", r, j) for j in self.outs[r] if self._can_t(state, r, j)]
-            # _send_tokens (every pump, ack, and the collective's settle and polls):
+            # send_tokens (every pump, ack, and the collective's settle and polls):
             # whether the token before one held back has left; the drain's and a
             # dropped window's sends complete
             keys += [("t", i, r) for i in self.ins[r] if self._can_t(state, i, r)
@@ -555,11 +555,11 @@ class MailboxModel(Model):
                 return self._poll_tokens(state, s, r, "free()'s MPI_Allreduce")
             if self.variant == "no-drain":
                 return [self._release(state, s, r, "MPI_Allreduce done; no drain")]
-            # _drain: _forget_mailbox, the tokens still held back go (_send_tokens)
+            # _drain: _forget_mailbox, the tokens still held back go (send_tokens)
             if self.hop:
                 self.send_tokens(s, r)
             s[self.pc[r]] = ALLTOALL
-            return [(f"rank {r}: MPI_Allreduce done; _drain: _send_tokens", tuple(s), True)]
+            return [(f"rank {r}: MPI_Allreduce done; _drain: send_tokens", tuple(s), True)]
         if pc == ALLTOALL:
             if not self._all_past(state, ALLTOALL):
                 return []

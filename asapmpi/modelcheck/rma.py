@@ -1,7 +1,7 @@
 """One-sided memory as the models see it: lazy window words and unordered puts.
 
 Words (notify, ack, Hop's token counters) are written with MPI_Fetch_and_op(REPLACE)
-and not flushed on their own (slotwin.pyx, _lazy_word): a word becomes visible at its
+and not flushed on their own (words.pxi, OneSidedWords._lazy): a word becomes visible at its
 target at some point MPI chooses, at the latest when its origin flushes (its next
 put's MPI_Win_flush_all, or _settle_pending in a wait that has lasted poll_yields
 polls, or free()).  Words from one origin to one word land in the order issued
