@@ -4,7 +4,10 @@ three loops after a warm-up, for before/after checks of per-step overhead.
     .venv/bin/mpiexec -n 8 .venv/bin/python dev/step_loop.py [SYNC] [--steps 1500]
         [--floats 16384] [--graph root-expander]
 
-(the network path: run under the environment asapmpi.launchers.network_env gives)
+(the network path: run under the environment asapmpi.launchers.network_env gives).
+Not for elastic: its server takes more steps than its workers, so a loop of the same
+count on every rank ends with the server waiting for versions no worker sends (the
+trainer ends such runs with Exchange.join); `asapmpi bench reduce` times it.
 """
 import argparse
 import time
@@ -30,6 +33,9 @@ def main() -> None:
             ex.step()
         best = float("inf")
         for _ in range(3):
+            # a collective of our own: first what a neighbour may wait for (an elastic
+            # server waits for a worker's held-back newest version: docs/CLUSTERS.md)
+            ex.settle()
             comm.Barrier()
             start = time.perf_counter()
             for _ in range(args.steps):

@@ -36,6 +36,8 @@ def _bench(*args, timeout=60):
     (["--hosts", "9", "-n", "8"], "--hosts must be 2..8"),
     (["--policies", "allreduce,hop:bakcup=1"], "bakcup"),
     (["--policies", "allreduce,notify_ack,notify_ack"], "twice"),
+    # the root expander's in-degree is 2: two backups would leave a rank nothing
+    (["--policies", "allreduce,hop:backup=2"], "in-degree of the graph (2)"),
     (["--json", "/no/such/folder/r.json"], "does not exist"),
     (["--iters", "0"], "--iters"),
 ])

@@ -248,12 +248,18 @@ def check(args: argparse.Namespace) -> List[str]:
     labels = []
     for spec in args.policies.split(","):
         sync, graph_name, options, label = parse_run_spec(spec, "root-expander")
-        make_policy(sync, **options)
+        policy = make_policy(sync, **options)
         if sync not in ("allreduce", "backup_ps", "elastic", "bsp", "async"):
             g = make_graph(graph_name, args.ranks)
             if not g.is_strongly_connected():
                 raise ConfigError(f"graph {graph_name!r} does not connect {args.ranks} "
                                   f"ranks; change it in {spec!r}")
+            # what the exchange would refuse on its graph (hop's backup count against
+            # the in-degree), before the first job instead of in the middle of one
+            try:
+                policy.validate(g, 0)
+            except ConfigError as exc:
+                raise ConfigError(f"{spec!r}: {exc}") from None
         labels.append(label)
     if "allreduce" not in labels:
         raise ConfigError("--policies must include allreduce: every ratio is to it")
