@@ -17,8 +17,9 @@
 #                  stores them into the same words; own words read by an atomic load
 #                  (only this process writes them)
 #
-# Words never wait: a write that needs a free request says so (word_send_free), and the
-# channel's waits, which drive progress and back off, do the waiting.  A channel owns
+# Words never poll (a one-sided flush blocks in MPI under the watchdog): a write that
+# needs a free request says so (word_send_free), and the channel's waits, which drive
+# progress and back off, do the waiting.  A channel owns
 # its words (SlotWindow.words, made by _make_words, filled in by _bind_words) and lends
 # them its arrays for its life; nothing else holds them.
 
