@@ -39,7 +39,6 @@ cdef class Words:
     cdef MPI_Aint *in_ack_disp
     cdef int *skip
     cdef const char *nbr_desc
-    cdef char what[64]              # the rank a flush waits for, for the watchdog
 
     cdef int64_t own(self, MPI_Aint disp) except? -1 nogil:
         """This rank's word at `disp`, read atomically (only this process writes it)."""
@@ -80,6 +79,7 @@ cdef class OneSidedWords(Words):
 
     cdef MPI_Win win
     cdef int64_t word_out, word_in, word_sink
+    cdef char what[64]              # the rank a flush waits for, for the watchdog
     # origin buffers of notifies and acks not yet completed (see _lazy)
     cdef int64_t lazy_words[LAZY_WORDS]
     cdef int n_lazy

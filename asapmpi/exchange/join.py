@@ -233,7 +233,7 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
 
     joined_at = entered()
     board.mark_joined(joined_at)
-    board.mark(entered())
+    board.mark(joined_at)
     # the agreement: the largest count entered, and the largest count joined at
     mine, final = np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64)
     mine[1] = joined_at
