@@ -6,28 +6,36 @@ that small, on one rank as on many.  Here the wrapped optimizer steps on float32
 (the masters); the model keeps its 16-bit parameters, which are what the forward pass
 reads and what the exchange sends, and after every update they get the masters rounded.
 
-What the exchange changed reaches the masters as a difference: before each update,
+What the exchange changed reaches the masters as a difference: right after each mix,
 
-    master += mix - float32(round16(master))
+    master += mix - rounded
 
-where round16(master) is what this rank sent and `mix` the exchange's weighted sum of
-its own and its neighbours' 16-bit values, in float32 as the reduce computed it before
-rounding (Exchange.keep_float32_mix).  With doubly stochastic weights the masters' mean
-then moves exactly as their updates say: the parts of the masters below 16-bit
-precision (each under one unit in the last place) are never rounded away, and replicas
-agree to within them.  Rounding the mix first would not do: it drops the replicas'
-disagreements below half a unit, ties to even, so the mean drifts (bfloat16, SGD at a
-small learning rate: 30% higher held-out loss than float32, against the same loss with
-the float32 mix).  Where the reduce ran elsewhere (on a CUDA device) or not at all, the
-parameters themselves stand in for the mix: zero when nothing wrote them since they
-were rounded, the new values when a state_dict was loaded into the model.  On the host
-that stand-in (three passes and two allocations) runs only when something wrote the
-parameters: a reduce is counted by the exchange, and every other write (a loaded
-state_dict, a user's in-place change) goes through torch and bumps the tensor's version
-counter; on a device it always runs.
+where `rounded` is what this rank sent (the masters rounded to 16 bits by the last
+push, kept beside them) and `mix` the exchange's weighted sum of its own and its
+neighbours' 16-bit values, in float32 as the reduce computed it before rounding
+(Exchange.keep_float32_mix).  With doubly stochastic weights the masters' mean then
+moves exactly as their updates say: the parts of the masters below 16-bit precision
+(each under one unit in the last place) are never rounded away, and replicas agree to
+within them.  Rounding the mix first would not do: it drops the replicas' disagreements
+below half a unit, ties to even, so the mean drifts (bfloat16, SGD at a small learning
+rate: 30% higher held-out loss than float32, against the same loss with the float32
+mix).  Where a mix's float32 sums were not kept (a reduce on a CUDA device), the mixed
+parameters stand in for `mix`.
+
+A value written into the parameters between steps by anything but the exchange (a
+loaded state_dict, `p.fill_()` under no_grad, `p.data.copy_()`, a re-initialisation)
+replaces its master: before each update the parameters are compared with `rounded`,
+byte for byte (one memcmp on the host, about 0.5 ms for 6.3M bfloat16 values), and
+every element that differs takes its master from the parameter.  No version counter
+can stand in for that comparison: each Parameter's `.data` is a view with a counter of
+its own, and a write through `p.data` bumps none that outlives the statement.  In
+mode="parallel" a write made between steps is already in the buffer the next receive
+mixes: it reaches the masters through the mix, weighted as the exchange weighs this
+rank's own values.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import List
 
 import torch
@@ -38,6 +46,19 @@ from .flat import FlatParameters
 
 #: the parameter dtypes that get masters when master_weights is left to decide
 HALF = (torch.bfloat16, torch.float16)
+
+_memcmp = ctypes.CDLL(None).memcmp
+_memcmp.restype = ctypes.c_int
+_memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors of one dtype, shape and device hold the same
+    bytes (on the host one memcmp with the GIL released, on a device torch.equal of
+    the bytes): unlike ==, -0.0 differs from 0.0 and a NaN equals itself."""
+    if a.device.type == "cpu":
+        return _memcmp(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def wants_masters(master_weights, flat: FlatParameters,
@@ -73,19 +94,21 @@ class MasterWeights:
         self.count = last_start + last_count
         #: the masters, laid out as the parameters' part of the flat buffer
         self.tensor = torch.empty(self.count, dtype=torch.float32, device=flat.device)
+        #: the masters rounded to the parameters' dtype by the last push: what the
+        #: parameters hold unless something wrote them since (module docstring)
+        self.rounded = torch.empty(self.count, dtype=flat.dtype, device=flat.device)
         self.params: List[torch.nn.Parameter] = [
             torch.nn.Parameter(self.tensor[start:start + count].view_as(p))
             for p, (start, count) in zip(flat.params, flat.spans)]
-        # on the host every write to the parameters is a counted reduce or a torch op
-        # (module docstring); a device's reduce writes through its own views
-        self._watch_version = flat.device.type == "cpu"
-        self._rounded_at = -1       # the parameters' version when last rounded from us
         self.pull()
         #: the exchange's float32 sums of every reduce, before rounding (on the host)
         self.exchange = exchange
         self.wide = torch.zeros(flat.numel, dtype=torch.float32)
         exchange.keep_float32_mix(self.wide.numpy())
         self._mixes = exchange.float32_mixes
+        #: elements of the parameters that absorb() found written and took (a count
+        #: over the masters' life, for tests and reports)
+        self.writes_taken = 0
         index = {id(p): m for p, m in zip(flat.params, self.params)}
         for group in optimizer.param_groups:
             group["params"] = [index.get(id(p), p) for p in group["params"]]
@@ -98,30 +121,52 @@ class MasterWeights:
         """Set the masters to the parameters' values (at the start, or after a
         broadcast): their residuals start at zero."""
         with torch.no_grad():
-            self.tensor.copy_(self._half())
-        self._rounded()
+            half = self._half()
+            self.tensor.copy_(half)
+            self.rounded.copy_(half)
 
-    def _rounded(self) -> None:
-        # the parameters now equal the masters rounded: remember their version
-        self._rounded_at = self._half()._version
+    def _unwritten(self) -> bool:
+        # the parameters hold what the last push wrote, byte for byte
+        return same_bytes(self._half(), self.rounded)
 
-    def absorb(self) -> None:
-        """Carry into the masters what changed the 16-bit parameters since they were
-        rounded from them: the float32 mix of the one reduce since (module docstring),
-        else the parameters' own change (none, or a loaded state_dict).  Then push()
-        (the optimizer does it after each mix), so that a second absorb finds nothing."""
+    def absorb(self, mixed: bool = False) -> None:
+        """Carry into the masters what changed the 16-bit parameters since the last
+        push: after a mix (`mixed`), the float32 sums of the one reduce since, else the
+        mixed parameters' difference from what was sent; between steps, every value
+        written into the parameters replaces its master (module docstring).  Then push()
+        (the optimizer does it after each mix and update), so that a second absorb finds
+        nothing."""
         mixes = self.exchange.float32_mixes
-        if (mixes == self._mixes and self._watch_version
-                and self._half()._version == self._rounded_at):
-            return                  # nothing wrote the parameters since they were rounded
         with torch.no_grad():
             if mixes == self._mixes + 1:
-                now = self.wide[:self.count].to(self.tensor.device, copy=True)
+                # master += mix - rounded, in the float32 sums' own buffer (the next
+                # reduce overwrites it anyway): two passes, nothing allocated
+                mix = self.wide[:self.count]
+                if self.tensor.device != mix.device:
+                    mix = mix.to(self.tensor.device)
+                mix.sub_(self.rounded)
+                self.tensor.add_(mix)
+            elif self._unwritten():
+                pass                # nothing wrote the parameters since the push
+            elif mixed or mixes != self._mixes:
+                # reduces whose float32 sums were not kept: the parameters stand in
+                self.tensor.add_(self._half().float().sub_(self.rounded))
             else:
-                now = self._half().float()
-            self._mixes = mixes
-            now.sub_(self.tensor.to(self.flat.dtype).float())
-            self.tensor.add_(now)
+                self._take_writes()
+        self._mixes = mixes
+
+    def _take_writes(self) -> None:
+        # each parameter whose bytes differ from what was pushed: its written elements
+        # replace their masters (the residual below 16 bits belonged to the old value)
+        half = self._half()
+        for start, count in self.flat.spans[:len(self.flat.params)]:
+            now, was = half[start:start + count], self.rounded[start:start + count]
+            if same_bytes(now, was):
+                continue
+            written = now.ne(was)
+            self.writes_taken += int(written.sum())
+            master = self.tensor[start:start + count]
+            master.copy_(torch.where(written, now.float(), master))
 
     def grads_in(self) -> None:
         """Give each master its parameter's gradient in float32 (None where none)."""
@@ -143,8 +188,8 @@ class MasterWeights:
         """Round the masters into the 16-bit parameters (what the next forward pass
         reads and the next mix sends)."""
         with torch.no_grad():
-            self._half().copy_(self.tensor)
-        self._rounded()
+            self.rounded.copy_(self.tensor)
+            self._half().copy_(self.rounded)
 
     def state_dict(self) -> torch.Tensor:
         """The masters, for a checkpoint (the model's state_dict holds only their
@@ -160,3 +205,5 @@ class MasterWeights:
                               f"same model")
         with torch.no_grad():
             self.tensor.copy_(values)
+            # the parameters loaded beside them are these rounded: not a write
+            self.rounded.copy_(self.tensor)

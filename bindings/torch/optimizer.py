@@ -325,8 +325,9 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's step, unless a GradScaler found inf or NaN gradients
         (then nothing: the mix goes on); gradients it left scaled are unscaled first,
         as GradScaler.unscale_ would (multiplied by the float32 reciprocal).  With master
-        weights: the masters take what changed the 16-bit parameters since the last mix
-        (a loaded state_dict; nothing otherwise) and their gradients, the optimizer steps
+        weights: the masters take what was written into the 16-bit parameters since the
+        last step (a loaded state_dict, an in-place write; nothing otherwise) and their
+        gradients, the optimizer steps
         on them, the parameters get them rounded."""
         if self.master is not None:
             self.master.absorb()
@@ -351,7 +352,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         if self.master is not None:
             # at once, not at the next update: a checkpoint between the two holds the
             # mix in its masters (the float32 sums are this step's only)
-            self.master.absorb()
+            self.master.absorb(mixed=True)
             self.master.push()
         if self.broadcast_each_mix:
             self.side.bcast(self._side_comm)
