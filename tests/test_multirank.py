@@ -199,18 +199,26 @@ def test_versions_and_offsets_out_of_range_are_refused():
     assert sum("not an int64 word" in p for p in res["problems"]) == 4
 
 
-def test_stalled_target_times_out_on_shared_memory():
+def _timed_out_while_stalled(results, wait_timeout):
+    """Rank 0 timed out at its deadline while rank 1 was still outside MPI: rank 1 stays
+    asleep until rank 0 has timed out (stalled_target with `out`), and was woken by
+    that, not by its cap."""
+    assert results[1]["told"], results
+    assert wait_timeout <= results[0]["elapsed"] < 10 * wait_timeout, results[0]
+
+
+def test_stalled_target_times_out_on_shared_memory(tmp_path):
     results = run("test_multirank:stalled_target", 2, "shm", timeout=120, wait_timeout=2.0,
-                  stall=6.0)
+                  stall=60.0, out=str(tmp_path))
     assert "rank 1 (expected 2, last seen 1)" in results[0]["error"]
-    assert results[0]["elapsed"] < 2.0 + 4
+    _timed_out_while_stalled(results, 2.0)
 
 
-def test_stalled_target_times_out_on_the_network_path_with_messages():
+def test_stalled_target_times_out_on_the_network_path_with_messages(tmp_path):
     results = run("test_multirank:stalled_target", 2, "net", timeout=120, wait_timeout=2.0,
-                  stall=6.0)
+                  stall=60.0, out=str(tmp_path))
     assert "update of version 2 from rank 1 (expected 2, last seen 1)" in results[0]["error"]
-    assert results[0]["elapsed"] < 2.0 + 4
+    _timed_out_while_stalled(results, 2.0)
 
 
 @mpich_only     # MPICH's active-message RMA needs the target; Open MPI's need not
@@ -698,29 +706,38 @@ def bounds_are_checked(comm):
     return {"problems": problems}
 
 
-def stalled_target(comm, wait_timeout=2.0, stall=8.0, transport="auto"):
+def stalled_target(comm, wait_timeout=2.0, stall=8.0, transport="auto", out=None):
     """Rank 1 stops calling MPI after step 1.  Shared memory, and messages on the network
     path: rank 0's wait for rank 1 times out with NeighbourTimeoutError.  Puts on the
     network path: rank 0's flush cannot complete, and the watchdog ends the job, naming
-    rank 1."""
-    from scenarios import settled_barrier  # tests/mpi, on the ranks' path
+    rank 1.  With `out` (a directory) rank 1 stays asleep until rank 0 has timed out
+    (a file there, no MPI call), at most `stall` s, and reports whether it was told;
+    without, it sleeps `stall` s."""
+    from scenarios import raise_flag, settled_barrier, wait_for_flags  # tests/mpi
 
     rank = comm.rank
     buf = np.zeros(1 << 16)
+    result = {}
     with asapmpi.Exchange(buf, graph="ring", comm=comm, timeout=wait_timeout,
                           transport=transport) as ex:
         ex.step()
         t0 = time.monotonic()
         error, elapsed = None, None
         if rank == 1:
-            time.sleep(stall)       # computing without MPI calls
+            # computing without MPI calls
+            if out is None:
+                time.sleep(stall)
+            else:
+                result["told"] = wait_for_flags(out, ["timed-out"], stall)
         else:
             try:
                 ex.step()
             except NeighbourTimeoutError as exc:
                 error, elapsed = str(exc), time.monotonic() - t0
+            if out is not None:
+                raise_flag(out, "timed-out")
         settled_barrier(comm)
-    return {"error": error, "elapsed": elapsed}
+    return dict(result, error=error, elapsed=elapsed)
 
 
 CONSENSUS_GRAPHS = ("root-expander", "ring", "bidirectional-ring", "ring-based", "double-ring",

@@ -7,6 +7,8 @@ test_faults, test_seams, test_cli, ...: run as "MODULE:NAME").
 Each takes the communicator and keyword arguments, asserts what must hold on its rank,
 and returns a JSON-able dict that the pytest side checks across ranks.
 """
+import os
+import resource
 import time
 
 import numpy as np
@@ -25,6 +27,36 @@ def settled_barrier(comm):
     pt2pt): a neighbour still stepping would wait for them (docs/PROTOCOL.md section 2)."""
     _core.slotwin.settle_all()
     comm.Barrier()
+
+
+def raise_flag(directory, name):
+    """Tell the ranks in wait_for_flags(directory, [name, ...]) that this rank passed a
+    point: a file, so that a rank can wait for it outside MPI (asleep, as if computing
+    or stalled), with no message that MPI's progress would have to move."""
+    open(os.path.join(directory, name), "x").close()
+
+
+def wait_for_flags(directory, names, cap):
+    """Sleep until every one of `names` was raised in `directory` (raise_flag()),
+    polling every 10 ms without calling MPI, or until `cap` seconds passed; returns
+    whether they all came.  A scenario orders its events by these, not by sleeps it
+    hopes are long enough: under load a rank may start its part seconds after the
+    others."""
+    deadline = time.monotonic() + cap
+    while not all(os.path.exists(os.path.join(directory, n)) for n in names):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def voluntary_switches():
+    """This thread's voluntary context switches so far: one per sleep or blocking wait.
+    A thread that spins (a busy loop, a poll in MPI's progress engine) makes none, only
+    involuntary ones when it yields or is preempted, however busy the host: a count
+    that tells waiting asleep from spinning where CPU time, which depends on the
+    host's load, cannot."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
 
 
 def slot_transport():
