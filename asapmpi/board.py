@@ -4,7 +4,8 @@ Each rank owns `words` words of every rank's board (an MPI window of n * words i
 every rank) and writes them into every target's board with passive-target RMA, in one
 MPI_Win_lock_all epoch held from creation to free(); a rank reads its own board:
 
-- write: MPI_Accumulate(word, REPLACE); MPI_Win_flush(target);
+- write: MPI_Accumulate(word, REPLACE); MPI_Win_flush(target), under the watchdog
+  (collectives.flush: a flush to a dead rank ends the job naming it, never a hang);
 - read:  MPI_Get_accumulate(NO_OP) of the whole board; MPI_Win_flush(self);
 - peek:  a fence, then one 8-byte atomic load per word of its memory
   (`_core.kernels.load_words`, or `peeker()` for the largest of one word per rank:
@@ -88,7 +89,11 @@ class Board:
                 if not self.readers[target]:
                     continue
                 self.win.Accumulate([self._one, MPI.INT64_T], target, where, MPI.REPLACE)
-                self.win.Flush(target)
+                # a flush to a dead rank may never return (on network paths it waits
+                # for the target's progress): the watchdog ends the job naming it
+                self.collectives.flush(self.win, target, self.timeout,
+                                       f"MPI_Win_flush of rank {self.rank}'s word {index} "
+                                       f"of the {self.what}")
         except MPI.Exception as exc:
             raise mpi_error(f"MPI_Accumulate (rank {self.rank}'s word {index} of the "
                             f"{self.what} to rank {target})", exc) from None
@@ -100,7 +105,8 @@ class Board:
             self.win.Get_accumulate([np.zeros_like(self._words), MPI.INT64_T],
                                     [self._words, MPI.INT64_T], self.rank,
                                     (0, len(self._words), MPI.INT64_T), MPI.NO_OP)
-            self.win.Flush(self.rank)
+            self.collectives.flush(self.win, self.rank, self.timeout,
+                                   f"MPI_Win_flush of the read of the {self.what}")
         except MPI.Exception as exc:
             raise mpi_error(f"MPI_Get_accumulate (rank {self.rank}'s {self.what})",
                             exc) from None

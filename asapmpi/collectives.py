@@ -11,6 +11,15 @@ everyone arrived does the real collective run, so it cannot wait on a dead rank 
 of one dying in between).  Pending requests are cancelled and completed before the
 error is raised: nothing outlives the call.
 
+The rule for every MPI call outside asapmpi._core (tests/test_imports.py enforces it):
+a nonblocking request is completed (wait_polled, wait_or_leave) or handed, with every
+buffer it reads or writes, to the leftovers (leave); every wait and flush has a
+deadline and names whom it waited for (wait_or_leave, allreduce, flush).  A collective
+request can be neither cancelled nor freed while other ranks may still take part
+(MPI-3.1 section 5.12): dropped, mpi4py would free it and Python its buffers, into
+which the late rank's contribution is then written.  The leftovers keep both
+referenced until MPI completes the request, and are tested at every wait here.
+
 The messages use tags ARRIVE_TAG and VERDICT_TAG on the caller's communicator; a
 program must not receive those tags with MPI_ANY_TAG on it at the same time.
 """
@@ -18,7 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -59,6 +68,29 @@ def _backoff(polls: int) -> None:
     time.sleep(0 if polls < 32 else min(_MAX_SLEEP_S, 1e-6 * (polls - 31) ** 2))
 
 
+#: requests whose wait ran out of time, each with the buffers MPI may still read or
+#: write (module docstring): referenced here until MPI completes them
+_leftovers: List[Tuple[MPI.Request, Tuple[Any, ...]]] = []
+
+
+def leave(request: MPI.Request, *buffers: Any) -> None:
+    """Hand a request still pending at its deadline to the leftovers, with every buffer
+    it reads or writes: neither is freed before MPI completes the request (module
+    docstring).  A receive that must not land later is cancelled by the caller first
+    (a collective request cannot be cancelled)."""
+    if request == MPI.REQUEST_NULL:
+        return
+    _leftovers.append((request, buffers))
+
+
+def leftovers() -> int:
+    """The requests handed to leave() that MPI has not completed yet, after testing
+    each (those completed are let go, with their buffers)."""
+    if _leftovers:
+        _leftovers[:] = [(r, b) for r, b in _leftovers if not r.Test()]
+    return len(_leftovers)
+
+
 def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
     """Poll until every request completed or the deadline (time.monotonic()) passed,
     yielding, then sleeping up to a millisecond between polls; returns the indices still
@@ -66,6 +98,7 @@ def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
     the rest)."""
     pending = list(range(len(requests)))
     polls = 0
+    leftovers()
     while pending:
         _release_held()
         pending = [i for i in pending if not requests[i].Test()]
@@ -83,6 +116,78 @@ def cancel(requests: List[MPI.Request]) -> None:
         if req != MPI.REQUEST_NULL:
             req.Cancel()
             req.Wait()
+
+
+def wait_or_leave(requests: Sequence[MPI.Request], buffers: Sequence[Any], timeout: float,
+                  rank: int, what: str, ranks: Sequence[int] = ()) -> None:
+    """Wait for every request (polled, backing off) for up to `timeout` seconds; past
+    it, hand those still pending with `buffers` (what any of them reads or writes) to
+    the leftovers and raise NeighbourTimeoutError: rank `rank` waited for `what` from
+    `ranks` (none: an MPI collective, which does not say which rank is late)."""
+    late = wait_polled(list(requests), time.monotonic() + timeout)
+    if late:
+        for i in late:
+            leave(requests[i], *buffers)
+        raise NeighbourTimeoutError(rank, what, list(ranks), [], [], timeout)
+
+
+class Nonblocking:
+    """A nonblocking collective in flight and the buffers it reads and writes, for a
+    caller that does other work while it completes (join's agreement steps along):
+    test() until it completes; a caller that gives up (a deadline, an exception) calls
+    leave(), which hands both to the leftovers."""
+
+    def __init__(self, request: MPI.Request, *buffers: Any):
+        self.request = request
+        self.buffers = buffers
+
+    def test(self) -> bool:
+        """Whether it completed (then its buffers hold the result)."""
+        return bool(self.request.Test())
+
+    def leave(self) -> None:
+        """Give up on it: the leftovers keep it and its buffers until MPI completes it."""
+        leave(self.request, *self.buffers)
+        self.request = MPI.REQUEST_NULL
+
+
+def start_allreduce(comm: MPI.Comm, sendbuf: Any, recvbuf: Any, op: MPI.Op) -> Nonblocking:
+    """MPI_Iallreduce(sendbuf, recvbuf, op), as a Nonblocking the caller completes or
+    leaves."""
+    return Nonblocking(comm.Iallreduce(sendbuf, recvbuf, op=op), sendbuf, recvbuf)
+
+
+def allreduce(comm: MPI.Comm, sendbuf: Any, recvbuf: Any, op: MPI.Op, timeout: float,
+              what: str) -> None:
+    """MPI_Allreduce(sendbuf, recvbuf, op) as an MPI_Iallreduce polled with backoff
+    (a blocking one spins in the MPI's progress loop, taking the cycles of a slow rank
+    that shares the cores); past `timeout` seconds the request and both buffers go to
+    the leftovers and NeighbourTimeoutError says what waited."""
+    request = comm.Iallreduce(sendbuf, recvbuf, op=op)
+    wait_or_leave([request], [sendbuf, recvbuf], timeout, comm.Get_rank(), what)
+
+
+def flush(win: MPI.Win, target: int, timeout: float, what: str) -> None:
+    """MPI_Win_flush(target) under the watchdog (asapmpi._core, watchdog.h): a flush
+    cannot time out (on network paths it returns only once the target entered MPI), so
+    one that outlives `timeout` seconds ends the job with a line naming `what` and the
+    target rank, instead of a hang."""
+    from ._core import slotwin
+
+    with slotwin.Watched(timeout, what, str(target)):
+        win.Flush(target)
+
+
+def waitall_watched(requests: Sequence[MPI.Request], timeout: float, what: str,
+                    ranks: Sequence[int]) -> None:
+    """MPI_Waitall under the watchdog: for code whose wait is what it measures (a
+    benchmark's floor of the MPI's own exchange), where polling with backoff would
+    change the figure.  Past `timeout` seconds the watchdog ends the job with a line
+    naming `what` and `ranks`, instead of a hang."""
+    from ._core import slotwin
+
+    with slotwin.Watched(timeout, what, ", ".join(str(r) for r in ranks) or "?"):
+        MPI.Request.Waitall(list(requests))
 
 
 def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:

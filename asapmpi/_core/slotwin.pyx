@@ -134,6 +134,32 @@ def release_all():
         _release_mailboxes()
 
 
+cdef class Watched:
+    """``with Watched(seconds, call, ranks):`` around an MPI call outside the windows
+    that cannot time out (a flush of asapmpi.collectives.flush): the watchdog ends the
+    job with a line naming `call` and `ranks` once it has lasted `seconds`, as around
+    the windows' own flushes (watchdog.h).  Not nested: one armed call per process."""
+
+    cdef double seconds
+    cdef bytes call, ranks
+
+    def __cinit__(self, double seconds, str call, str ranks):
+        self.seconds = seconds
+        # the watchdog reads both while armed: they live as long as this object
+        self.call = call.encode()
+        self.ranks = ranks.encode()
+
+    def __enter__(self):
+        if asap_watchdog_start() != 0:
+            raise OSError("asapmpi could not start its watchdog thread")
+        asap_watchdog_arm(self.seconds, self.call, -1, self.ranks)
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        asap_watchdog_disarm()
+        return False
+
+
 # ------------------------------------------------------------------ leftovers
 # A window dropped without a finished free() (collected after an exception left its
 # Exchange, or a free() whose drain failed) may still have receives posted into its

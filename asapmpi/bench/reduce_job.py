@@ -47,6 +47,7 @@ from mpi4py import MPI
 import asapmpi
 from asapmpi import Exchange
 from asapmpi._core.mpiabi import library_version
+from asapmpi.collectives import waitall_watched
 from asapmpi.reduce import graph as make_graph
 
 from .common import rma_path, size_label
@@ -104,8 +105,10 @@ class MPIExchange:
     Collective: every rank of `comm` calls it the same number of times; close() frees
     it."""
 
-    def __init__(self, comm: MPI.Comm, g, nbytes: int, server: Optional[int] = None):
+    def __init__(self, comm: MPI.Comm, g, nbytes: int, server: Optional[int] = None,
+                 timeout: float = 60.0):
         rank = comm.Get_rank()
+        self.timeout = timeout
         self.graph = g.name
         self.serving = rank == server
         # a communicator of its own: no message of it can match another's receive
@@ -115,12 +118,15 @@ class MPIExchange:
         self.recv = [np.empty_like(self.send) for _ in self.ins]
 
     def __call__(self) -> None:
+        # blocking waits (what this floor measures), under the watchdog: a rank that
+        # never sends ends the job naming the neighbours, not a hang
         requests = [self.comm.Irecv(buf, source) for buf, source in zip(self.recv, self.ins)]
         if self.serving:
-            MPI.Request.Waitall(requests)
+            waitall_watched(requests, self.timeout, "the MPI exchange's receives", self.ins)
             requests = []
         requests += [self.comm.Isend(self.send, dest) for dest in self.outs]
-        MPI.Request.Waitall(requests)
+        waitall_watched(requests, self.timeout, "the MPI exchange's messages",
+                        sorted(set(self.ins) | set(self.outs)))
 
     def close(self) -> None:
         """Free the communicator (collective)."""
@@ -227,14 +233,16 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
                                   "gloo": None, "steps": {}}
         record["exchange"] = {}
         for graph in spec["graphs"]:
-            exchange = MPIExchange(comm, make_graph(graph, comm.Get_size()), nbytes)
+            exchange = MPIExchange(comm, make_graph(graph, comm.Get_size()), nbytes,
+                                   timeout=spec["timeout"])
             record["exchange"][graph] = timer.seconds_per_call(exchange)
             record["steps"][graph] = {}
             for policy in spec["policies"]:
                 floor = floor_of(policy, graph, comm.Get_size())
                 floor_exchange, own = (exchange if floor else None), False
                 if floor and floor[1] is not None:        # a parameter server's round
-                    floor_exchange, own = MPIExchange(comm, floor[0], nbytes, floor[1]), True
+                    floor_exchange, own = MPIExchange(
+                        comm, floor[0], nbytes, floor[1], spec["timeout"]), True
                 record["steps"][graph][policy] = dict(
                     time_exchange_step(timer, comm, nbytes, graph, policy, spec["timeout"],
                                        step_references(policy, spec, references,

@@ -231,6 +231,8 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     exchange steps, `step()` one shadow step.  Returns the final count J."""
     from mpi4py import MPI
 
+    from ..collectives import start_allreduce
+
     joined_at = entered()
     board.mark_joined(joined_at)
     board.mark(joined_at)
@@ -239,32 +241,39 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     mine[1] = joined_at
     request = None
     idle_since, sleep = time.monotonic(), 0.0
-    while True:
-        joined, counts = board.counts()
-        # once seen, every rank has joined for good (phase 2 never steps along again)
-        everyone = request is not None or bool(joined.all())
-        if everyone and request is None:
-            mine[0] = entered()
-            request = board.comm.Iallreduce(mine, final, op=MPI.MAX)
-        if request is not None and request.Test():
-            break
-        behind = int(counts.max()) > entered()
-        if behind or not everyone:
-            if not everyone and not behind and not lockstep and pace_s > 0:
-                time.sleep(pace_s)      # keep the pace of a training step, no faster
-            board.mark(entered() + 1)
-            step()
-            idle_since, sleep = time.monotonic(), 0.0
-            continue
-        # every rank joined, none ahead: the others have yet to see it and agree
-        if time.monotonic() - idle_since > timeout:
-            late = [r for r, c in enumerate(counts) if c < int(counts.max())]
-            raise NeighbourTimeoutError(
-                rank, "the agreement on the last step of join()", late, [], [], timeout)
-        if settle is not None:
-            settle()
-        sleep = min(MAX_IDLE_SLEEP_S, sleep * 2 or 1e-5)
-        time.sleep(sleep)
+    try:
+        while True:
+            joined, counts = board.counts()
+            # once seen, every rank has joined for good (phase 2 never steps along again)
+            everyone = request is not None or bool(joined.all())
+            if everyone and request is None:
+                mine[0] = entered()
+                request = start_allreduce(board.comm, mine, final, MPI.MAX)
+            if request is not None and request.test():
+                break
+            behind = int(counts.max()) > entered()
+            if behind or not everyone:
+                if not everyone and not behind and not lockstep and pace_s > 0:
+                    time.sleep(pace_s)      # keep the pace of a training step, no faster
+                board.mark(entered() + 1)
+                step()
+                idle_since, sleep = time.monotonic(), 0.0
+                continue
+            # every rank joined, none ahead: the others have yet to see it and agree
+            if time.monotonic() - idle_since > timeout:
+                late = [r for r, c in enumerate(counts) if c < int(counts.max())]
+                raise NeighbourTimeoutError(
+                    rank, "the agreement on the last step of join()", late, [], [], timeout)
+            if settle is not None:
+                settle()
+            sleep = min(MAX_IDLE_SLEEP_S, sleep * 2 or 1e-5)
+            time.sleep(sleep)
+    except BaseException:
+        # a timeout here or in a shadow step: the agreement may still complete once a
+        # late rank contributes, writing `final`; it and its buffers go to the leftovers
+        if request is not None:
+            request.leave()
+        raise
     # at least one step past the last rank's last training step: that step (its first
     # shadow) still averages its replica, every later one none of the joined ranks',
     # so the result does not depend on how many steps past it the ranks ran

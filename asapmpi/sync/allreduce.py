@@ -33,8 +33,7 @@ class Allreduce(Policy):
         # imported here, not with the module: importing asapmpi.sync starts no MPI
         from mpi4py import MPI
 
-        from ..collectives import wait_polled
-        from ..errors import NeighbourTimeoutError
+        from ..collectives import allreduce
 
         t = time.perf_counter()
         summed = ctx.array
@@ -50,14 +49,10 @@ class Allreduce(Policy):
         training = size - len(ctx.absent) if len(ctx.absent) < size else size
         if training < size and ctx.comm.Get_rank() in ctx.absent:
             summed[...] = 0
-        request = ctx.comm.Iallreduce(MPI.IN_PLACE, summed, op=MPI.SUM)
-        if wait_polled([request], time.monotonic() + ctx.timeout):
-            # a collective request can be neither cancelled nor freed while the others
-            # may still take part: it stays referenced (with the buffer) and the job ends
-            self._stuck = request
-            raise NeighbourTimeoutError(ctx.comm.Get_rank(),
-                                        f"the allreduce of version {version}", [], [], [],
-                                        ctx.timeout)
+        # a collective request can be neither cancelled nor freed while the others may
+        # still take part: past the deadline it goes, with the buffer, to the leftovers
+        allreduce(ctx.comm, MPI.IN_PLACE, summed, MPI.SUM, ctx.timeout,
+                  f"the allreduce of version {version}")
         self.seconds += time.perf_counter() - t
         summed /= training
         if summed is not ctx.array:

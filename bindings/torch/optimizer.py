@@ -41,7 +41,6 @@ Two computation graphs (Hop section 3.2):
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -50,7 +49,7 @@ import torch
 from mpi4py import MPI
 
 import asapmpi
-from asapmpi.errors import ConfigError, NeighbourTimeoutError
+from asapmpi.errors import ConfigError
 
 from .flat import FlatParameters, PackedTensors, common_device, host_bcast
 from .master import MasterWeights, wants_masters
@@ -445,11 +444,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         for tensor in tensors:
             host = tensor.detach().to("cpu", torch.float64)
             total = host.numpy().copy()
-            request = self.comm.Iallreduce(MPI.IN_PLACE, total, op=MPI.SUM)
-            if collectives.wait_polled([request], time.monotonic() + self.exchange.timeout):
-                raise NeighbourTimeoutError(self.comm.Get_rank(),
-                                            "the allreduce of average_replicas()", [], [], [],
-                                            self.exchange.timeout)
+            # past the deadline the request and `total` go to the leftovers: a late
+            # rank's contribution must not land in memory reused since
+            collectives.allreduce(self.comm, MPI.IN_PLACE, total, MPI.SUM,
+                                  self.exchange.timeout, "the allreduce of average_replicas()")
             mean = torch.from_numpy(total / self.comm.Get_size())
             if host.numel():
                 gap = max(gap, float((host - mean).abs().max()))

@@ -1,0 +1,203 @@
+"""What talks to MPI beside the core keeps the core's promises (issue 45): a request still
+pending when its wait timed out is handed, with its buffers, to the leftovers (join's
+agreement, average_replicas()); every wait and flush outside asapmpi._core goes through
+asapmpi.collectives' helpers, which have deadlines (a scan of the sources)."""
+import ast
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpilaunch import above_the_core, run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: what only asapmpi.collectives (and asapmpi._core) may call: the nonblocking
+#: collectives, whose requests must be completed or left with their buffers, and the
+#: waits and flushes, which must have a deadline
+GUARDED = {"Iallreduce", "Ibarrier", "Ibcast", "Iallgather", "Iallgatherv", "Ialltoall",
+           "Ialltoallv", "Ireduce", "Ireduce_scatter", "Igather", "Iscatter", "Wait",
+           "Waitall", "Waitany", "Waitsome", "Flush", "Flush_all", "Flush_local",
+           "Flush_local_all"}
+ALLOWED = {Path("asapmpi/collectives.py")}
+
+
+def _raw_calls(path: Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in GUARDED:
+            yield node.lineno, node.func.attr
+
+
+def test_no_raw_wait_flush_or_nonblocking_collective_outside_the_helpers():
+    found = []
+    for top in ("asapmpi", "bindings"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if rel in ALLOWED or rel.parts[:2] == ("asapmpi", "_core"):
+                continue
+            found += [f"{rel}:{line}: {name}" for line, name in _raw_calls(path)]
+    assert not found, ("call these through asapmpi.collectives (wait_or_leave, allreduce, "
+                       "flush, waitall_watched): " + "; ".join(found))
+
+
+def test_the_scan_finds_a_raw_call(tmp_path):
+    # the scan above is not vacuous: it sees the shapes the helpers replaced
+    probe = tmp_path / "probe.py"
+    probe.write_text("req = comm.Iallreduce(a, b)\nreq.Wait()\nwin.Flush(1)\n")
+    assert [name for _, name in _raw_calls(probe)] == ["Iallreduce", "Wait", "Flush"]
+
+
+PATTERN = -0x5A5A5A5A5A5A5A5A
+
+
+def _pattern_blocks(nbytes: int, count: int = 4000):
+    # NumPy arrays of the size of the buffer a dropped request would write into: the
+    # allocator hands a freed block of that size to one of them
+    blocks = []
+    for _ in range(count):
+        block = np.empty(nbytes // 8, dtype=np.int64)
+        block[...] = PATTERN
+        blocks.append(block)
+    return blocks
+
+
+def _progress_until(comm, out, flag, cap=60.0):
+    # drive MPI's progress (the late rank's contribution lands only then) until the
+    # late rank raised `flag`
+    import time
+
+    deadline = time.monotonic() + cap
+    while not os.path.exists(os.path.join(out, flag)):
+        comm.Iprobe()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    # a little more progress after it: its last message may still be on the way
+    for _ in range(50):
+        comm.Iprobe()
+        time.sleep(0.002)
+    return True
+
+
+def _raise_flag(out, name):
+    open(os.path.join(out, name), "x").close()
+
+
+def _wait_for(out, names, cap=60.0):
+    import time
+
+    deadline = time.monotonic() + cap
+    while not all(os.path.exists(os.path.join(out, n)) for n in names):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{names} not raised within {cap} s")
+        time.sleep(0.01)
+
+
+def late_agreement(comm, out, timeout=1.0):
+    """3 ranks under async: rank 2 joins first, and its first shadow step stalls (it
+    takes no part in the agreement meanwhile) until ranks 0 and 1, which join after
+    it, have timed out in the agreement.  Then rank 2 contributes: where does the
+    result land on ranks 0 and 1?"""
+    import time
+
+    from asapmpi import Exchange, collectives
+    from asapmpi.errors import NeighbourTimeoutError
+
+    rank = comm.rank
+    buf = np.zeros(64)
+    ex = Exchange(buf, "complete", "async", comm=comm, timeout=timeout)
+    for _ in range(5 if rank < 2 else 4):
+        ex.step()
+    error = None
+    if rank == 2:
+        stalled = []
+
+        def stalling_step():
+            if not stalled:
+                stalled.append(True)
+                _wait_for(out, ["timed-out-0", "timed-out-1"])
+            ex.step()
+
+        try:
+            ex.join(step=stalling_step)
+        except NeighbourTimeoutError as exc:
+            error = str(exc)
+        _raise_flag(out, "contributed")
+        return {"error": error}
+    if rank == 1:
+        time.sleep(0.5)         # rank 2 is in its stalled step by now
+    try:
+        ex.join()
+    except NeighbourTimeoutError as exc:
+        error = str(exc)
+    blocks = _pattern_blocks(16)            # the agreement's result: two int64
+    left = collectives.leftovers()
+    _raise_flag(out, f"timed-out-{rank}")
+    heard = _progress_until(comm, out, "contributed")
+    touched = sum(int((b != PATTERN).any()) for b in blocks)
+    return {"error": error, "heard": heard, "touched": touched, "left": left,
+            "leftovers_after": collectives.leftovers()}
+
+
+@pytest.mark.mpi
+@above_the_core
+def test_a_timed_out_join_agreement_leaves_no_write_into_freed_memory(tmp_path):
+    res = run("test_beside_core:late_agreement", 3, "shm", timeout=120, out=str(tmp_path))
+    for r in res[:2]:
+        assert r["error"] and "the agreement on the last step of join()" in r["error"], r
+        assert r["heard"], r
+        # the agreement's request went to the leftovers with its buffers; nothing MPI
+        # wrote after the timeout landed in memory allocated after it, and once rank 2
+        # contributed the agreement completed: nothing is left pending
+        assert r["left"] == 1, r
+        assert r["touched"] == 0, r
+        assert r["leftovers_after"] == 0, r
+
+
+def late_average(comm, out, timeout=1.0):
+    """2 ranks: rank 1 calls average_replicas() once rank 0's wait in it timed out;
+    where does rank 1's contribution land on rank 0?"""
+    import torch
+
+    from asapmpi import collectives
+    from asapmpi.errors import NeighbourTimeoutError
+    from asapmpi.torch import DecentralizedOptimizer
+
+    torch.manual_seed(comm.rank)
+    model = torch.nn.Linear(3, 2)           # 8 values: a flat buffer of 16 float32
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                                 "notify_ack", model=model, comm=comm, timeout=30,
+                                 broadcast=False)
+    nbytes = opt.flat.numel * 8             # average_replicas sums in float64
+    opt.exchange.timeout = timeout
+    if comm.rank == 1:
+        _wait_for(out, ["timed-out-0"])
+        opt.average_replicas()
+        _raise_flag(out, "contributed")
+        return {"error": None}
+    error = None
+    try:
+        opt.average_replicas()
+    except NeighbourTimeoutError as exc:
+        error = str(exc)
+    blocks = _pattern_blocks(nbytes)
+    left = collectives.leftovers()
+    _raise_flag(out, "timed-out-0")
+    heard = _progress_until(comm, out, "contributed")
+    touched = sum(int((b != PATTERN).any()) for b in blocks)
+    return {"error": error, "heard": heard, "touched": touched, "left": left,
+            "leftovers_after": collectives.leftovers()}
+
+
+@pytest.mark.mpi
+@above_the_core
+def test_a_timed_out_average_replicas_leaves_no_write_into_freed_memory(tmp_path):
+    pytest.importorskip("torch")
+    res = run("test_beside_core:late_average", 2, "shm", timeout=120, out=str(tmp_path))
+    r = res[0]
+    assert r["error"] and "average_replicas()" in r["error"], r
+    assert r["left"] == 1, r
+    assert r["heard"] and r["touched"] == 0 and r["leftovers_after"] == 0, r
