@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpilaunch import above_the_core, run
+from mpilaunch import above_the_core, launch, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,3 +201,44 @@ def test_a_timed_out_average_replicas_leaves_no_write_into_freed_memory(tmp_path
     assert r["error"] and "average_replicas()" in r["error"], r
     assert r["left"] == 1, r
     assert r["heard"] and r["touched"] == 0 and r["leftovers_after"] == 0, r
+
+
+def joined_with_a_stopped_peer(comm, timeout=3.0):
+    """3 ranks, notify_ack on a complete graph: rank 0 joins after 3 steps; rank 2
+    stops itself (SIGSTOP: alive to the launcher, out of MPI for good) after 6 steps;
+    rank 1 trains on and catches its own timeout.  Rank 0's shadow steps publish its
+    count on the join board to every rank, rank 2 included: that flush must end within
+    the deadline, naming rank 2, and not hang."""
+    import signal
+    import time
+
+    from asapmpi import Exchange
+    from asapmpi.errors import NeighbourTimeoutError
+
+    buf = np.zeros(256)
+    ex = Exchange(buf, "complete", "notify_ack", comm=comm, timeout=timeout)
+    if comm.rank == 0:
+        for _ in range(3):
+            ex.step()
+        ex.join()           # ends the job (the watchdog), or names rank 2 in a timeout
+        return {}
+    try:
+        for k in range(100):
+            if comm.rank == 2 and k == 6:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            ex.step()
+    except NeighbourTimeoutError:
+        time.sleep(60)      # alive, out of the way: only rank 0 may end the job
+    return {}
+
+
+@pytest.mark.mpi
+@above_the_core
+def test_a_joined_rank_whose_peer_stopped_ends_naming_it():
+    # on the network path a flush waits for the target's progress (MPICH's RMA runs as
+    # active messages): at 34bafb9 the board's flush to the stopped rank never returned
+    proc = launch("test_beside_core:joined_with_a_stopped_peer", 3, "net", timeout=90)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("asapmpi: rank 0")]
+    assert any("rank(s) 2" in line or "from rank 2" in line for line in lines), \
+        proc.stderr[-3000:]
