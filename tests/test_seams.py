@@ -1,6 +1,7 @@
 """The seams between the windows' lifetimes and MPI's requests: what a window leaves in
 flight when it dies without a finished free(), a pull that timed out, tokens held back
-while their rank waits on another window, and a free() that one rank never reaches.
+while their rank waits on another window, a free() that one rank never reaches, and
+the one-sided words still in flight when a window is dropped.
 
 Each scenario's body is here, beside its test; tests/mpi/run.py runs it on every rank
 (`test_seams:NAME`).
@@ -374,3 +375,106 @@ def test_a_free_that_one_rank_never_reaches_ends_the_job_naming_the_call():
     proc = launch("test_seams:free_without_one_rank", 2, "shm", timeout=45)
     assert proc.returncode != 0
     assert "free()'s MPI_Allreduce" in proc.stderr + proc.stdout, proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- 6: dropped lazy words
+
+def _wait_for_file(flag, limit=60.0):
+    """Wait outside MPI (no MPI call: this rank serves no one meanwhile) until `flag`
+    exists."""
+    import os
+
+    end = time.monotonic() + limit
+    while not os.path.exists(flag):
+        if time.monotonic() > end:
+            raise TimeoutError(f"{flag} never appeared")
+        time.sleep(0.01)
+
+
+def dropped_words(comm, flag, words=12):
+    """Rank 0 issues lazy notifies and acks to rank 1 on a put window while rank 1
+    computes outside MPI, drops the window without free() (as an exception leaving its
+    Exchange would) and fills the freed heap with a pattern; only then does rank 1 come
+    back and serve the words.  On MPICH's network path RMA runs as active messages: each
+    MPI_Fetch_and_op completes only once its target entered MPI, and its result is then
+    written back into the origin's result word.  Nothing may write into the pattern."""
+    from asapmpi import _core
+    from asapmpi._core import slotwin
+
+    win = _pair_window(comm, _core.PutWindow)
+    comm.Barrier()
+    result = {}
+    if comm.rank == 0:
+        for version in range(1, words + 1):
+            if version % 2:
+                win.notify(version)
+            else:
+                win.ack(version)
+        del win
+        gc.collect()
+        blocks = _Blocks()
+        result["kept"] = slotwin.kept_words()
+        with open(flag, "w"):
+            pass                        # rank 1 may come back
+        comm.recv(source=1)
+        _progress(comm, 0.5)            # the words' results come back meanwhile
+        result["overwritten"] = blocks.overwritten()
+        blocks.free()
+    else:
+        _wait_for_file(flag)
+        comm.send("back", dest=0)       # in MPI again: rank 0's words are served
+        _progress(comm, 0.5)
+        del win
+        gc.collect()
+    comm.Barrier()
+    return result
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_dropped_window_keeps_the_memory_of_its_lazy_words(path, tmp_path):
+    res = run("test_seams:dropped_words", 2, path, timeout=90,
+              flag=str(tmp_path / "dropped"))
+    assert res[0]["overwritten"] == [], (
+        f"freed heap written after a window with lazy words was dropped: "
+        f"{res[0]['overwritten'][:4]}")
+    # the window's block of origin and result words (16 of each) was kept
+    assert res[0]["kept"] == [["put", 12, 256]], res[0]
+
+
+def kept_words(comm):
+    """kept_words() after three windows on ranks 0 and 1: one freed after an ack, one
+    dropped after its acks were flushed (settle_all), one dropped while rank 0's
+    notify and acks were in flight (rank 0 only: rank 1 issues none)."""
+    from asapmpi import _core
+    from asapmpi._core import slotwin
+
+    result = {}
+    win = _pair_window(comm, _core.PutWindow)
+    win.ack(1)
+    win.free()
+    result["freed"] = slotwin.kept_words()
+    win = _pair_window(comm, _core.PutWindow)
+    win.ack(1)
+    slotwin.settle_all()
+    del win
+    gc.collect()
+    result["settled"] = slotwin.kept_words()
+    win = _pair_window(comm, _core.PutWindow)
+    if comm.rank == 0:
+        win.notify(1)
+        win.ack(1)
+        win.ack(2)
+    del win
+    gc.collect()
+    result["dropped"] = slotwin.kept_words()
+    comm.Barrier()
+    return result
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_kept_words_lists_what_a_window_dropped_with_words_in_flight_keeps(path):
+    res = run("test_seams:kept_words", 2, path, timeout=90)
+    for rank in (0, 1):
+        assert res[rank]["freed"] == res[rank]["settled"] == [], res[rank]
+    assert res[0]["dropped"] == [["put", 3, 256]], res[0]
+    assert res[1]["dropped"] == [], res[1]

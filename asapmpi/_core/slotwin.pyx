@@ -277,6 +277,47 @@ def leftovers():
     return [(lo.transport, (<_Leftover>lo).pending()) for lo in (_leftovers or [])]
 
 
+# What a window's one-sided words may still read and write once the window was dropped
+# without a finished free(): the notifies and acks issued lazily (OneSidedWords._lazy)
+# and not yet flushed.  An MPI_Fetch_and_op has no request: nothing tells when it
+# completes short of a flush, which a destructor must not issue (it can block on a dead
+# rank, and on an active-message path completes only once every target entered MPI).  So
+# their block, origin and result words, is kept here for the life of the process, never
+# freed (OneSidedWords.__dealloc__), and counted for kept_words().  Small: 8 bytes per
+# word, LAZY_WORDS * (1 + max(n_in, n_out)) words per window.
+cdef void **_kept_mem = NULL        # the blocks (held, so that they stay reachable)
+cdef int _n_kept_mem = 0, _cap_kept_mem = 0
+cdef list _kept = []                # per block: (transport, words in flight, bytes)
+
+
+cdef void _keep_words(void *block, size_t nbytes, int words, str transport) noexcept:
+    # from a destructor: never raises; a block that cannot be listed is still never freed
+    global _kept_mem, _cap_kept_mem, _n_kept_mem
+    cdef void **grown
+    if _n_kept_mem == _cap_kept_mem:
+        grown = <void **>realloc(_kept_mem, (2 * _cap_kept_mem + 8) * sizeof(void *))
+        if grown != NULL:
+            _kept_mem = grown
+            _cap_kept_mem = 2 * _cap_kept_mem + 8
+    if _n_kept_mem < _cap_kept_mem:
+        _kept_mem[_n_kept_mem] = block
+        _n_kept_mem += 1
+    if _kept is not None:
+        try:
+            _kept.append((transport, words, nbytes))
+        except MemoryError:
+            pass
+
+
+def kept_words():
+    """The memory that one-sided windows (put, shared) dropped without a finished
+    free() left to their notifies and acks still in flight, kept for the life of the
+    process (never freed: MPI may still read and write it, and nothing tells when it is
+    done): a list of (transport, words issued and not flushed, bytes kept), one entry
+    per window."""
+    return list(_kept or [])
+
+
 cdef int64_t MAGIC = _layout.MAGIC
 cdef int64_t LAYOUT_VERSION = _layout.LAYOUT_VERSION
 assert _layout.HEADER_BYTES == HEADER_BYTES, "layout.py and slotwin.pyx disagree on the header size"
@@ -579,7 +620,7 @@ cdef class SlotWindow:
         w.skip = self.skip
         w.nbr_desc = self.nbr_desc
         if self.rma:
-            (<OneSidedWords>w).bound(self.win)
+            (<OneSidedWords>w).bound(self.win, self.transport)
         return 0
 
     cdef int _open(self) except -1:
@@ -613,7 +654,9 @@ cdef class SlotWindow:
     cdef int _leave(self, _Leftover lo) except -1:
         """The window dies without a finished free(): hand every request the transport
         has in flight to `lo` (receives cancelled) with the memory they read or write,
-        and forget both (a subclass adds its own, then calls its base's)."""
+        and forget both (a subclass adds its own, then calls its base's).  The one-sided
+        words' notifies and acks in flight have no request: their memory is kept by the
+        words themselves (OneSidedWords.__dealloc__, kept_words())."""
         if not self.rma and self.alloc_base != NULL:
             lo.mpi_mem = self.alloc_base    # the slots a posted receive may target
             self.alloc_base = self.base = NULL
@@ -760,6 +803,7 @@ cdef class SlotWindow:
                     CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
                 if self.rma:
                     CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
+                    self.words.flushed()    # completed: its words' memory may go
                 elif self.alloc_base != NULL:
                     CHKERR(MPI_Free_mem(self.alloc_base), "MPI_Free_mem")
                 self.base = self.alloc_base = NULL

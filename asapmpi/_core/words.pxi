@@ -80,11 +80,14 @@ cdef class OneSidedWords(Words):
     cdef MPI_Win win
     cdef int64_t word_out, word_in, word_sink
     cdef char what[64]              # the rank a flush waits for, for the watchdog
-    # origin buffers of notifies and acks not yet completed (see _lazy)
-    cdef int64_t lazy_words[LAZY_WORDS]
+    cdef str transport              # the channel's name, for kept_words()
+    # The memory of the notifies and acks not yet completed (see _lazy), one malloc'd
+    # block: LAZY_WORDS origin words (lazy_words, the block's start), then their result
+    # buffers, LAZY_WORDS rows of max(n_in, n_out) words (lazy_sink), the row of the
+    # newest word at lazy_results.  Not in this object: a window dropped with words in
+    # flight keeps the block for ever (__dealloc__), while the object goes.
+    cdef int64_t *lazy_words
     cdef int n_lazy
-    # result buffers of those operations: LAZY_WORDS rows of max(n_in, n_out) words,
-    # the row of the newest word at lazy_results (see _lazy)
     cdef int64_t *lazy_sink
     cdef int64_t *lazy_results
 
@@ -92,18 +95,40 @@ cdef class OneSidedWords(Words):
         self.win = MPI_WIN_NULL
 
     def __dealloc__(self):
+        cdef int finalized = 1
         self.forget()
-        free(self.lazy_sink)
-        self.lazy_sink = NULL
+        if self.lazy_words == NULL:
+            return
+        # Words issued and not flushed when the window goes unfreed (dropped, or a
+        # free() that failed before MPI_Win_free; free() zeroes n_lazy once the window
+        # is gone, which completed them) may still read their origin word and write
+        # their result: on an active-message path (MPICH's network path) not before
+        # their target enters MPI, however late.  They have no request that could tell
+        # when they complete, and a flush here could block on a dead rank: the block is
+        # kept, never freed.  After MPI_Finalize nothing is in flight.
+        if self.n_lazy:
+            MPI_Finalized(&finalized)
+            if not finalized:
+                _keep_words(self.lazy_words, self._block_words() * sizeof(int64_t),
+                            self.n_lazy, self.transport)
+                self.lazy_words = self.lazy_sink = self.lazy_results = NULL
+                return
+        free(self.lazy_words)
+        self.lazy_words = self.lazy_sink = self.lazy_results = NULL
 
-    cdef int bound(self, MPI_Win win) except -1:
-        """The window exists (SlotWindow._bind_words set the rest): its handle, and
-        the lazy words' result buffers."""
+    cdef Py_ssize_t _block_words(self) noexcept nogil:
+        # the words of the lazy block: LAZY_WORDS origins, then LAZY_WORDS result rows
+        return LAZY_WORDS * (1 + max(self.n_in, self.n_out, 1))
+
+    cdef int bound(self, MPI_Win win, str transport) except -1:
+        """The window exists (SlotWindow._bind_words set the rest): its handle, its
+        channel's name, and the lazy words' origin and result buffers."""
         self.win = win
-        self.lazy_sink = <int64_t *>calloc(LAZY_WORDS * max(self.n_in, self.n_out, 1),
-                                           sizeof(int64_t))
-        if self.lazy_sink == NULL:
+        self.transport = transport
+        self.lazy_words = <int64_t *>calloc(self._block_words(), sizeof(int64_t))
+        if self.lazy_words == NULL:
             raise MemoryError()
+        self.lazy_sink = self.lazy_words + LAZY_WORDS
         return 0
 
     cdef int64_t own(self, MPI_Aint disp) except? -1 nogil:
@@ -150,7 +175,9 @@ cdef class OneSidedWords(Words):
         # 128 bytes per MPI_Accumulate on its shared-memory path for the life of the
         # window (dev/repro/mpich_accumulate_leak.py): 0.5 KB per NOTIFY-ACK step, a
         # gigabyte per rank in a few million steps.  Each operation has its own result
-        # word in lazy_sink, untouched until the flush that completes it.
+        # word in lazy_sink, untouched until the flush that completes it; origins and
+        # results share one malloc'd block, which a window dropped with words in flight
+        # keeps (__dealloc__).
         if self.n_lazy == LAZY_WORDS:
             self.settle(self.timeout)
         if self.n_lazy == 0:
