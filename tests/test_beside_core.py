@@ -86,6 +86,21 @@ def _raise_flag(out, name):
     open(os.path.join(out, name), "x").close()
 
 
+def _after_timeout(comm, out, nbytes, error):
+    """On a rank whose wait timed out: fill fresh blocks of `nbytes` with a pattern,
+    count the leftovers, tell the late rank to go on, drive progress until it
+    contributed, and report whether any block was written."""
+    from asapmpi import collectives
+
+    blocks = _pattern_blocks(nbytes)
+    left = collectives.leftovers()
+    _raise_flag(out, f"timed-out-{comm.rank}")
+    heard = _progress_until(comm, out, "contributed")
+    touched = sum(int((b != PATTERN).any()) for b in blocks)
+    return {"error": error, "heard": heard, "touched": touched, "left": left,
+            "leftovers_after": collectives.leftovers()}
+
+
 def _wait_for(out, names, cap=60.0):
     import time
 
@@ -103,7 +118,7 @@ def late_agreement(comm, out, timeout=1.0):
     result land on ranks 0 and 1?"""
     import time
 
-    from asapmpi import Exchange, collectives
+    from asapmpi import Exchange
     from asapmpi.errors import NeighbourTimeoutError
 
     rank = comm.rank
@@ -133,13 +148,7 @@ def late_agreement(comm, out, timeout=1.0):
         ex.join()
     except NeighbourTimeoutError as exc:
         error = str(exc)
-    blocks = _pattern_blocks(16)            # the agreement's result: two int64
-    left = collectives.leftovers()
-    _raise_flag(out, f"timed-out-{rank}")
-    heard = _progress_until(comm, out, "contributed")
-    touched = sum(int((b != PATTERN).any()) for b in blocks)
-    return {"error": error, "heard": heard, "touched": touched, "left": left,
-            "leftovers_after": collectives.leftovers()}
+    return _after_timeout(comm, out, 16, error)     # the agreement's result: two int64
 
 
 @pytest.mark.mpi
@@ -162,7 +171,6 @@ def late_average(comm, out, timeout=1.0):
     where does rank 1's contribution land on rank 0?"""
     import torch
 
-    from asapmpi import collectives
     from asapmpi.errors import NeighbourTimeoutError
     from asapmpi.torch import DecentralizedOptimizer
 
@@ -183,13 +191,7 @@ def late_average(comm, out, timeout=1.0):
         opt.average_replicas()
     except NeighbourTimeoutError as exc:
         error = str(exc)
-    blocks = _pattern_blocks(nbytes)
-    left = collectives.leftovers()
-    _raise_flag(out, "timed-out-0")
-    heard = _progress_until(comm, out, "contributed")
-    touched = sum(int((b != PATTERN).any()) for b in blocks)
-    return {"error": error, "heard": heard, "touched": touched, "left": left,
-            "leftovers_after": collectives.leftovers()}
+    return _after_timeout(comm, out, nbytes, error)
 
 
 @pytest.mark.mpi
