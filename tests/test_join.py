@@ -100,6 +100,47 @@ def test_join_is_deterministic_under_notify_ack():
     assert [r["digest"] for r in first] == [r["digest"] for r in again]
 
 
+def test_a_rank_a_round_ahead_does_not_hide_its_join_from_one_behind():
+    # on a directed graph rank A (an in-neighbour of B, far downstream of it) can end a
+    # join at J and join again at once (an epoch with no data) while B has yet to enter
+    # step J: A's next round's word must not replace the one B reads for step J (at
+    # 34bafb9 it did, and B averaged A's shadow replica into step J)
+    from mpilaunch import run
+
+    for r in run("test_join:round_ahead", 2, "shm", timeout=60):
+        assert r["before"] == [0] and r["after"] == [0] and r["next"] == [0], r
+
+
+def round_ahead(comm):
+    """The join board of 2 ranks: rank 0 joins round 0 at 3, rank 1 at 6; then rank 0
+    alone goes on to round 1 and joins it at 7.  Rank 1, still in round 0, reads which
+    ranks leave the average of step 7, before and after."""
+    from asapmpi import collectives
+    from asapmpi.exchange.join import JoinBoard
+
+    board = JoinBoard(comm, 30)
+    try:
+        board.mark_joined(3 if comm.rank == 0 else 6)
+        collectives.barrier(comm, 30, "round 0 joined")
+        before = sorted(board.absent(7)) if comm.rank == 1 else None
+        collectives.barrier(comm, 30, "round 0 read")
+        if comm.rank == 0:
+            board._next_round(1)            # its join of round 0 ended
+            board.mark_joined(7)
+        collectives.barrier(comm, 30, "rank 0 in round 1")
+        after = sorted(board.absent(7)) if comm.rank == 1 else None
+        nxt = None
+        if comm.rank == 1:
+            board._next_round(1)
+            nxt = sorted(board.absent(9))   # and in round 1, rank 0's word of round 1
+        collectives.barrier(comm, 30, "both in round 1")
+    finally:
+        board.board.free(meet=False)
+        board.comm.Free()
+    return {"before": before, "after": after, "next": nxt} if comm.rank == 1 else \
+        {"before": [0], "after": [0], "next": [0]}
+
+
 @pytest.mark.parametrize("sync", ["allreduce", "notify_ack"])
 def test_the_training_ranks_average_over_each_other_only(sync):
     # rank r adds r + 1 before each step; rank 3 stops after 2 steps. On a complete graph

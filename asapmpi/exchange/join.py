@@ -35,7 +35,11 @@ The ranks still training average over each other only (DDP's Join with
 divide_by_initial_world_size=False): a joined rank's replica leaves every average from
 its second shadow version on.  A rank publishes, once per join, the count it joined at
 (c: its versions above c are shadows) as a second board word, before its first shadow
-step; every rank entering step s (absent(s)) leaves out the ranks with c + 1 < s.  The
+step; every rank entering step s (absent(s)) leaves out the ranks with c + 1 < s.
+Successive rounds alternate between two such words: on a directed graph a rank A that
+is an in-neighbour of B but far downstream of it can finish a join at J while B has
+yet to enter step J (A's step J waits only for versions B sent earlier), and A may join
+again at once; its next round's word must not replace the one B reads for step J.  The
 lag of one version makes this deterministic under the lockstep policies: a rank enters
 step s only after it completed step s - 1, which waited for every in-neighbour's version
 s - 1 (allreduce: every rank's), which a rank with c + 1 < s sent after its word was
@@ -69,8 +73,11 @@ MAX_IDLE_SLEEP_S = 0.002
 COUNT_BITS = 40
 #: the tag of the message a rank entering free() sends its out-neighbours
 LEAVING_TAG = 71
-#: the board's words: the count entered (catch-ups read it), the count joined at
-ENTERED, JOINED_AT = 0, 1
+#: the board's words: the count entered (catch-ups read it), and the count joined at,
+#: one word per parity of the round (JOINED_AT[round % 2]): a rank that finished a join
+#: and joins again at once (an epoch with no data) publishes its next round's word
+#: while a slower rank may still read this round's (module docstring)
+ENTERED, JOINED_AT = 0, (1, 2)
 NOBODY = frozenset()
 
 
@@ -90,18 +97,21 @@ class JoinBoard:
         self._sends = []
         self._heard = {}                # rank: the count its leaving message said
         try:
-            self.board = Board(self.comm, 2, timeout, "join board")
+            self.board = Board(self.comm, 3, timeout, "join board")
         except BaseException:
             self.comm.Free()
             raise
         # every step looks for a joined rank: one C call while none has
-        self._joined_at = self.board.peeker(JOINED_AT)
+        self._peekers = tuple(self.board.peeker(index) for index in JOINED_AT)
         self._next_round(0)
 
     def _next_round(self, round_: int) -> None:
         self.round = round_
-        # a word of this round or a later one; without the unified model every word is
+        # this round's joined-at words: a word of this round (the slot of its parity
+        # holds no later one: a rank is at most one round ahead of any other, since a
+        # round's agreement needs every rank); without the unified model every word is
         # "seen" and absent() reads the board
+        self._joined_at = self._peekers[round_ % 2]
         self._joined_at.threshold = ((round_ + 1) << COUNT_BITS) if self.board.unified \
             else -(1 << 62)
 
@@ -121,19 +131,19 @@ class JoinBoard:
     def mark_joined(self, count: int) -> None:
         """Publish, once per round and before any shadow step, that this rank joined
         after `count` exchange steps entered: its versions above it are shadows."""
-        self.board.publish(JOINED_AT, self._word(count))
+        self.board.publish(JOINED_AT[self.round % 2], self._word(count))
 
     def absent(self, version: int) -> frozenset:
         """The ranks whose replicas leave the average of step `version` (module
-        docstring): joined in this round (or a later one) at a count c with
-        c + 1 < version."""
+        docstring): joined in this round at a count c with c + 1 < version."""
         first = (self.round + 1) << COUNT_BITS
         if not self.joined_seen():
             return NOBODY           # nobody joined this round: every training step
+        column = JOINED_AT[self.round % 2]
         if self.board.unified:
-            words = self.board.peek()[:, JOINED_AT]
+            words = self.board.peek()[:, column]
         else:
-            words = self.board.read()[:, JOINED_AT]     # no MPI here has this model
+            words = self.board.read()[:, column]        # no MPI here has this model
         at = (words & ((1 << COUNT_BITS) - 1)) - 1
         return frozenset(np.flatnonzero((words >= first) & (at + 1 < version)).tolist())
 
