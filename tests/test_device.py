@@ -107,6 +107,20 @@ def test_a_staged_buffer_ends_equal_to_a_host_buffer(sync, on_device):
 
 
 @pytest.mark.mpi
+def test_a_float16_device_reduce_keeps_its_float32_sums_as_the_host_reduce_does():
+    # float32 master weights take each mix as the reduce's float32 sum: a reduce on the
+    # device leaves it on the device, counted as the host reduce's is (at 34bafb9 it
+    # computed the sum and dropped it, and float32_mixes never moved)
+    from mpilaunch import run
+
+    for r in run("test_device:float16_sums", 3, "shm", timeout=120, steps=8):
+        assert r["on_device"] and r["mixes"] == [8, 8], r
+        assert r["sums_close"] and r["values_close"], r
+        assert r["slot_copies"] == 8 * r["n_in"], r         # reduced on the device
+        assert "float32 NumPy array of 1000 values" in r["refused"], r
+
+
+@pytest.mark.mpi
 def test_with_checksums_the_reduce_runs_on_the_host_and_is_copied_back():
     from mpilaunch import run
 
@@ -203,6 +217,42 @@ def staged_against_host(comm, sync="notify_ack", steps=12, graph="ring",
             "close": bool(np.allclose(host, dev.values(), rtol=1e-12, atol=0)),
             "copies": [dev.to_host_copies, dev.to_device_copies], "staging": staging,
             "n_in": n_in, "slot_copies": slot_copies}
+
+
+def float16_sums(comm, steps=8):
+    """float16 steps on a host buffer and on a StandIn reduced on the device, each
+    keeping its float32 sums: how many reduces kept them, and do they agree."""
+    import asapmpi
+    from asapmpi import Exchange
+
+    asapmpi.rc.device_reduce = True
+    start = (np.linspace(0, 1, 1000) * (comm.rank + 1)).astype(np.float16)
+    host, dev = start.copy(), StandIn(start)
+    host_sums, dev_sums = np.zeros(1000, np.float32), np.zeros(1000, np.float32)
+    with Exchange(host, "ring", comm=comm, timeout=30) as a, \
+            Exchange(dev, "ring", comm=comm, timeout=30) as b:
+        try:
+            b.keep_float32_mix(np.zeros(1000, np.float64))
+            refused = ""
+        except asapmpi.errors.ConfigError as exc:
+            refused = str(exc)
+        a.keep_float32_mix(host_sums)
+        b.keep_float32_mix(dev_sums)
+        for k in range(steps):
+            host[...] = _device_work(host.astype(np.float64), comm.rank, k)
+            dev.write(_device_work(dev.values().astype(np.float64), comm.rank, k))
+            a.step()
+            b.step()
+        out = {"on_device": b.float32_mix_on_device, "mixes": [a.float32_mixes,
+                                                               b.float32_mixes],
+               "n_in": len(b.in_neighbours), "slot_copies": b._stager.ops.slot_copies}
+    # the same float32 sums (each summed in its own order: within float32 rounding)
+    out.update(sums_close=bool(np.allclose(host_sums, dev_sums, rtol=1e-6, atol=1e-7)),
+               values_close=bool(np.allclose(host.astype(np.float32),
+                                             dev.values().astype(np.float32),
+                                             rtol=2e-3, atol=1e-4)),
+               refused=refused)
+    return out
 
 
 class _RewrittenDuringCopy(StandIn):

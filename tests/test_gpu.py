@@ -48,6 +48,18 @@ def test_an_optimizer_on_cuda_trains_as_on_the_cpu_and_checkpoints_across_device
         assert r["resumed_on_cpu"] and r["resumed_on_cuda"], r
 
 
+def test_bfloat16_masters_on_cuda_take_the_device_reduce_s_float32_sums():
+    # issue 45, defect 3: the device reduce keeps its float32 sums for the masters
+    # (float32_mixes moves with every mix), a loaded state_dict survives the next step,
+    # and the run ends close to the same run on the CPU
+    from mpilaunch import run
+
+    for r in run("test_gpu:masters_on_cuda", 3, "shm", timeout=240, steps=20):
+        assert r["on_device"] and r["mixes"] == 20, r
+        assert r["loaded_kept"], r
+        assert r["max_diff"] < 2e-2, r
+
+
 # ---------------------------------------------------------------- scenario bodies (on the ranks)
 # tests/mpi/run.py runs each on every rank as "test_gpu:NAME"
 
@@ -120,3 +132,44 @@ def optimizer_cuda_against_cpu(comm, steps=30, folder="."):
     return {"max_diff": float(np.abs(cpu - cuda).max()),
             "resumed_on_cpu": bool(np.isfinite(on_cpu).all()),
             "resumed_on_cuda": bool(np.isfinite(on_cuda).all())}
+
+
+def _train_bf16(comm, device, steps):
+    from asapmpi.torch import DecentralizedOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 4)).bfloat16().to(device)
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
+                                 "ring", "notify_ack", model=model, comm=comm, timeout=60)
+    g = torch.Generator().manual_seed(comm.rank)
+    for _ in range(steps):
+        x = torch.randn(64, 32, generator=g).bfloat16().to(device)
+        y = torch.randint(0, 4, (64,), generator=g).to(device)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+    mixes = opt.exchange.float32_mixes
+    on_device = opt.exchange.float32_mix_on_device
+    flat = torch.cat([m.detach().reshape(-1).cpu() for m in opt.master.params]).numpy()
+    # a state_dict loaded between steps is what the next step starts from
+    model.load_state_dict({k: torch.full_like(v, 0.25) for k, v in model.state_dict().items()})
+    opt.optimizer.param_groups[0]["lr"] = 0.0
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+    opt.step()
+    kept = all(bool((p.detach() == 0.25).all()) for p in model.parameters())
+    opt.free()
+    return flat, mixes, on_device, kept
+
+
+def masters_on_cuda(comm, steps=20):
+    """bfloat16 training with float32 masters on CUDA (reduced on the device) and on the
+    CPU: the device reduce's float32 sums reach the masters."""
+    import asapmpi
+
+    asapmpi.rc.device_reduce = True
+    cuda, mixes, on_device, kept = _train_bf16(comm, "cuda", steps)
+    cpu, _, _, _ = _train_bf16(comm, "cpu", steps)
+    return {"mixes": mixes, "on_device": on_device, "loaded_kept": kept,
+            "max_diff": float(np.abs(cpu - cuda).max())}

@@ -67,10 +67,18 @@ class DeviceOps:
         checked again and released)."""
         raise NotImplementedError
 
-    def weighted_sum(self, w_self: float, inputs) -> None:
+    def weighted_sum(self, w_self: float, inputs, wide=None) -> None:
         """device = w_self * device + sum of w * stage[index] over `inputs` ((index, w)
-        pairs), in the device's stream order."""
+        pairs), in the device's stream order.  A 16-bit buffer is summed in float32 and
+        rounded once; with `wide` (a float32 array that check_wide accepted) the float32
+        sums are left there too (float32 master weights take the mix from them)."""
         raise NotImplementedError
+
+    def check_wide(self, array) -> None:
+        """ConfigError unless `array` can take weighted_sum's float32 sums: a
+        contiguous float32 array of the ops' framework, on the device, one value per
+        element of the buffer."""
+        raise ConfigError(f"the {self.name} device ops keep no float32 sums")
 
     def report(self) -> dict:
         """What the ops did that a user may want to know (how slots were copied)."""

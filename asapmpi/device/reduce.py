@@ -36,6 +36,10 @@ class DeviceReduce:
         #: reduces made on the device, and on the host (checksum=) then copied over
         self.device_reduces = 0
         self.host_reduces = 0
+        #: where a 16-bit buffer's device reduce also leaves its float32 sums (a device
+        #: array the ops accepted: Exchange.keep_float32_mix), and how many did
+        self.wide = None
+        self.wide_count = 0
 
     def __getattr__(self, name):
         return getattr(self._win, name)
@@ -90,6 +94,9 @@ class DeviceReduce:
             used_weight = w_self + sum(float(weights[i]) for i in kept)
             if used_weight > 0:
                 scale = (w_self + float(np.sum(weights))) / used_weight
-        self._ops.weighted_sum(w_self * scale, [(i, float(weights[i]) * scale) for i in kept])
+        self._ops.weighted_sum(w_self * scale, [(i, float(weights[i]) * scale) for i in kept],
+                               wide=self.wide)
         self.device_reduces += 1
+        if self.wide is not None:
+            self.wide_count += 1
         return len(kept)

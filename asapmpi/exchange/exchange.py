@@ -542,11 +542,18 @@ class Exchange:
         """For a bfloat16 or float16 buffer: every reduce from now on also writes its
         float32 sums, before they are rounded into the buffer, to `array` (C-contiguous
         float32, one value per element of the buffer; None stops it).  `float32_mixes`
-        counts the reduces that did; one done elsewhere (on a CUDA device) does not.
-        Float32 master weights take the mix from there (asapmpi.torch)."""
+        counts the reduces that did.  Where the reduce runs on the device
+        (`float32_mix_on_device`), `array` is a float32 array of the buffer's framework
+        on that device instead, and a reduce that ran on the host there (checksum=) is
+        not counted.  Float32 master weights take the mix from there (asapmpi.torch)."""
         if self.dtype not in HALF:
             raise ConfigError(f"keep_float32_mix is for bfloat16 or float16 buffers; this "
                               f"one is {self.dtype}, its reduce rounds nothing")
+        if self._device_reduce is not None:
+            if array is not None:
+                self._stager.ops.check_wide(array)
+            self._device_reduce.wide = array
+            return
         count = self.nbytes // ITEMSIZE[self.dtype]
         if array is not None and not (isinstance(array, np.ndarray)
                                       and array.dtype == np.float32
@@ -564,7 +571,15 @@ class Exchange:
     def float32_mixes(self) -> int:
         """Reduces that wrote their float32 sums to keep_float32_mix's array."""
         win = self._alive()
-        return self._ctx.wide_count + (0 if win is None else int(win.store.wide_count))
+        on_device = 0 if self._device_reduce is None else self._device_reduce.wide_count
+        return self._ctx.wide_count + on_device + \
+            (0 if win is None else int(win.store.wide_count))
+
+    @property
+    def float32_mix_on_device(self) -> bool:
+        """Whether the reduce runs on the buffer's device, so that keep_float32_mix
+        takes a float32 array on that device (else a NumPy array)."""
+        return self._device_reduce is not None
 
     @property
     def window(self):

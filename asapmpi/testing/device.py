@@ -14,14 +14,16 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ..device.ops import DeviceOps
+from ..errors import ConfigError
 
 
 class StandIn:
-    """A float32/float64 array posing as device memory (read it with values())."""
+    """A float16/float32/float64 array posing as device memory (read it with
+    values())."""
 
     def __init__(self, values):
         self._data = np.array(values, copy=True)
-        if self._data.dtype not in (np.float32, np.float64):
+        if self._data.dtype not in (np.float16, np.float32, np.float64):
             self._data = self._data.astype(np.float64)
         self.dtype = self._data.dtype
         self.size = int(self._data.size)
@@ -103,10 +105,26 @@ class StandInOps(DeviceOps):
             self.slot_copies += 1
         self._slot_copies.clear()
 
-    def weighted_sum(self, w_self, inputs) -> None:
+    def check_wide(self, array) -> None:
+        if not (isinstance(array, np.ndarray) and array.dtype == np.float32
+                and array.flags.c_contiguous and array.size == self.array.size):
+            raise ConfigError(f"the float32 sums of a stand-in buffer go to a "
+                              f"C-contiguous float32 NumPy array of {self.array.size} "
+                              f"values")
+
+    def weighted_sum(self, w_self, inputs, wide=None) -> None:
         assert not self._slot_copies, "weighted_sum before wait_slots: stages not copied"
         self.array.run_queue()
         data = self.array._data.reshape(-1)
-        data *= w_self
+        if data.dtype != np.float16:
+            data *= w_self
+            for index, w in inputs:
+                data += w * self._stages[index]
+            return
+        # float16: summed in float32 (as the host kernel and torch's ops do), rounded once
+        acc = np.empty(data.size, dtype=np.float32) if wide is None else wide.reshape(-1)
+        acc[...] = data
+        acc *= np.float32(w_self)
         for index, w in inputs:
-            data += w * self._stages[index]
+            acc += np.float32(w) * self._stages[index].astype(np.float32)
+        data[...] = acc

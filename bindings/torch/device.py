@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from asapmpi.device.ops import DeviceOps
+from asapmpi.errors import ConfigError
 
 
 class TorchCudaOps(DeviceOps):
@@ -90,9 +91,20 @@ class TorchCudaOps(DeviceOps):
     def wait_slots(self) -> None:
         self.slots_in.synchronize()
 
-    def weighted_sum(self, w_self, inputs) -> None:
+    def check_wide(self, array) -> None:
+        if not (isinstance(array, torch.Tensor) and array.dtype == torch.float32
+                and array.device == self.cuda and array.is_contiguous()
+                and array.numel() == self.tensor.numel()):
+            raise ConfigError(f"the float32 sums of a {self.tensor.dtype} buffer on "
+                              f"{self.cuda} go to a contiguous float32 tensor on "
+                              f"{self.cuda} of {self.tensor.numel()} values")
+
+    def weighted_sum(self, w_self, inputs, wide=None) -> None:
         with torch.no_grad():
-            acc = self.tensor if self._wide is None else self._wide.copy_(self.tensor)
+            if self._wide is None:
+                acc = self.tensor
+            else:
+                acc = (self._wide if wide is None else wide.view(-1)).copy_(self.tensor)
             acc.mul_(w_self)
             for index, w in inputs:
                 acc.add_(self._stages[index], alpha=w)

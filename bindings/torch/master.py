@@ -19,8 +19,10 @@ moves exactly as their updates say: the parts of the masters below 16-bit precis
 within them.  Rounding the mix first would not do: it drops the replicas' disagreements
 below half a unit, ties to even, so the mean drifts (bfloat16, SGD at a small learning
 rate: 30% higher held-out loss than float32, against the same loss with the float32
-mix).  Where a mix's float32 sums were not kept (a reduce on a CUDA device), the mixed
-parameters stand in for `mix`.
+mix).  The sums are kept where the reduce runs: on the host, or on the CUDA device of a
+reduce on the device (Exchange.float32_mix_on_device).  Where a mix's float32 sums were
+not kept (a device buffer's reduce run on the host for checksum=), the mixed parameters
+stand in for `mix`.
 
 A value written into the parameters between steps by anything but the exchange (a
 loaded state_dict, `p.fill_()` under no_grad, `p.data.copy_()`, a re-initialisation)
@@ -101,10 +103,15 @@ class MasterWeights:
             torch.nn.Parameter(self.tensor[start:start + count].view_as(p))
             for p, (start, count) in zip(flat.params, flat.spans)]
         self.pull()
-        #: the exchange's float32 sums of every reduce, before rounding (on the host)
+        #: the exchange's float32 sums of every reduce, before rounding: where the
+        #: reduce runs (the host, or the device of a reduce on the device)
         self.exchange = exchange
-        self.wide = torch.zeros(flat.numel, dtype=torch.float32)
-        exchange.keep_float32_mix(self.wide.numpy())
+        if exchange.float32_mix_on_device:
+            self.wide = torch.zeros(flat.numel, dtype=torch.float32, device=flat.device)
+            exchange.keep_float32_mix(self.wide)
+        else:
+            self.wide = torch.zeros(flat.numel, dtype=torch.float32)
+            exchange.keep_float32_mix(self.wide.numpy())
         self._mixes = exchange.float32_mixes
         #: elements of the parameters that absorb() found written and took (a count
         #: over the masters' life, for tests and reports)
