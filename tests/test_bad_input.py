@@ -45,6 +45,8 @@ CASES = [
     (["train", "svm", "--sync", "hop", "--hop", "backup=-1"], "backup must be an integer"),
     (["train", "svm", "--sync", "gossip", "--hop", "every=0"], "every must be an integer"),
     (["train", "svm", "--sync", "elastic", "--hop", "R=0"], "R must be an integer >= 1"),
+    (["train", "svm", "--sync", "hop", "--hop", "suppress_late=maybe"],
+     "suppress_late must be true or false"),
     (["train", "svm", "--lr", "inf"], "--lr must be a finite number"),
     (["train", "cnn", "--period", "0"], "--period must be an integer >= 1"),
     (["doctor", "--json", "/no/such/dir/r.json"], "/no/such/dir"),
@@ -75,3 +77,19 @@ def test_bench_soak_inside_an_mpi_job_says_run_it_outside():
                           capture_output=True, text=True, timeout=120, check=False, env=env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "run it outside mpiexec/srun" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("text, value", [("no", False), ("OFF", False), ("false", False),
+                                         ("0", False), ("yes", True), ("on", True),
+                                         ("True", True), ("1", True)])
+def test_a_boolean_option_takes_its_words_and_nothing_else(text, value):
+    # bool("no") is True: "hop:suppress_late=no" once turned suppression on
+    from asapmpi.errors import ConfigError
+    from asapmpi.sync.hop import Hop
+    from asapmpi.sync.spec import split_spec
+
+    _, options = split_spec(f"hop:suppress_late={text}")
+    assert Hop(**options).suppress_late is value
+    assert Hop(suppress_late=text).suppress_late is value
+    with pytest.raises(ConfigError, match="hop option suppress_late must be true or false"):
+        Hop(suppress_late="maybe")

@@ -37,6 +37,7 @@ import numpy as np
 from ..errors import ConfigError
 from .base import Policy, Reads, StepContext
 from .records import entry_trace
+from .spec import boolean
 
 
 class Hop(Policy):
@@ -81,7 +82,7 @@ class Hop(Policy):
         self.staleness_weights = staleness_weights
         self.skip_trigger = None if skip_trigger is None else int(skip_trigger)
         self.max_jump = int(max_jump)
-        self.suppress_late = bool(suppress_late)
+        self.suppress_late = boolean("hop", "suppress_late", suppress_late)
         # a reader may pick any version in [k - s, k] while senders run up to max_gap ahead
         self.depth = self.max_gap + 1 + (self.staleness or 0)
         # a need (Policy.retain): the oldest version iteration k + 1 reduces is

@@ -9,9 +9,29 @@ from typing import Any, Dict, Iterable, Tuple
 from ..errors import ConfigError
 
 
+#: the spellings of a boolean option's value, in any case (anything else is refused)
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+
+
+def boolean(policy: str, label: str, value: Any) -> bool:
+    """The boolean option `label` of `policy`: True/False, 1/0, or one of TRUE_WORDS
+    and FALSE_WORDS as text; ConfigError in one line naming the option for anything
+    else (bool("no") would be True)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in TRUE_WORDS + FALSE_WORDS:
+        return value.lower() in TRUE_WORDS
+    raise ConfigError(f"{policy} option {label} must be true or false "
+                      f"({'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}), got {value!r}")
+
+
 def parse_value(text: str) -> Any:
-    """An option value from text: None, a bool, an int, a float, a list of numbers
-    written with '/' ("4/5/6/7": commas separate the runs of --compare), else text."""
+    """An option value from text: None, a bool (true/false/yes/no/on/off, any case), an
+    int, a float, a list of numbers written with '/' ("4/5/6/7": commas separate the
+    runs of --compare), else text."""
     if "/" in text:
         parts = [parse_value(p) for p in text.split("/")]
         if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
@@ -19,8 +39,8 @@ def parse_value(text: str) -> Any:
     low = text.lower()
     if low in ("none", "null"):
         return None
-    if low in ("true", "false"):
-        return low == "true"
+    if low in TRUE_WORDS[:3] + FALSE_WORDS[:3]:
+        return low in TRUE_WORDS
     for cast in (int, float):
         try:
             return cast(text)
