@@ -293,6 +293,43 @@ def test_wrapper_refuses_groups_added_later_wrapping_twice_and_unfreezing():
     opt.free()
 
 
+@pytest.mark.parametrize("change", ["add_module", "new attribute", "parameter replaced",
+                                    "buffer registered"])
+def test_a_model_changed_after_wrapping_is_refused_at_the_next_step(change):
+    # its new tensors would never be exchanged: replicas drift apart (issue 49, item 4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
+                                 model=model)
+
+    def step():
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+
+    try:
+        step()
+        unrelated = torch.nn.Linear(5, 5)       # another model: registers, changes nothing
+        step()
+        opt.check()
+        if change == "add_module":
+            model.add_module("extra", torch.nn.Linear(2, 2))
+        elif change == "new attribute":
+            model[1] = torch.nn.Linear(3, 2)
+        elif change == "parameter replaced":
+            model[0].weight = torch.nn.Parameter(torch.zeros(3, 4))
+        else:
+            model[0].register_buffer("scale", torch.ones(3))
+        what = "buffers" if change == "buffer registered" else "parameters"
+        with pytest.raises(ConfigError, match=f"the model's {what} changed after the "
+                                              f"DecentralizedOptimizer was created"):
+            step()
+        with pytest.raises(ConfigError, match="wrap the model's optimizer again"):
+            opt.check()
+        assert unrelated.weight.shape == (5, 5)
+    finally:
+        opt.free()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_state_dict_round_trip_through_the_wrapper_continues_bitwise(dtype):
     # bfloat16: the float32 master weights travel in the optimizer's state_dict

@@ -53,6 +53,7 @@ from asapmpi.errors import ConfigError
 
 from .flat import FlatParameters, PackedTensors, common_device, host_bcast
 from .master import MasterWeights, wants_masters
+from .paramset import ParameterSet
 
 MODES = ("serial", "parallel")
 BUFFERS = ("mix", "broadcast", "local")
@@ -241,6 +242,9 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         self.iteration = 0
         self._sent = False
         self._bytes_before_send = 0
+        #: the model's tensors when wrapped: a layer added or a parameter replaced later
+        #: would never be exchanged (refused at the next step)
+        self._tensors = None if model is None else ParameterSet(model, buffers != "local")
 
     #: GradScaler.step() then always calls step(), telling it `found_inf` (and
     #: `grad_scale` while the gradients are still scaled) instead of skipping the call,
@@ -286,6 +290,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         """One optimizer step (iteration + 1); on every `period`-th, the exchange too.
         Returns what the wrapped optimizer's step returned (the closure's loss)."""
         target = self.iteration + 1
+        if self._tensors is not None:
+            self._tensors.check()       # an integer compare unless torch registered more
         if target % CHECK_EVERY == 1:
             # a parameter re-homed since (p.data = ...) would no longer mix; checking
             # loops over every parameter, so not on every step
@@ -357,8 +363,11 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             self.side.bcast(self._side_comm)
 
     def check(self) -> None:
-        """Raise ConfigError if a tensor left the exchange's or the broadcast buffer, or
+        """Raise ConfigError if a tensor left the exchange's or the broadcast buffer, the
+        model (given model=) has other parameters or buffers than when it was wrapped, or
         a frozen parameter (not exchanged) was unfrozen."""
+        if self._tensors is not None:
+            self._tensors.check(always=True)
         self.flat.check()
         self.side.check()
         thawed = [tuple(p.shape) for p in self.frozen if p.requires_grad]
