@@ -15,6 +15,7 @@ from asapmpi.modelcheck.explorer import explore
 from asapmpi.modelcheck.gossip_pull import GossipPullModel
 from asapmpi.modelcheck.graphs import make_graph
 from asapmpi.modelcheck.hop import HopModel
+from asapmpi.modelcheck.join import JoinModel
 from asapmpi.modelcheck.mailbox import MailboxModel
 from asapmpi.modelcheck.model import Model
 from asapmpi.modelcheck.newest import NewestModel
@@ -289,6 +290,142 @@ def test_message_models_refuse_bad_options():
         NewestModel(ring, 2, variant="nope")
     with pytest.raises(ValueError, match="variant"):
         GossipPullModel(ring, 2, variant="nope")
+
+
+# ---------------------------------------------------------------- join
+
+DIES = ("agree", "rule", "dead", "named", "deadlock")
+
+
+def replay(model, *prefixes):
+    """Run `model` from its initial state along the actions whose labels start with
+    `prefixes`, one each, in order; returns the labels taken and the last state."""
+    state, labels = model.initial(), []
+    for prefix in prefixes:
+        label, state, _ = next(m for m in model.successors(state)
+                               if m[0].startswith(prefix))
+        labels.append(label)
+    return labels, state
+
+
+def test_join_one_word_is_replaced_by_a_second_join_on_a_directed_ring():
+    ring = make_graph("ring:3")
+    r = explore(JoinModel(ring, 2, "one-word", steps="1,0,0"))
+    assert r.prop == "rule"
+    # rank 1 ended round 0 and joined round 1 at once (no training step in between):
+    # its word now holds round 1's count, which rank 2 reads for its step of round 0
+    trace = "\n".join(r.trace)
+    assert "rank 1: join() of round 1" in trace and "reads round 1 count" in r.detail
+    assert r.trace[-1].startswith("rank 2:") and "keeps rank 1" in r.detail
+    # the pair of words: the same bounds and three joins in a row verify; a rank was a
+    # round ahead of another, and J lay up to the ring's diameter past the last
+    # training step
+    for epochs in (2, 3):
+        ok = explore(JoinModel(ring, epochs, steps="1,0,0"))
+        assert ok.verdict == "ok" and ok.measures == {"round ahead": 1, "J past joined": 2}
+    # one word is enough where the writer's step J waits for the reader's version J
+    undirected = explore(JoinModel(make_graph("complete:3"), 2, "one-word", max_steps=1))
+    assert undirected.verdict == "ok" and undirected.measures["round ahead"] == 1
+
+
+def test_join_j_must_cover_the_counts_entered():
+    r = explore(JoinModel(make_graph("ring:3"), 2, "j-joined", steps="1,0,0"))
+    assert r.prop == "agree" and "above J = 2" in r.detail
+    # a rank two hops from the last training rank stepped along to 3 before it saw it
+    # join (at 1): only the counts entered say so
+    assert "rank 2: joined, steps along: ENTERED := 3" in "\n".join(r.trace)
+    # diameter 1: nobody steps along past the largest joined-at + 1
+    assert explore(JoinModel(make_graph("complete:3"), 2, "j-joined",
+                             max_steps=1)).verdict == "ok"
+
+
+def test_join_without_the_lag_two_ranks_disagree_about_one_rank():
+    k3 = make_graph("complete:3")
+    r = explore(JoinModel(k3, 2, "no-lag", steps="1,0,0"))
+    assert r.prop == "rule" and "depends on timing" in r.detail
+    # rank 0 enters step 1 before rank 1 joins at 0, rank 2 after: with c + 1 <= s one
+    # keeps rank 1 in step 1, the other leaves it out; with c + 1 < s both keep it
+    run = ("rank 0: trains, enters step 1", "rank 1: join()", "rank 2: join()",
+           "rank 2: joined, steps along")
+    labels, _ = replay(JoinModel(k3, 2, "no-lag", steps="1,0,0",
+                                 properties=("deadlock",)), *run)
+    assert "leaves out" not in labels[0] and labels[3].endswith(
+        "enters step 1 (leaves out ranks 1)")
+    labels, state = replay(JoinModel(k3, 2, steps="1,0,0"), *run)
+    assert not any("leaves out" in label for label in labels) and not state[0]
+
+
+def test_join_a_rank_dead_in_the_agreement_ends_in_timeouts():
+    ring = make_graph("ring:3")
+    # nobody completes the agreement; every other rank ends in a wait with a deadline
+    ok = explore(JoinModel(ring, 2, steps="1,0,0", die=0, properties=DIES[:3] + DIES[4:]))
+    assert ok.verdict == "ok" and ok.states > 1000
+    # the code: the agreement's timeout names the ranks below the largest count; a rank
+    # that died at the largest (every rank caught up) is named by nobody
+    model = JoinModel(ring, 2, steps="1,0,0", die=0, properties=DIES)
+    r = explore(model)
+    assert r.prop == "named"
+    assert "dies in the agreement of round 0 (before posting)" in "\n".join(r.trace)
+    assert r.detail.count("its timeout names nobody") == 2
+    # there, the only actions are the live ranks' timeouts (not forced)
+    moves = model.successors(r.last_state)
+    assert len(moves) == 2 and not any(forced for _, _, forced in moves)
+    assert all("times out, NeighbourTimeoutError naming nobody" in label
+               for label, _, _ in moves)
+    assert model.finished(r.last_state)
+    # naming every other rank when no count is below the largest names it
+    fixed = explore(JoinModel(ring, 2, "name-others", steps="1,0,0", die=0,
+                              die_posted=True, properties=DIES))
+    assert fixed.verdict == "ok"
+    fixed_model = JoinModel(ring, 2, "name-others", steps="1,0,0", die=0)
+    dead = model.dead(r.last_state)
+    assert all(dead in fixed_model.timeout_names(r.last_state, x)
+               for x in range(3) if x != dead)
+
+
+def test_join_agreement_timeout_names_a_rank_already_in_the_next_round():
+    # a rank that died after posting, once another rank completed the agreement and
+    # went on: join()'s idle timeout takes that rank's hidden count (-1) for late
+    class Ahead(JoinModel):
+        def violation(self, state):
+            if self.dead(state) is None or self._forced(state):
+                return None
+            for r in range(self.n):
+                ahead = [a for a in self.timeout_names(state, r) or ()
+                         if state[self.round[a]] > state[self.round[r]]]
+                if ahead and state[self.stage[r]] == 0:
+                    return ("named", f"rank {r} names {ahead}, a round ahead")
+            return None
+
+    ring = make_graph("ring:3")
+    kw = {"steps": "1,0,0", "die": 0, "die_posted": True, "properties": ("named",)}
+    model = Ahead(ring, 2, **kw)
+    r = explore(model)
+    trace = "\n".join(r.trace)
+    assert r.prop == "named" and "after posting" in trace and "join() of round 1" in trace
+    # there the idle rank names only the rank ahead, not the dead one; naming the ranks
+    # of this round below the largest count, else every other rank, names it
+    waiting = int(r.detail.split()[1])
+    dead = model.dead(r.last_state)
+    assert dead not in model.timeout_names(r.last_state, waiting)
+    assert dead in JoinModel(ring, 2, "name-others", **kw).timeout_names(r.last_state,
+                                                                        waiting)
+
+
+def test_join_symmetry_and_refusals():
+    for make in (lambda sym: JoinModel(make_graph("complete:3"), 2, max_steps=1,
+                                       symmetry=sym),
+                 lambda sym: JoinModel(make_graph("complete:3"), 2, "no-lag", steps="1,0,0",
+                                       symmetry=sym)):
+        reduced, full = explore(make(True)), explore(make(False))
+        assert (reduced.verdict, reduced.prop) == (full.verdict, full.prop)
+        assert len(reduced.trace) == len(full.trace)
+        assert reduced.verdict == "violation" or reduced.states < full.states
+    ring = make_graph("ring:3")
+    for bad in ({"variant": "nope"}, {"steps": "1,0,0,0"}, {"steps": "1,-1"},
+                {"die": 2}, {"max_steps": -1}):
+        with pytest.raises(ValueError):
+            JoinModel(ring, 2, **bad)
 
 
 class Counter(Model):

@@ -14,6 +14,8 @@
     newest.py               the mailbox of newest versions (async, backup_ps, elastic),
                             its drain
     gossip_pull.py          gossip's pulls: publish, MPI_Rget, verify, copy
+    join.py                 join: the board's words, the loop, the agreement, the
+                            epochs, over NOTIFY-ACK's step dependencies
     graphs.py               the small graphs, by spec ("ring:3", "offsets:6:1,4")
     scenarios.py            protocol x graph x bounds x variant, with expected verdicts
     cli.py                  `asapmpi check-protocol`

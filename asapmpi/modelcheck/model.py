@@ -23,7 +23,7 @@ Violation = Tuple[str, str]
 
 #: the properties a model can check, in the order they are reported
 PROPERTIES = ("overlap", "version", "error", "gap", "ahead", "alias", "stage", "monotone",
-              "inflight", "freed", "deadlock")
+              "inflight", "freed", "agree", "rule", "dead", "named", "deadlock")
 DESCRIPTIONS = {
     "overlap": "no reduce reads a slot its writer may be writing",
     "version": "every reduced input is the version the policy claims (never a torn or "
@@ -38,6 +38,13 @@ DESCRIPTIONS = {
     "inflight": "at most two messages unmatched per channel (sender -> reader)",
     "freed": "no request or message outlives free(): nothing MPI writes or reads lands "
              "in memory already released",
+    "agree": "join: every rank ends each round at the same J and no rank enters a step "
+             "above it",
+    "rule": "join: a rank entering step s leaves out exactly the in-neighbours that "
+            "joined its round at c with c + 1 < s (from the history, not the board)",
+    "dead": "join: with a rank dead in the agreement nobody completes it after the "
+            "death, and every other rank ends in a wait with a deadline",
+    "named": "join: with a rank dead in the agreement, a timeout of another rank names it",
     "deadlock": "no reachable state blocks for ever before the last iteration",
 }
 

@@ -19,6 +19,7 @@ from .explorer import SEARCHES, Result, explore
 from .gossip_pull import GossipPullModel
 from .graphs import make_graph
 from .hop import HopModel
+from .join import JoinModel
 from .mailbox import MailboxModel
 from .model import PROPERTIES
 from .newest import NewestModel
@@ -27,11 +28,11 @@ from .notify_ack_put import NotifyAckPut
 from .notify_ack_shared import NotifyAckShared
 from .onesided import ModelError, OneSidedModel
 
-#: the five protocol variants of issue 15, then the mailboxes, gossip's pulls and the
-#: drain at free()
+#: the five protocol variants of issue 15, then the mailboxes, gossip's pulls, the
+#: drain at free() and join (issue 45)
 PROTOCOLS = ("notify-ack-put", "notify-ack-shared", "notify-ack-shared-db",
              "notify-ack-messages", "hop", "hop-messages", "bsp-messages", "newest",
-             "gossip-pull", "drain")
+             "gossip-pull", "drain", "join")
 NA = ("overlap", "version", "error", "gap", "deadlock")    # NOTIFY-ACK: gap 1 (lockstep)
 MSG = ("overlap", "version", "error", "gap", "ahead", "alias", "deadlock")
 MB = ("overlap", "version", "error", "gap", "stage", "deadlock")     # the mailbox
@@ -39,9 +40,11 @@ NW = ("overlap", "version", "stage", "monotone", "inflight", "deadlock")   # new
 GP = ("version", "freed", "deadlock")                                # gossip's pulls
 DR = ("overlap", "version", "error", "gap", "stage", "freed", "deadlock")  # drain
 DN = ("overlap", "version", "stage", "monotone", "inflight", "freed", "deadlock")
+JN = ("agree", "rule", "deadlock")                                   # join
+JD = ("agree", "rule", "dead", "deadlock")                   # join, a rank dies
 #: the properties each protocol's scenarios check unless they say otherwise
 DEFAULTS = {"notify-ack-messages": MSG, "hop-messages": MB, "bsp-messages": MB,
-            "newest": NW, "gossip-pull": GP, "drain": DR}
+            "newest": NW, "gossip-pull": GP, "drain": DR, "join": JN}
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,10 @@ _SHORT = {("landings", "spontaneous"): "spontaneous", ("parts", True): "parts",
           ("checksum", True): "checksum"}
 _KEYS = {"tag_modulus": "tags mod {}", "skip_trigger": "trigger={}", "max_jump": "jump={}",
          "settle_after": "settle after {}", "policy": "{}", "tail": "tail={}",
-         "drop": "drop={0[0]}@{0[1]}"}
-_SHORT.update({("tail", "free"): "free()", ("final_wait", False): "no-final-wait"})
+         "drop": "drop={0[0]}@{0[1]}", "steps": "steps {}", "max_steps": "any <={} steps",
+         "die": "dies in round {}"}
+_SHORT.update({("tail", "free"): "free()", ("final_wait", False): "no-final-wait",
+               ("die_posted", True): "or after posting"})
 
 
 def _s(protocol, graph, iterations, variant="correct", quick=False, **kw) -> Scenario:
@@ -340,6 +345,47 @@ SCENARIOS: List[Scenario] = [
        properties=("freed",), prop="freed",
        note="before a407441: the destructor frees buffers that requests still use",
        **BROKEN),
+    # ---- join (uneven inputs): iterations are joins in a row (epochs); steps: each
+    # epoch's training steps per rank ("epoch 0 / epoch 1"), or any number up to max
+    _s("join", "ring:3", 2, quick=True, steps="1,0,0",
+       note="two ranks join at once, then an empty second epoch for every rank"),
+    _s("join", "ring:3", 2, quick=True, steps="2,0,1/0,1,0"),
+    _s("join", "complete:3", 2, quick=True, max_steps=1,
+       note="every plan of 0 or 1 training steps per rank and epoch"),
+    _s("join", "ring:3", 3, steps="1,0,0", note="three joins in a row"),
+    _s("join", "ring:3", 2, max_steps=1),
+    _s("join", "ring:4", 2, steps="1,0,0,0"),
+    _s("join", "ring:4", 2, steps="2,0,1,0/0,1,0,0"),
+    _s("join", "complete:3", 2, max_steps=2),
+    _s("join", "ring:3", 2, quick=True, steps="1,0,0", die=0, properties=JD,
+       note="a rank dies in the agreement: nobody completes it, every other rank ends "
+            "in a wait with a deadline"),
+    _s("join", "complete:3", 2, steps="1,0,0", die=0, die_posted=True, properties=JD),
+    _s("join", "ring:3", 2, "one-word", quick=True, steps="1,0,0", prop="rule",
+       note="one JOINED_AT word (before 8d1baef): a rank that ended round 0 joins round 1 "
+            "at once and replaces the count a slower rank reads", **BROKEN),
+    _s("join", "ring:4", 2, "one-word", steps="1,0,0,0", prop="rule", **BROKEN),
+    _s("join", "complete:3", 2, "one-word", max_steps=1, broken=True,
+       note="one word is enough where every in-neighbour is an out-neighbour too: the "
+            "writer's step J waits for the reader's version J"),
+    _s("join", "ring:3", 2, "j-joined", quick=True, steps="1,0,0", prop="agree",
+       note="J = largest joined-at + 1: a rank stepped along further", **BROKEN),
+    _s("join", "ring:4", 2, "j-joined", steps="1,0,0,0", prop="agree", **BROKEN),
+    _s("join", "complete:3", 2, "j-joined", max_steps=1, broken=True,
+       note="on a graph of diameter 1 nobody steps along past the largest joined-at + 1"),
+    _s("join", "complete:3", 2, "no-lag", quick=True, steps="1,0,0", prop="rule",
+       note="c + 1 <= s: whether a rank that joins at s - 1 is out of step s depends on "
+            "when it publishes", **BROKEN),
+    _s("join", "ring:3", 2, quick=True, steps="1,0,0", die=0,
+       properties=("dead", "named", "deadlock"), prop="named",
+       note="the code today: the agreement's timeout names the ranks below the largest "
+            "count; a rank that died at the largest is named by nobody", **BROKEN),
+    _s("join", "complete:3", 2, steps="1,0,0", die=0, die_posted=True,
+       properties=("dead", "named", "deadlock"), prop="named", **BROKEN),
+    _s("join", "ring:3", 2, "name-others", quick=True, steps="1,0,0", die=0,
+       die_posted=True, properties=("agree", "rule", "dead", "named", "deadlock"),
+       broken=True, note="a fix: the timeout names the ranks of this round below the "
+                         "largest count, else every other rank"),
 ]
 
 
@@ -411,6 +457,9 @@ def build(sc: Scenario):
         elif sc.protocol == "newest":
             model = NewestModel(g, sc.iterations, variant=sc.variant,
                                 properties=sc.properties, **opts)
+        elif sc.protocol == "join":
+            model = JoinModel(g, sc.iterations, variant=sc.variant,
+                              properties=sc.properties, **opts)
         elif sc.protocol == "gossip-pull":
             model = GossipPullModel(g, sc.iterations, variant=sc.variant,
                                     properties=sc.properties, **opts)
