@@ -156,7 +156,8 @@ def late_agreement(comm, out, timeout=1.0):
 def test_a_timed_out_join_agreement_leaves_no_write_into_freed_memory(tmp_path):
     res = run("test_beside_core:late_agreement", 3, "shm", timeout=120, out=str(tmp_path))
     for r in res[:2]:
-        assert r["error"] and "the agreement on the last step of join()" in r["error"], r
+        assert r["error"] and "the agreement on the last step of join() from rank 2" \
+            in r["error"], r
         assert r["heard"], r
         # the agreement's request went to the leftovers with its buffers; nothing MPI
         # wrote after the timeout landed in memory allocated after it, and once rank 2

@@ -360,9 +360,9 @@ def test_join_a_rank_dead_in_the_agreement_ends_in_timeouts():
     # nobody completes the agreement; every other rank ends in a wait with a deadline
     ok = explore(JoinModel(ring, 2, steps="1,0,0", die=0, properties=DIES[:3] + DIES[4:]))
     assert ok.verdict == "ok" and ok.states > 1000
-    # the code: the agreement's timeout names the ranks below the largest count; a rank
-    # that died at the largest (every rank caught up) is named by nobody
-    model = JoinModel(ring, 2, steps="1,0,0", die=0, properties=DIES)
+    # before the fix: the agreement's timeout named the ranks below the largest count;
+    # a rank that died at the largest (every rank caught up) was named by nobody
+    model = JoinModel(ring, 2, "late-only", steps="1,0,0", die=0, properties=DIES)
     r = explore(model)
     assert r.prop == "named"
     assert "dies in the agreement of round 0 (before posting)" in "\n".join(r.trace)
@@ -373,11 +373,11 @@ def test_join_a_rank_dead_in_the_agreement_ends_in_timeouts():
     assert all("times out, NeighbourTimeoutError naming nobody" in label
                for label, _, _ in moves)
     assert model.finished(r.last_state)
-    # naming every other rank when no count is below the largest names it
-    fixed = explore(JoinModel(ring, 2, "name-others", steps="1,0,0", die=0,
-                              die_posted=True, properties=DIES))
+    # join() now names every other rank when no count is below the largest: it names it
+    fixed = explore(JoinModel(ring, 2, steps="1,0,0", die=0, die_posted=True,
+                              properties=DIES))
     assert fixed.verdict == "ok"
-    fixed_model = JoinModel(ring, 2, "name-others", steps="1,0,0", die=0)
+    fixed_model = JoinModel(ring, 2, steps="1,0,0", die=0)
     dead = model.dead(r.last_state)
     assert all(dead in fixed_model.timeout_names(r.last_state, x)
                for x in range(3) if x != dead)
@@ -385,7 +385,7 @@ def test_join_a_rank_dead_in_the_agreement_ends_in_timeouts():
 
 def test_join_agreement_timeout_names_a_rank_already_in_the_next_round():
     # a rank that died after posting, once another rank completed the agreement and
-    # went on: join()'s idle timeout takes that rank's hidden count (-1) for late
+    # went on: join()'s idle timeout took that rank's hidden count (-1) for late
     class Ahead(JoinModel):
         def violation(self, state):
             if self.dead(state) is None or self._forced(state):
@@ -399,7 +399,7 @@ def test_join_agreement_timeout_names_a_rank_already_in_the_next_round():
 
     ring = make_graph("ring:3")
     kw = {"steps": "1,0,0", "die": 0, "die_posted": True, "properties": ("named",)}
-    model = Ahead(ring, 2, **kw)
+    model = Ahead(ring, 2, "late-only", **kw)
     r = explore(model)
     trace = "\n".join(r.trace)
     assert r.prop == "named" and "after posting" in trace and "join() of round 1" in trace
@@ -408,8 +408,7 @@ def test_join_agreement_timeout_names_a_rank_already_in_the_next_round():
     waiting = int(r.detail.split()[1])
     dead = model.dead(r.last_state)
     assert dead not in model.timeout_names(r.last_state, waiting)
-    assert dead in JoinModel(ring, 2, "name-others", **kw).timeout_names(r.last_state,
-                                                                        waiting)
+    assert dead in JoinModel(ring, 2, **kw).timeout_names(r.last_state, waiting)
 
 
 def test_join_symmetry_and_refusals():

@@ -271,7 +271,11 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
                 continue
             # every rank joined, none ahead: the others have yet to see it and agree
             if time.monotonic() - idle_since > timeout:
-                late = [r for r, c in enumerate(counts) if c < int(counts.max())]
+                # the ranks of this round behind the largest count (-1: a rank already
+                # in the next round, ahead); none behind (every rank caught up, the usual
+                # state here): the one missing from the agreement is any other rank
+                late = [r for r, c in enumerate(counts) if 0 <= c < int(counts.max())] \
+                    or [r for r in range(len(counts)) if r != rank]
                 raise NeighbourTimeoutError(
                     rank, "the agreement on the last step of join()", late, [], [], timeout)
             if settle is not None:

@@ -81,9 +81,9 @@ Variants:
                 slower rank still reads for the first round
   j-joined      J = largest joined-at + 1 only, ignoring the counts entered
   no-lag        the rule leaves out ranks with c + 1 <= s (no lag of one version)
-  name-others   correct, but the loop's idle timeout names the ranks of this round whose
-                counts are below the largest (not those already in the next round,
-                which join() counts as -1), else every other rank (a fix for `named`)
+  late-only     the loop's idle timeout names only the ranks whose counts are below the
+                largest, a rank already in the next round (count -1) among them (join()
+                before this model found it): once every rank caught up it names nobody
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ from .model import Model, Violation
 TRAIN, LOOP, FINAL, DONE, DEAD, RAISED = range(6)
 #: a rank's step in progress: none, waiting to send (acks), waiting for versions
 IDLE, SEND, RECV = range(3)
-VARIANTS = ("correct", "one-word", "j-joined", "no-lag", "name-others")
+VARIANTS = ("correct", "one-word", "j-joined", "no-lag", "late-only")
 #: the model's COUNT_BITS
 SHIFT = 8
 MASK = (1 << SHIFT) - 1
@@ -266,9 +266,10 @@ class JoinModel(Model):
             return [i for i in self.ins[r] if self.sent(state, i) < s]
         if pc == LOOP and state[self.posted[r]]:
             _, counts = self.counts(state, r)
-            if self.variant != "name-others":
-                # join(): a rank already in the next round (count -1) counts as late
+            if self.variant == "late-only":
+                # a rank already in the next round (count -1) counts as late
                 return [a for a, c in enumerate(counts) if c < max(counts)]
+            # join(): this round's ranks below the largest count, else every other rank
             late = [a for a, c in enumerate(counts) if 0 <= c < max(counts)]
             return late or [a for a in range(self.n) if a != r]
         return None

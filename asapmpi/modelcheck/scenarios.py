@@ -41,7 +41,7 @@ GP = ("version", "freed", "deadlock")                                # gossip's 
 DR = ("overlap", "version", "error", "gap", "stage", "freed", "deadlock")  # drain
 DN = ("overlap", "version", "stage", "monotone", "inflight", "freed", "deadlock")
 JN = ("agree", "rule", "deadlock")                                   # join
-JD = ("agree", "rule", "dead", "deadlock")                   # join, a rank dies
+JD = ("agree", "rule", "dead", "named", "deadlock")          # join, a rank dies
 #: the properties each protocol's scenarios check unless they say otherwise
 DEFAULTS = {"notify-ack-messages": MSG, "hop-messages": MB, "bsp-messages": MB,
             "newest": NW, "gossip-pull": GP, "drain": DR, "join": JN}
@@ -359,7 +359,7 @@ SCENARIOS: List[Scenario] = [
     _s("join", "complete:3", 2, max_steps=2),
     _s("join", "ring:3", 2, quick=True, steps="1,0,0", die=0, properties=JD,
        note="a rank dies in the agreement: nobody completes it, every other rank ends "
-            "in a wait with a deadline"),
+            "in a wait with a deadline that names it"),
     _s("join", "complete:3", 2, steps="1,0,0", die=0, die_posted=True, properties=JD),
     _s("join", "ring:3", 2, "one-word", quick=True, steps="1,0,0", prop="rule",
        note="one JOINED_AT word (before 8d1baef): a rank that ended round 0 joins round 1 "
@@ -376,16 +376,15 @@ SCENARIOS: List[Scenario] = [
     _s("join", "complete:3", 2, "no-lag", quick=True, steps="1,0,0", prop="rule",
        note="c + 1 <= s: whether a rank that joins at s - 1 is out of step s depends on "
             "when it publishes", **BROKEN),
-    _s("join", "ring:3", 2, quick=True, steps="1,0,0", die=0,
+    _s("join", "ring:3", 2, "late-only", quick=True, steps="1,0,0", die=0,
        properties=("dead", "named", "deadlock"), prop="named",
-       note="the code today: the agreement's timeout names the ranks below the largest "
-            "count; a rank that died at the largest is named by nobody", **BROKEN),
-    _s("join", "complete:3", 2, steps="1,0,0", die=0, die_posted=True,
+       note="join() before the model: the agreement's timeout names the ranks below the "
+            "largest count; a rank that died at the largest is named by nobody", **BROKEN),
+    _s("join", "complete:3", 2, "late-only", steps="1,0,0", die=0, die_posted=True,
        properties=("dead", "named", "deadlock"), prop="named", **BROKEN),
-    _s("join", "ring:3", 2, "name-others", quick=True, steps="1,0,0", die=0,
-       die_posted=True, properties=("agree", "rule", "dead", "named", "deadlock"),
-       broken=True, note="a fix: the timeout names the ranks of this round below the "
-                         "largest count, else every other rank"),
+    _s("join", "ring:3", 2, quick=True, steps="1,0,0", die=0, die_posted=True,
+       properties=JD, note="join() names the ranks of this round below the largest "
+                           "count, else every other rank"),
 ]
 
 

@@ -8,7 +8,6 @@ from typing import Any, Dict, Iterable, Tuple
 
 from ..errors import ConfigError
 
-
 #: the spellings of a boolean option's value, in any case (anything else is refused)
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
