@@ -28,9 +28,9 @@ def boolean(policy: str, label: str, value: Any) -> bool:
 
 
 def parse_value(text: str) -> Any:
-    """An option value from text: None, a bool (true/false/yes/no/on/off, any case), an
-    int, a float, a list of numbers written with '/' ("4/5/6/7": commas separate the
-    runs of --compare), else text."""
+    """An option value from text: None, a bool (true/false, any case), an int, a float,
+    a list of numbers written with '/' ("4/5/6/7": commas separate the runs of
+    --compare), else text (a boolean option reads yes/no/on/off from it: boolean())."""
     if "/" in text:
         parts = [parse_value(p) for p in text.split("/")]
         if all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in parts):
@@ -38,8 +38,8 @@ def parse_value(text: str) -> Any:
     low = text.lower()
     if low in ("none", "null"):
         return None
-    if low in TRUE_WORDS[:3] + FALSE_WORDS[:3]:
-        return low in TRUE_WORDS
+    if low in ("true", "false"):
+        return low == "true"
     for cast in (int, float):
         try:
             return cast(text)
