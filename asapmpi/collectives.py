@@ -8,8 +8,8 @@ for them until the deadline and then tells every rank that arrived which ranks d
 (none: go on).  A missing rank is named on every rank that arrived, in a
 NeighbourTimeoutError; if rank 0 itself is missing, the others name it.  Only after
 everyone arrived does the real collective run, so it cannot wait on a dead rank (short
-of one dying in between).  Pending requests are cancelled and completed before the
-error is raised: nothing outlives the call.
+of one dying in between).  arrive()'s pending requests are cancelled and completed
+before its error is raised: nothing outlives the call.
 
 The rule for every MPI call outside asapmpi._core (tests/test_beside_core.py scans):
 a nonblocking request is completed (wait_polled, wait_or_leave) or handed, with every

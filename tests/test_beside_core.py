@@ -82,33 +82,28 @@ def _progress_until(comm, out, flag, cap=60.0):
     return True
 
 
-def _raise_flag(out, name):
-    open(os.path.join(out, name), "x").close()
-
-
 def _after_timeout(comm, out, nbytes, error):
     """On a rank whose wait timed out: fill fresh blocks of `nbytes` with a pattern,
     count the leftovers, tell the late rank to go on, drive progress until it
     contributed, and report whether any block was written."""
     from asapmpi import collectives
 
+    from scenarios import raise_flag  # tests/mpi, on the ranks' path
+
     blocks = _pattern_blocks(nbytes)
     left = collectives.leftovers()
-    _raise_flag(out, f"timed-out-{comm.rank}")
+    raise_flag(out, f"timed-out-{comm.rank}")
     heard = _progress_until(comm, out, "contributed")
     touched = sum(int((b != PATTERN).any()) for b in blocks)
     return {"error": error, "heard": heard, "touched": touched, "left": left,
             "leftovers_after": collectives.leftovers()}
 
 
-def _wait_for(out, names, cap=60.0):
-    import time
+def _wait_for(out, names):
+    from scenarios import wait_for_flags  # tests/mpi, on the ranks' path
 
-    deadline = time.monotonic() + cap
-    while not all(os.path.exists(os.path.join(out, n)) for n in names):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{names} not raised within {cap} s")
-        time.sleep(0.01)
+    if not wait_for_flags(out, names, 60):
+        raise RuntimeError(f"{names} not raised within 60 s")
 
 
 def late_agreement(comm, out, timeout=1.0):
@@ -120,6 +115,8 @@ def late_agreement(comm, out, timeout=1.0):
 
     from asapmpi import Exchange
     from asapmpi.errors import NeighbourTimeoutError
+
+    from scenarios import raise_flag  # tests/mpi, on the ranks' path
 
     rank = comm.rank
     buf = np.zeros(64)
@@ -140,7 +137,7 @@ def late_agreement(comm, out, timeout=1.0):
             ex.join(step=stalling_step)
         except NeighbourTimeoutError as exc:
             error = str(exc)
-        _raise_flag(out, "contributed")
+        raise_flag(out, "contributed")
         return {"error": error}
     if rank == 1:
         time.sleep(0.5)         # rank 2 is in its stalled step by now
@@ -175,6 +172,8 @@ def late_average(comm, out, timeout=1.0):
     from asapmpi.errors import NeighbourTimeoutError
     from asapmpi.torch import DecentralizedOptimizer
 
+    from scenarios import raise_flag  # tests/mpi, on the ranks' path
+
     torch.manual_seed(comm.rank)
     model = torch.nn.Linear(3, 2)           # 8 values: a flat buffer of 16 float32
     opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "complete",
@@ -185,7 +184,7 @@ def late_average(comm, out, timeout=1.0):
     if comm.rank == 1:
         _wait_for(out, ["timed-out-0"])
         opt.average_replicas()
-        _raise_flag(out, "contributed")
+        raise_flag(out, "contributed")
         return {"error": None}
     error = None
     try:

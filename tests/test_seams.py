@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import time
 
 import numpy as np
@@ -379,18 +380,6 @@ def test_a_free_that_one_rank_never_reaches_ends_the_job_naming_the_call():
 
 # ---------------------------------------------------------------- 6: dropped lazy words
 
-def _wait_for_file(flag, limit=60.0):
-    """Wait outside MPI (no MPI call: this rank serves no one meanwhile) until `flag`
-    exists."""
-    import os
-
-    end = time.monotonic() + limit
-    while not os.path.exists(flag):
-        if time.monotonic() > end:
-            raise TimeoutError(f"{flag} never appeared")
-        time.sleep(0.01)
-
-
 def dropped_words(comm, flag, words=12):
     """Rank 0 issues lazy notifies and acks to rank 1 on a put window while rank 1
     computes outside MPI, drops the window without free() (as an exception leaving its
@@ -421,7 +410,11 @@ def dropped_words(comm, flag, words=12):
         result["overwritten"] = blocks.overwritten()
         blocks.free()
     else:
-        _wait_for_file(flag)
+        from scenarios import wait_for_flags  # tests/mpi, on the ranks' path
+
+        # outside MPI (no MPI call: this rank serves no one meanwhile)
+        if not wait_for_flags(os.path.dirname(flag), [os.path.basename(flag)], 60):
+            raise TimeoutError(f"{flag} never appeared")
         comm.send("back", dest=0)       # in MPI again: rank 0's words are served
         _progress(comm, 0.5)
         del win
