@@ -17,6 +17,7 @@ ENVIRONMENT = {
     "ASAPMPI_TIMEOUT_FACTOR": "timeout_factor",
     "ASAPMPI_TIMEOUT_STARTUP": "timeout_startup",
     "ASAPMPI_ABORT_ON_ERROR": "abort_on_error",
+    "ASAPMPI_SWEEP_SHM": "sweep_shm",
     "ASAPMPI_POLL_YIELDS": "poll_yields",
     "ASAPMPI_POLL_MAX_SLEEP_US": "poll_max_sleep_us",
     "ASAPMPI_POLL_TIMER_SLACK_NS": "poll_timer_slack_ns",
@@ -49,6 +50,9 @@ class RC:
         `timeout`.
     abort_on_error: an uncaught exception in a job of several ranks calls MPI_Abort
         (asapmpi.launch.faults), so that a failing rank ends the job instead of hanging it.
+    sweep_shm: the first Exchange of a job removes, on each host, the shared-memory
+        files that earlier jobs of this user left in /dev/shm when they were aborted or
+        killed and that no process uses (asapmpi.launch.shm_leftovers.sweep_at_start).
     poll_yields: unsuccessful polls answered with sched_yield before sleeping.
     poll_max_sleep_us: longest sleep between two polls, microseconds.
     poll_timer_slack_ns: how far past its deadline the kernel may end such a sleep
@@ -72,6 +76,7 @@ class RC:
     timeout_factor: float = 100.0
     timeout_startup: float = 300.0
     abort_on_error: bool = True
+    sweep_shm: bool = True
     poll_yields: int = 32
     poll_max_sleep_us: int = 100
     poll_timer_slack_ns: int = 0
@@ -83,7 +88,7 @@ class RC:
         known = {f.name: f.type for f in fields(self)}
         if name not in known:
             raise ConfigError(f"asapmpi.rc has no option {name!r}; known: {sorted(known)}")
-        if name in ("abort_on_error", "device_reduce"):
+        if name in ("abort_on_error", "sweep_shm", "device_reduce"):
             if isinstance(value, str):
                 value = value.strip().lower() not in ("0", "false", "no", "off", "")
             object.__setattr__(self, name, bool(value))

@@ -466,7 +466,10 @@ cdef class MailboxWindow(SlotWindow):
         cdef int r = 0
         cdef int stage = self.mb_stage_next
         with nogil:
+            asap_watchdog_waiting(b"the receive of its update", self.mb_stage_version[stage],
+                                  self.out_desc)
             r = self._wait_stage(stage, self.flush_timeout)
+            asap_watchdog_waiting(NULL, 0, NULL)
         if r:
             late = sorted(self._out[j] for j in range(self.n_out)
                           if self.mb_send[stage * self.n_out + j] != MPI_REQUEST_NULL)

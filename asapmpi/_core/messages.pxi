@@ -190,6 +190,7 @@ cdef class MessageWindow(SlotWindow):
                               f"version {self._posted}")
         with nogil:
             t0 = asap_now()
+            asap_watchdog_waiting(b"the update", version, self.in_desc)
             while True:
                 # one test per request (not MPI_Testall, which frees none until all are
                 # done): what is still pending after a timeout names the late ranks
@@ -200,6 +201,7 @@ cdef class MessageWindow(SlotWindow):
                 # the tests above were this poll's progress
                 if self._idle(&polls, t0, timeout, True):
                     break
+            asap_watchdog_waiting(NULL, 0, NULL)
         if not (got_in and got_out):
             self._message_timeout(version, timeout)
         self._sending = False

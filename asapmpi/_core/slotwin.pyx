@@ -6,6 +6,7 @@ sequence and why it is correct.  This module knows MPI and memory only: which ra
 neighbours and at which displacements their slots live is computed by the caller.
 """
 from cpython.ref cimport PyObject
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
 from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
@@ -28,6 +29,11 @@ cdef extern from "watchdog.h" nogil:
                            const char *ranks)
     void asap_watchdog_disarm()
     void asap_watchdog_waiting(const char *what, long long version, const char *ranks)
+    ctypedef struct asap_watchdog_t:
+        const char *wait_what
+        long long wait_version
+        const char *wait_ranks
+    asap_watchdog_t asap_wd
 
 cdef extern from "ucx_teardown.h" nogil:
     int asap_ucx_quiet_teardown()
@@ -375,6 +381,38 @@ cdef int _watch_finalize() except -1 nogil:
 
 include "slotstore.pxi"
 include "words.pxi"
+
+
+# Interrupts (Ctrl-C, or a signal the launcher forwards).  CPython's handler only notes a
+# signal; the exception is raised when the main thread runs Python again, which a wait
+# in the core (nogil, until its timeout: tens of seconds) does not.  So a wait that has
+# lasted SIGNAL_CHECK_S looks, at most once per SIGNAL_CHECK_S, for a pending signal
+# (PyErr_CheckSignals, with the GIL taken for that moment): Ctrl-C ends a waiting rank
+# within about that long.  Never in a wait shorter than that, nor on the fast path: a
+# step that does not wait never takes the GIL for it, and a short one never waits for it
+# behind another Python thread.
+cdef double SIGNAL_CHECK_S = 0.1
+cdef double _signals_checked = 0.0
+
+
+cdef int _check_signals(double now) except -1 nogil:
+    """Run the Python handlers of the signals that arrived during a wait: a
+    KeyboardInterrupt (or whatever a handler raises) propagates out of the wait, with a
+    note saying what the wait was for when the watchdog knows it."""
+    global _signals_checked
+    _signals_checked = now
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as exc:
+            if asap_wd.wait_what != NULL:
+                exc.add_note(f"asapmpi: interrupted waiting for "
+                             f"{asap_wd.wait_what.decode()} of version {asap_wd.wait_version} "
+                             f"from rank(s) {asap_wd.wait_ranks.decode()}")
+            # the wait ends here, not at its usual end: no crash report may name it
+            asap_watchdog_waiting(NULL, 0, NULL)
+            raise
+    return 0
 
 
 cdef class SlotWindow:
@@ -1173,7 +1211,8 @@ cdef class SlotWindow:
                    bint pumped=False) except -1 nogil:
         """Between two unsuccessful polls: drive progress (unless the caller's poll
         did: `pumped`), then back off.  Returns 1 once `timeout` seconds have passed
-        since t0."""
+        since t0; raises what a signal's handler raises (KeyboardInterrupt) once the
+        wait has lasted SIGNAL_CHECK_S."""
         cdef double t = asap_now()
         self._settle_pending(polls[0])
         if not pumped:
@@ -1184,6 +1223,8 @@ cdef class SlotWindow:
                      self.poll_slack_ns)
         polls[0] += 1
         self.wait_seconds += asap_now() - t
+        if t - t0 > SIGNAL_CHECK_S and t - _signals_checked > SIGNAL_CHECK_S:
+            _check_signals(t)
         return 0
 
     cdef int _wait_local(self, int n, bint at_least, double timeout) except -1 nogil:

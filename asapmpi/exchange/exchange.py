@@ -15,7 +15,7 @@ from .. import _core, collectives
 from ..device import DeviceReduce
 from ..dtypes import HALF, ITEMSIZE, nonfinite, numpy_dtype
 from ..errors import ConfigError, FreedError, NeighbourTimeoutError, NonFiniteError
-from ..launch import cores
+from ..launch import cores, shm_leftovers
 from ..launch.faults import install_abort_hook
 from ..launch.ranks import check_world_size
 from ..rc import rc
@@ -167,6 +167,10 @@ class Exchange:
         self.reject_nonfinite = bool(reject_nonfinite)
         if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
             install_abort_hook()
+        if rc.sweep_shm:
+            # what aborted jobs left in /dev/shm (an abort, Ctrl-C included, leaves the
+            # MPI library's files): once per process, by the first rank of each host
+            shm_leftovers.sweep_at_start(MPI.COMM_WORLD.Get_rank())
         self.version = 0            # steps completed, earlier runs (load_state_dict) included
         self._base = 0              # steps completed before this window existed
         self._window_version = 0    # steps completed on this window (versions start at 1)

@@ -5,9 +5,16 @@ which waits for the other ranks, while they wait for this one in a one-sided wai
 collective: a hang.  The hook installed here (once, by the first Exchange of a job of
 more than one rank; asapmpi.rc.abort_on_error = False or ASAPMPI_ABORT_ON_ERROR=0 turns
 it off) prints the error, one line for asapmpi's own errors, and calls MPI_Abort.
+
+Ctrl-C is such an exception too: mpiexec forwards SIGINT to every rank, and a rank
+waiting in the core sees it within the core's SIGNAL_CHECK_S (asapmpi/_core/slotwin.pyx).
+Each rank then says in one line where it was (no traceback: the user asked to stop, and
+eight ranks' tracebacks bury the line that matters) and the first to abort ends the job,
+a rank that got no signal (SIGINT sent to one rank only) included.
 """
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import time
@@ -33,15 +40,48 @@ def abort_world(code: int = 1) -> None:
     os._exit(code)      # MPI_Abort does not return; should an MPI let it, do not go on
 
 
+#: the exit code of a job ended by an interrupt (as a shell reports a process ended by
+#: SIGINT)
+INTERRUPTED_EXIT = 130
+
+
+def where_interrupted(exc: BaseException) -> str:
+    """Where `exc` (a KeyboardInterrupt) stopped this rank, in one line: the innermost
+    line of the user's code, the asapmpi call it made there, and what that call waited
+    for (the note the core's wait adds)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    lines = [lineno for _, lineno in traceback.walk_tb(exc.__traceback__)]
+
+    def ours(frame) -> bool:
+        name = frame.f_code.co_filename
+        return name.startswith((package, "asapmpi/")) or f"{os.sep}bindings{os.sep}" in name
+    users = [i for i, frame in enumerate(frames) if not ours(frame)]
+    parts = []
+    if users:
+        i = users[-1]
+        path = frames[i].f_code.co_filename
+        line = linecache.getline(path, lines[i]).strip()
+        parts.append(f"at {os.path.basename(path)}:{lines[i]}" + (f" ({line})" if line else ""))
+        if i + 1 < len(frames):
+            # the asapmpi call the user made there ("Exchange.step")
+            parts.append(f"in {frames[i + 1].f_code.co_qualname}")
+    notes = [n.removeprefix("asapmpi: interrupted ") for n in getattr(exc, "__notes__", ())]
+    return ", ".join(parts + notes) or "before its first Python line"
+
+
 def report_error(exc: BaseException) -> None:
-    """Print `exc` on stderr, prefixed with this rank: one line for asapmpi's own errors,
-    the traceback for anything else."""
+    """Print `exc` on stderr, prefixed with this rank: one line for asapmpi's own errors
+    and for an interrupt, the traceback for anything else."""
     from mpi4py import MPI
 
     from ..errors import AsapError
 
     rank = MPI.COMM_WORLD.Get_rank()
-    if isinstance(exc, AsapError):
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"asapmpi: rank {rank}: interrupted {where_interrupted(exc)}; ending the job",
+              file=sys.stderr)
+    elif isinstance(exc, AsapError):
         print(f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
     else:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -49,9 +89,10 @@ def report_error(exc: BaseException) -> None:
 
 
 def abort_job(exc: BaseException, code: int = 1) -> None:
-    """Report `exc` on this rank and end the whole job with MPI_Abort."""
+    """Report `exc` on this rank and end the whole job with MPI_Abort (exit code
+    INTERRUPTED_EXIT for an interrupt)."""
     report_error(exc)
-    abort_world(code)
+    abort_world(INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else code)
 
 
 def install_abort_hook() -> None:
@@ -63,8 +104,7 @@ def install_abort_hook() -> None:
     def hook(kind, exc, tb):
         from mpi4py import MPI
 
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1 \
-                and not issubclass(kind, KeyboardInterrupt):
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
             abort_job(exc)
         previous(kind, exc, tb)
 

@@ -6,13 +6,21 @@ when memfd is not available) leaves the file, and its memory, until someone remo
 it.  A file is stale when it belongs to this user, no process maps it or holds it open
 (every /proc/PID/maps and /proc/PID/fd this user can read is checked) and it has not been
 touched for `min_age` seconds (a job may be between creating and mapping it).
-`asapmpi doctor` lists them; `asapmpi doctor --clean` removes them.
+`asapmpi doctor` lists them; `asapmpi doctor --clean` removes them, and so does the
+first Exchange of each job on each host (sweep_at_start: a job that ended by an abort,
+Ctrl-C included, leaves MPICH's files, and the next job removes them; rc.sweep_shm =
+False or ASAPMPI_SWEEP_SHM=0 turns it off).
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
+
+#: the launchers' variables for a process's rank among the ranks of its host (hydra,
+#: Open MPI, Slurm)
+LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+_swept = {"done": False}
 
 #: file name prefix -> who creates such files
 OWNERS = {
@@ -98,3 +106,27 @@ def summary(files: List[Dict]) -> str:
              for owner, v in sorted(by_owner.items())]
     total = sum(f["bytes"] for f in files) / 2**20
     return f"{len(files)} file(s), {total:.1f} MB: " + ", ".join(parts)
+
+
+def local_rank() -> Optional[int]:
+    """This process's rank among its host's ranks, as the launcher says (None when it
+    says nothing)."""
+    for var in LOCAL_RANK_VARIABLES:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def sweep_at_start(world_rank: int, directory: str = SHM_DIR, min_age: float = 60.0) -> List[Dict]:
+    """Once per process, on the first rank of each host (the first of the job where the
+    launcher does not say): remove the stale files of jobs that ended without cleaning
+    up (stale_files: nobody maps them, older than `min_age`).  Costs one directory
+    listing when there are none.  The files removed."""
+    if _swept["done"]:
+        return []
+    _swept["done"] = True
+    first = local_rank()
+    if (first if first is not None else world_rank) != 0:
+        return []
+    return clean(stale_files(directory, min_age))
