@@ -17,6 +17,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import sysconfig
 import time
 import traceback
 
@@ -47,25 +48,42 @@ INTERRUPTED_EXIT = 130
 
 def where_interrupted(exc: BaseException) -> str:
     """Where `exc` (a KeyboardInterrupt) stopped this rank, in one line: the innermost
-    line of the user's code, the asapmpi call it made there, and what that call waited
-    for (the note the core's wait adds)."""
+    line of the user's code and the asapmpi call made from there (in asapmpi's own
+    programs: its innermost function), and what that call waited for (the note the
+    core's wait adds)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
-    lines = [lineno for _, lineno in traceback.walk_tb(exc.__traceback__)]
+    libraries = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    walked = list(traceback.walk_tb(exc.__traceback__))
 
-    def ours(frame) -> bool:
-        name = frame.f_code.co_filename
-        return name.startswith((package, "asapmpi/")) or f"{os.sep}bindings{os.sep}" in name
-    users = [i for i, frame in enumerate(frames) if not ours(frame)]
+    def ours(path: str) -> bool:
+        return path.startswith((package, "asapmpi/")) or f"{os.sep}bindings{os.sep}" in path
+
+    def user(path: str) -> bool:
+        return not ours(path) and not path.startswith(libraries)
+
+    paths = [frame.f_code.co_filename for frame, _ in walked]
+    # Python files only: not a library's compiled frames ("_pcg64.pyx"), not "<frozen>"
+    users = [i for i, p in enumerate(paths) if user(p) and p.endswith(".py")]
     parts = []
     if users:
         i = users[-1]
-        path = frames[i].f_code.co_filename
-        line = linecache.getline(path, lines[i]).strip()
-        parts.append(f"at {os.path.basename(path)}:{lines[i]}" + (f" ({line})" if line else ""))
-        if i + 1 < len(frames):
-            # the asapmpi call the user made there ("Exchange.step")
-            parts.append(f"in {frames[i + 1].f_code.co_qualname}")
+        line = linecache.getline(paths[i], walked[i][1]).strip()
+        if len(line) > 60:
+            line = line[:57] + "..."
+        parts.append(f"at {os.path.basename(paths[i])}:{walked[i][1]}"
+                     + (f" ({line})" if line else ""))
+        # the asapmpi call made from there ("Exchange.step")
+        called = next((walked[j][0].f_code.co_qualname for j in range(i + 1, len(walked))
+                       if ours(paths[j])), None)
+        if called:
+            parts.append(f"in {called}")
+    else:
+        # asapmpi's own program (the trainer, a benchmark): its innermost function
+        mine = [i for i, p in enumerate(paths) if ours(p) and p.endswith(".py")]
+        if mine:
+            i = mine[-1]
+            parts.append(f"in {walked[i][0].f_code.co_qualname} "
+                         f"({os.path.basename(paths[i])}:{walked[i][1]})")
     notes = [n.removeprefix("asapmpi: interrupted ") for n in getattr(exc, "__notes__", ())]
     return ", ".join(parts + notes) or "before its first Python line"
 
@@ -79,13 +97,16 @@ def report_error(exc: BaseException) -> None:
 
     rank = MPI.COMM_WORLD.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
-        print(f"asapmpi: rank {rank}: interrupted {where_interrupted(exc)}; ending the job",
-              file=sys.stderr)
+        text = f"asapmpi: rank {rank}: interrupted {where_interrupted(exc)}; ending the job"
     elif isinstance(exc, AsapError):
-        print(f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        text = f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}"
     else:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        print(f"asapmpi: rank {rank} failed:\n{text}", file=sys.stderr)
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        text = f"asapmpi: rank {rank} failed:\n{trace}".rstrip("\n")
+    # one write: the launcher interleaves the ranks' output by write, and a line written
+    # in two pieces can end up glued to another rank's
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (text + "\n").encode(errors="replace"))
 
 
 def abort_job(exc: BaseException, code: int = 1) -> None:
