@@ -133,6 +133,84 @@ def test_a_job_removes_the_files_an_aborted_job_left_in_dev_shm(sweep, monkeypat
             os.unlink(left)
 
 
+# ---------------------------------------------------------------- a killed launcher
+
+LAUNCHER = """
+import sys
+from asapmpi.bench.hosts import EmulatedHosts, OneHost
+program = [sys.executable, {script!r}, {flags!r}, "notify_ack"]
+if {prefix!r}:
+    with EmulatedHosts(2, prefix={prefix!r}) as hosts:
+        hosts.run(2, program, 300)
+else:
+    OneHost().run(2, program, 300)
+"""
+
+
+def _alive(pids):
+    """Those of `pids` still running (not gone, not a zombie)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if "zombie" not in f.read():
+                    alive.append(pid)
+        except FileNotFoundError:
+            pass
+    return alive
+
+
+def _kill_launcher_mid_job(tmp_path, prefix=""):
+    # a benchmark harness (asapmpi bench training) running a job, killed with SIGKILL
+    # (an out-of-memory kill): it has no chance to end its job or remove its hosts
+    code = LAUNCHER.format(script=SCRIPT, flags=str(tmp_path), prefix=prefix)
+    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    names = [tmp_path / f"rank-{r}" for r in range(2)]
+    while not all(n.exists() for n in names):
+        if harness.poll() is not None or time.monotonic() > deadline:
+            harness.kill()
+            pytest.fail(f"the job did not reach step 20: {harness.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    pids = [int(n.read_text()) for n in names]
+    harness.kill()
+    harness.communicate()
+    # the ranks step forever (their neighbour timeout is 60 s and both step): only
+    # mpiexec's death (PR_SET_PDEATHSIG) ends them
+    deadline = time.monotonic() + 30
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pids), f"ranks {_alive(pids)} still run after their launcher was killed"
+
+
+def test_a_killed_launcher_takes_its_job_with_it(tmp_path):
+    _kill_launcher_mid_job(tmp_path)
+
+
+def test_a_killed_launcher_s_emulated_hosts_are_swept(tmp_path):
+    from asapmpi.bench.hosts import emulation_unavailable, sweep_orphans
+
+    why = emulation_unavailable()
+    if why:
+        pytest.skip(why)
+    prefix = f"ki{os.getpid() % 100000}"
+    try:
+        _kill_launcher_mid_job(tmp_path, prefix)
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                check=True).stdout
+        assert f"{prefix}-sw" in listed                 # left behind by the kill
+        assert any(prefix in line for line in sweep_orphans())
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                check=True).stdout
+        assert prefix not in listed
+    finally:
+        from asapmpi.bench.hosts import NETNS_HOSTS
+
+        subprocess.run([str(NETNS_HOSTS), "down", prefix], capture_output=True, check=False,
+                       timeout=120)
+
+
 # ---------------------------------------------------------------- scenario bodies (on the ranks)
 
 def one_exchange(comm):

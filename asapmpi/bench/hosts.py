@@ -66,6 +66,17 @@ def emulation_unavailable() -> Optional[str]:
     return None
 
 
+def sweep_orphans() -> List[str]:
+    """Remove the emulated hosts whose owner was killed (netns-hosts sweep); one line
+    per set removed.  Nothing where emulated hosts cannot be made."""
+    if emulation_unavailable():
+        return []
+    proc = subprocess.run([str(NETNS_HOSTS), "sweep"], capture_output=True, text=True,
+                          check=False, timeout=300)
+    return [line.removeprefix("netns-hosts: ") for line in proc.stderr.splitlines()
+            if line.strip()]
+
+
 def default_cores(hosts: int) -> float:
     """Each host's CPU budget by default: nine tenths of this machine's cores shared
     evenly (the tenth left for mpiexec, the launcher and the system), to 0.01 core."""
@@ -105,10 +116,10 @@ class OneHost:
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks; its exit code."""
-        from ..launch.ranks import launch_command
+        from ..launch.ranks import call_job, launch_command
 
         cmd, job_env = launch_command(ranks, list(program), None, timeout)
-        return subprocess.call(cmd, env={**job_env, **(env or {})})
+        return call_job(cmd, {**job_env, **(env or {})})
 
 
 class EmulatedHosts:
@@ -156,7 +167,9 @@ class EmulatedHosts:
         return args
 
     def __enter__(self) -> "EmulatedHosts":
-        # the CPU budgets come with budget(), which each scenario calls with its own
+        # the CPU budgets come with budget(), which each scenario calls with its own;
+        # this process (the script's parent) owns the set: killed, it leaves the set to
+        # the next `up` or `asapmpi doctor --clean` (netns-hosts sweep), which remove it
         self._script("up", str(self.hosts), self.prefix, *self._shaping())
         return self
 
@@ -217,7 +230,7 @@ class EmulatedHosts:
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
-        from ..launch.ranks import find_mpiexec
+        from ..launch.ranks import call_job, find_mpiexec
 
         job_env = dict(os.environ, **(env or {}))
         # the launcher of the MPI mpi4py uses, not the first mpiexec on PATH
@@ -233,5 +246,6 @@ class EmulatedHosts:
             # their training clock runs (asapmpi.launch.budget): a starved host does not
             # spend minutes importing torch, evaluating and shutting down
             job_env["NETNS_HOSTS_BUDGET"] = "deferred"
-        return subprocess.call([str(NETNS_HOSTS), "mpiexec", self.prefix, "-n", str(ranks),
-                                *program], env=job_env)
+        # (the script execs mpiexec: it dies with this process, and the ranks with it)
+        return call_job([str(NETNS_HOSTS), "mpiexec", self.prefix, "-n", str(ranks),
+                         *program], job_env)

@@ -170,6 +170,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except FileNotFoundError as exc:        # no mpiexec to launch the ranks with
         print(f"asapmpi: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # the launcher's side (a rank's interrupt ends its job in _run_multi_rank): the
+        # job was killed with it (subprocess.call), the emulated hosts removed on the way
+        # out; the user asked to stop, so one line
+        print(f"asapmpi: {args.command} interrupted", file=sys.stderr)
+        return 130
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
     parser.add_argument("--clean", action="store_true",
                         help="remove the stale shared-memory files of this user's ended "
-                             "jobs (asapmpi's and the MPI library's) from /dev/shm")
+                             "jobs (asapmpi's and the MPI library's) from /dev/shm, and "
+                             "the emulated hosts of killed benchmarks (netns-hosts sweep)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -158,6 +159,11 @@ def run(args: argparse.Namespace) -> int:
         checks.extend(_smoke_checks(mpiexec, env))
     # after the smoke test: its own files are gone or in use by then
     stale, leftovers = _leftovers(args.clean)
+    if args.clean:
+        from ..bench.hosts import sweep_orphans
+
+        for line in sweep_orphans():            # emulated hosts of killed benchmarks
+            print(f"asapmpi doctor: {line}")
     width = max(len(name) for name, _, _ in [*checks, stale])
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name.ljust(width)}  {detail}")

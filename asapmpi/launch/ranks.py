@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -48,12 +49,47 @@ def launch_command(ranks: int, program: List[str], network: Optional[str] = None
     return cmd, {**os.environ, **extra}
 
 
+#: prctl(2)'s option: the signal a process gets when the thread that started it ends
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl():
+    # libc's prctl, loaded before a fork (nothing is loaded in the child), or None
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def call_job(cmd: List[str], env: Mapping[str, str]) -> int:
+    """subprocess.call(cmd), but the job dies with this process: the child (mpiexec, or
+    a script that execs it) gets SIGKILL if this process is killed, even by SIGKILL or
+    the out-of-memory killer, which leave it no time to clean up, and mpiexec's death
+    ends its ranks (hydra's proxies and Open MPI's daemons kill them).  Without it a
+    killed benchmark's job runs on to its end.  Ctrl-C or SIGTERM here end the job as
+    subprocess.call does (SIGKILL to the child) and propagate."""
+    prctl = _prctl()
+    parent = os.getpid()
+
+    def die_with_parent() -> None:              # in the child, before exec
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:              # the parent died before prctl
+            os._exit(1)
+    return subprocess.call(cmd, env=env, preexec_fn=die_with_parent)
+
+
 def relaunch(ranks: int, argv: List[str], network: Optional[str] = None,
              timeout: Optional[float] = None) -> int:
     """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code."""
     cmd, env = launch_command(ranks, [sys.executable, "-m", "asapmpi", *argv], network,
                               timeout or 0)
-    return subprocess.call(cmd, env=env)
+    return call_job(cmd, env)
 
 
 #: what each kind of launcher tells its ranks about the job's size, most specific first
@@ -98,7 +134,7 @@ def run_job(module: str, ranks: int, spec: Any, out: str, what: str,
     own errors are on stderr above it)."""
     cmd, env = launch_command(ranks, [sys.executable, "-m", module, json.dumps(spec), out],
                               network, timeout)
-    code = subprocess.call(cmd, env=env)
+    code = call_job(cmd, env)
     if code != 0 or not os.path.exists(out):
         raise AsapError(f"{what} failed (exit code {code}); its errors are above")
     with open(out) as f:
