@@ -31,6 +31,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from ..errors import ConfigError
+from ..outputs import output_file
 from ..rc import rc
 from .common import parse_sizes, publish
 
@@ -64,8 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "MPI's UCX over TCP)")
     parser.add_argument("--job-timeout", type=float, default=1800,
                         help="seconds one run may take before mpiexec ends it")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    parser.add_argument("--png", metavar="FILE", help="plot resident memory over steps")
+    parser.add_argument("--json", metavar="FILE", type=output_file,
+                        help="write the report as JSON")
+    parser.add_argument("--png", metavar="FILE", type=output_file,
+                        help="plot resident memory over steps")
 
 
 def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
