@@ -95,9 +95,6 @@ def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
         (size,) = parse_sizes(args.size)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         raise ConfigError(f"--size: {exc}") from None
-    for folder in (args.json, args.png):
-        if folder and not os.path.isdir(os.path.dirname(os.path.abspath(folder))):
-            raise ConfigError(f"{folder}: its folder does not exist")
     runs = []
     for text in args.runs.split(","):
         sync, graph, options, label = parse_run_spec(text, args.graph)

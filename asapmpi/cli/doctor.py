@@ -137,11 +137,6 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; 0 if every check passed."""
     if args.smoke:
         return smoke()
-    if args.json and (os.path.isdir(args.json)
-                      or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
-        from ..errors import ConfigError
-
-        raise ConfigError(f"--json {args.json}: not a file in an existing folder")
     from ..launch.ranks import find_mpiexec
     from ..launchers import flavour, network_env
 
