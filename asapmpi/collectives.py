@@ -22,9 +22,20 @@ referenced until MPI completes the request, and are tested at every wait here.
 
 The messages use tags ARRIVE_TAG and VERDICT_TAG on the caller's communicator; a
 program must not receive those tags with MPI_ANY_TAG on it at the same time.
+
+A rank 0 that ends while other ranks wait for it in arrive() (it made its Exchange on
+another communicator, or never called the collective) answers them as it exits
+(answer_the_waiting, an atexit handler): it receives their arrivals and sends each a
+verdict naming rank 0 itself as missing, which no other verdict does, and they raise a
+NeighbourTimeoutError saying that rank 0 ended without joining.  Unanswered, their
+arrivals stayed unmatched on its COMM_WORLD: its MPI_Finalize failed ("being freed has
+1 unmatched message(s)"), the process ended without telling the launcher, and hydra
+killed every other rank at once (SIGKILL), before any deadline could name rank 0
+(issue 49).
 """
 from __future__ import annotations
 
+import atexit
 import sys
 import time
 from typing import Any, List, Optional, Sequence, Tuple
@@ -226,8 +237,53 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
                                         timeout)
         send.Wait()
         missing = verdict[1:1 + int(verdict[0])].tolist()
+        if 0 in missing:        # rank 0's last word (answer_the_waiting)
+            raise NeighbourTimeoutError(rank, what, [0], [], [], timeout).explained(ENDED)
     if missing:
         raise NeighbourTimeoutError(rank, what, missing, [], [], timeout)
+
+
+#: why the ranks told by answer_the_waiting() did not wait out their deadline
+ENDED = ("rank 0 ended without joining it (it made its Exchange on another communicator, "
+         "or never called this): every rank must call it, on the same communicator")
+
+
+def answer_the_waiting() -> List[int]:
+    """At the end of this process: receive the arrivals of the ranks that wait for this
+    one in arrive() on COMM_WORLD, where this rank is rank 0 and will not come, and tell
+    each that rank 0 ended (a verdict naming rank 0 as missing); say so on stderr.
+    Returns the ranks told.  Registered with atexit, which runs before mpi4py's
+    MPI_Finalize: their unmatched arrivals would make it fail, and hydra then kills
+    every rank without a word (module docstring)."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return []
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1 or comm.Get_rank() != 0:
+        return []
+    status = MPI.Status()
+    byte = np.zeros(1, dtype=np.uint8)
+    waiting = set()
+    # a matched probe: the receive takes the very message found, there already
+    while (message := comm.Improbe(source=MPI.ANY_SOURCE, tag=ARRIVE_TAG,
+                                   status=status)) is not None:
+        message.Recv([byte, MPI.BYTE])
+        waiting.add(status.Get_source())
+    if not waiting:
+        return []
+    told = sorted(waiting)
+    verdict = np.zeros(comm.Get_size() + 1, dtype=np.int64)
+    verdict[0], verdict[1] = 1, 0
+    sends = [comm.Isend([verdict, MPI.INT64_T], dest=r, tag=VERDICT_TAG) for r in told]
+    # the verdict is small (sent eagerly), and each waits for it with a receive posted
+    late = wait_polled(sends, time.monotonic() + VERDICT_GRACE_S)
+    cancel([sends[i] for i in late])
+    print(f"asapmpi: rank 0: rank(s) {', '.join(map(str, told))} wait for this rank in an "
+          f"asapmpi collective on MPI_COMM_WORLD (an Exchange's creation, say) that it "
+          f"never joined; it is ending, and has told them", file=sys.stderr, flush=True)
+    return told
+
+
+atexit.register(answer_the_waiting)
 
 
 def barrier(comm: MPI.Comm, timeout: float, what: str) -> None:

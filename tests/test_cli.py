@@ -1,6 +1,7 @@
 """The command line: the demo and the core benchmark run end to end under mpiexec, user
 mistakes get one line and no traceback."""
 import json
+import os
 import subprocess
 import sys
 
@@ -102,6 +103,128 @@ def test_graph_mistakes_are_one_line(args, message):
     proc = asapmpi(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+#: every option that names a file or folder to write, after the arguments its command
+#: needs to parse; (command, option, "file" or "folder")
+OUTPUTS = [
+    (("train", "svm", "-n", "2"), "--out", "folder"),
+    (("train", "svm", "-n", "2"), "--json", "file"),
+    (("train", "svm", "-n", "2"), "--png", "file"),
+    (("train", "svm", "-n", "2"), "--h5", "file"),
+    (("demo", "-n", "2"), "--trace", "file"),
+    (("doctor",), "--json", "file"),
+    (("graph", "ring", "-n", "4"), "--png", "file"),
+    (("trace", "plot", "t.h5"), "--png", "file"),
+    (("check-protocol",), "--json", "file"),
+    (("bench", "core", "-n", "2"), "--json", "file"),
+    (("bench", "consistency", "-n", "2"), "--json", "file"),
+    (("bench", "consistency", "-n", "2"), "--png", "file"),
+    (("bench", "consistency", "-n", "2"), "--h5", "file"),
+    (("bench", "stragglers", "-n", "2"), "--json", "file"),
+    (("bench", "stragglers", "-n", "2"), "--trace-dir", "folder"),
+    (("bench", "zipline"), "--json", "file"),
+    (("bench", "reduce"), "--json", "file"),
+    (("bench", "reduce"), "--png", "file"),
+    (("bench", "soak"), "--json", "file"),
+    (("bench", "soak"), "--png", "file"),
+    (("bench", "training"), "--json", "file"),
+    (("bench", "training"), "--h5", "file"),
+    (("bench", "training"), "--png", "file"),
+    (("bench", "training"), "--keep", "folder"),
+]
+
+
+def _writing_options(parser, command=()):
+    """(subcommand path, option string, output type) of every option of `parser` and its
+    subcommands that names something to write: --out, --json, --png, --h5, --trace-dir
+    or a FILE or DIR metavar."""
+    import argparse
+
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _writing_options(sub, (*command, name))
+            continue
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long and (long[0] in ("--out", "--json", "--png", "--h5", "--trace-dir")
+                     or action.metavar in ("FILE", "DIR")):
+            found.append((command, long[0], action.type))
+    return found
+
+
+def test_every_option_that_writes_is_checked_by_the_one_helper():
+    from asapmpi.cli import build_parser
+    from asapmpi.outputs import output_file, output_folder
+
+    found = _writing_options(build_parser())
+    kinds = {output_file: "file", output_folder: "folder"}
+    # each declares output_file or output_folder, and the list below tests each of them
+    assert all(kind in kinds for _, _, kind in found), found
+    tested = {(cmd[:2] if cmd[0] in ("bench", "trace") else cmd[:1], opt, kind)
+              for cmd, opt, kind in OUTPUTS}
+    assert {(cmd, opt, kinds[kind]) for cmd, opt, kind in found} == tested
+
+
+@pytest.mark.parametrize("command, option, kind", OUTPUTS,
+                         ids=[f"{' '.join(c[:2])} {o}" for c, o, _ in OUTPUTS])
+def test_an_output_that_cannot_be_written_is_one_line_before_any_work(tmp_path, command,
+                                                                      option, kind):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = blocker / "sub" / ("out" if kind == "folder" else "out.json")
+    proc = asapmpi(*command, option, str(path), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    prog = " ".join(command[:2] if command[0] in ("bench", "trace") else command[:1])
+    assert proc.stderr.strip().splitlines() == [
+        f"asapmpi {prog}: error: argument {option}: {path}: {blocker} is a file, not a "
+        f"folder; choose another path"], proc.stderr
+    # nothing ran: no output, nothing written
+    assert proc.stdout == "" and [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
+@pytest.mark.parametrize("make, path, kind, message", [
+    (None, "missing/s.json", "file", "folder {tmp}/missing does not exist; create it"),
+    ("dir", "d", "file", "is a folder; name a file"),
+    ("file", "f", "folder", "is a file, not a folder"),
+    (None, "", "file", "an empty path; name a file"),
+    (None, "", "folder", "an empty path; name a folder"),
+])
+def test_the_output_check_says_what_is_wrong(tmp_path, make, path, kind, message):
+    from asapmpi.outputs import file_problem, folder_problem
+
+    target = tmp_path / path if path else None
+    if make == "dir":
+        target.mkdir()
+    elif make == "file":
+        target.write_text("")
+    problem = (file_problem if kind == "file" else folder_problem)(
+        str(target) if path else "")
+    assert problem and message.format(tmp=tmp_path) in problem, problem
+    # a folder to write in is created when missing; a file's folder must exist
+    assert folder_problem(str(tmp_path / "new" / "deeper")) is None
+    assert file_problem(str(tmp_path / "x.json")) is None
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_output_where_nothing_can_be_created_is_refused():
+    # /proc takes no new files, whoever asks (root passes permission bits): the check
+    # tries to write rather than read the bits
+    from asapmpi.outputs import file_problem, folder_problem
+
+    assert "cannot write in folder /proc" in file_problem("/proc/s.json")
+    assert "cannot be created: cannot write in folder /proc" in folder_problem("/proc/x/y")
+
+
+def test_train_s_default_outputs_under_out_are_checked_too(tmp_path):
+    (tmp_path / "metrics.h5").mkdir()
+    proc = asapmpi("train", "svm", "-n", "2", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"asapmpi: error: --h5 (default {tmp_path}/metrics.h5): is a folder; name a file "
+        f"(in it, say)"], proc.stderr
+    assert proc.stdout == ""
 
 
 @pytest.mark.mpi

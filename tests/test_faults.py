@@ -79,6 +79,26 @@ def test_an_uncaught_timeout_ends_the_job_non_zero():
     assert time.monotonic() - start < 60
 
 
+def test_a_rank_on_another_communicator_is_named_by_those_that_wait_for_it():
+    # rank 0 makes its Exchange on COMM_SELF and ends; ranks 1-3 wait for it in the
+    # agreement on COMM_WORLD.  Before: rank 0's MPI_Finalize failed on their unmatched
+    # arrivals, and hydra killed ranks 1-3 (signal 9, or exit 0) with no asapmpi line.
+    # Now rank 0 tells them as it exits, long before their 60 s deadline.
+    script = os.path.join(ROOT, "tests", "mpi", "other_communicator.py")
+    cmd, env = job_command(4, [sys.executable, script], timeout=120)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "rank 0: ends" in proc.stdout, out[-3000:]
+    for rank in (1, 2, 3):
+        assert (f"NeighbourTimeoutError: rank {rank}: timed out after 60 s waiting for "
+                f"the creation of an Exchange from rank 0; rank 0 ended without joining "
+                f"it") in proc.stderr, out[-3000:]
+        assert f"rank {rank}: made an Exchange" not in proc.stdout
+    assert "asapmpi: rank 0: rank(s) 1, 2, 3 wait for this rank" in proc.stderr
+    assert "signal 9" not in out
+
+
 def test_bsp_barrier_times_out_instead_of_hanging():
     proc = launch("test_faults:bsp_dead_rank", 3, "shm", timeout=120)
     assert proc.returncode != 0

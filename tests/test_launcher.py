@@ -93,6 +93,87 @@ def test_asapmpi_run_refuses_bad_input_in_one_line(tmp_path):
         assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
 
 
+def _recording_mpiexec(folder):
+    """A fake hydra that answers --version and writes every call of it to `folder`/calls:
+    whether asapmpi-run started a job shows there, and no real hydra ever reads a bad
+    hosts file (it would crash, or spin until killed)."""
+    folder.mkdir(exist_ok=True)
+    path = folder / "mpiexec"
+    path.write_text(f"#!/bin/sh\necho \"$*\" >> {folder / 'calls'}\n"
+                    "echo 'HYDRA build details:'\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, line, message", [
+    ("localhost:-2\n", 1, "'localhost:-2': -2 slots; a host needs at least 1"),
+    ("# two hosts\n\nhost:abc\n", 3, "'host:abc': the slot count 'abc' is not a whole "
+                                       "number"),
+    ("localhost:0\n", 1, "'localhost:0': 0 slots; a host needs at least 1"),
+    ("node1:2\n:2\n", 2, "':2' has no host name"),
+    ("localhost:\n", 1, "'localhost:' has no slot count after ':'"),
+    ("localhost:2:3\n", 1, "'localhost:2:3' has more than one ':'"),
+    ("localhost:2  # the workstation\n", 1, "'#' after the host: hydra takes only "
+                                            "binding=VALUE or user=VALUE there"),
+    ("localhost:2 slots=4\n", 1, "'slots=4' after the host"),
+    ("# nothing but comments\n\n", None, "names no host"),
+])
+def test_asapmpi_run_refuses_a_hosts_file_hydra_would_misread(tmp_path, text, line, message):
+    # hydra (MPICH 5.0.2) reads slot counts with atoi: localhost:-2 spins at 100% CPU
+    # deaf to SIGTERM, host:abc and localhost:0 end in SIGFPE, without a word
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text(text)
+    mpiexec = _recording_mpiexec(tmp_path / "bin")
+    proc = subprocess.run([*RUN, "-n", "2", "--mpiexec", mpiexec, "--hosts", str(hosts),
+                           "--", "x"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    lines = proc.stderr.strip().splitlines()
+    where = f"--hosts {hosts}" + (f", line {line}: " if line else " ")
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"asapmpi-run: error: {where}") and message in lines[0], \
+        proc.stderr
+    if line:    # and what to write instead
+        assert "write HOST or HOST:SLOTS" in lines[0] or "hydra takes only" in lines[0]
+    # no job was started: the launcher was only asked its version
+    assert (tmp_path / "bin" / "calls").read_text().split("\n")[:-1] == ["--version"]
+
+
+@pytest.mark.parametrize("mpi_args, env, message", [
+    ("-hosts localhost:0", {}, "--mpi-args -hosts localhost:0: 'localhost:0': 0 slots"),
+    ("-hosts node1:2,node2:x", {}, "'node2:x': the slot count 'x' is not a whole number"),
+    ("--hostlist=:4", {}, "--mpi-args --hostlist :4: ':4' has no host name"),
+    ("-f {bad}", {}, "--mpi-args -f {bad}, line 1: 'localhost:-2': -2 slots"),
+    ("-machinefile {tmp}/none", {}, "--mpi-args -machinefile {tmp}/none: no such file"),
+    ("", {"HYDRA_HOST_FILE": "{bad}"}, "HYDRA_HOST_FILE={bad}, line 1: 'localhost:-2'"),
+])
+def test_asapmpi_run_checks_hosts_given_to_hydra_any_other_way(tmp_path, mpi_args, env,
+                                                               message):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("localhost:-2\n")
+    mpiexec = _recording_mpiexec(tmp_path / "bin")
+    fill = {"bad": bad, "tmp": tmp_path}
+    proc = subprocess.run([*RUN, "-n", "2", "--mpiexec", mpiexec,
+                           f"--mpi-args={mpi_args.format(**fill)}", "--", "x"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, **{k: v.format(**fill) for k, v in env.items()}})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert message.format(**fill) in lines[0], proc.stderr
+    assert (tmp_path / "bin" / "calls").read_text().split("\n")[:-1] == ["--version"]
+
+
+def test_asapmpi_run_passes_a_good_hosts_file_on(tmp_path):
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# the cluster\n\n  node1:2 user=me\nnode2\nnode3:+4 binding=rr\n")
+    mpiexec = _recording_mpiexec(tmp_path / "bin")
+    proc = subprocess.run([*RUN, "-n", "2", "--mpiexec", mpiexec, "--hosts", str(hosts),
+                           "--", "x"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "bin" / "calls").read_text().split("\n")[:-1] == [
+        "--version", f"-n 2 -f {hosts} x"]
+
+
 def test_a_singleton_from_a_foreign_launcher_says_so():
     code = ("import numpy as np, asapmpi\n"
             "try:\n asapmpi.Exchange(np.zeros(4))\n"

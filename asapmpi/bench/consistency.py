@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..outputs import output_file
 from ..reduce.graphs import GRAPHS
 from .common import parse_sizes, rma_path
 
@@ -51,9 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a wait on a neighbour may take")
     parser.add_argument("--checksum", action="store_true", help="checksum every payload")
-    parser.add_argument("--json", metavar="FILE", help="write the summary as JSON")
-    parser.add_argument("--png", metavar="FILE", help="draw the distribution as a bar chart")
-    parser.add_argument("--h5", metavar="FILE", help="write per-rank records to HDF5")
+    parser.add_argument("--json", metavar="FILE", type=output_file,
+                        help="write the summary as JSON")
+    parser.add_argument("--png", metavar="FILE", type=output_file,
+                        help="draw the distribution as a bar chart")
+    parser.add_argument("--h5", metavar="FILE", type=output_file,
+                        help="write per-rank records to HDF5")
 
 
 def run_policy(comm: MPI.Comm, sync: str, args: argparse.Namespace,

@@ -68,6 +68,7 @@ import argparse
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..outputs import output_file
 from .common import format_time, parse_sizes, positive, render_table, rma_path, size_label
 
 DEFAULT_SIZES = "4K,64K,1M,16M,64M"
@@ -101,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed loops per figure; the median is reported (default 5)")
     parser.add_argument("--min-time", type=positive(float), default=0.02,
                         help="seconds each timed loop lasts at least (default 0.02)")
-    parser.add_argument("--json", metavar="FILE", default=None,
+    parser.add_argument("--json", metavar="FILE", default=None, type=output_file,
                         help="also write every median and ratio to FILE as JSON")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="rank 0 reports each size on stderr as it starts")

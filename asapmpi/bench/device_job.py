@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     import asapmpi
     from asapmpi import Exchange
     from asapmpi.device import Stager, device_buffer
+    from asapmpi.outputs import output_file
 
     parser = argparse.ArgumentParser(prog="python -m asapmpi.bench.device_job")
     parser.add_argument("--device", default="cuda")
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     parser.add_argument("--graph", default="ring")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out")
+    parser.add_argument("--out", type=output_file)
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     count = int(args.mb * 2**20) // 4

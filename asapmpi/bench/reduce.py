@@ -68,6 +68,7 @@ import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from ..outputs import output_file
 from .common import format_time, parse_sizes, positive, publish, render_table, size_label
 from .runs import FIXED_GRAPH_POLICIES, policy_of, policy_specs, split_spec
 
@@ -158,9 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-timeout", type=positive(float), default=3600.0,
                         help="kill a job (one path and rank count) after this many "
                              "seconds (default 3600)")
-    parser.add_argument("--json", metavar="FILE", default=None,
+    parser.add_argument("--json", metavar="FILE", default=None, type=output_file,
                         help="write every figure, ratio and verdict to FILE")
-    parser.add_argument("--png", metavar="FILE", default=None,
+    parser.add_argument("--png", metavar="FILE", default=None, type=output_file,
                         help="draw step time / MPI_Allreduce over size, one panel per job")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 when a measured target FAILs")

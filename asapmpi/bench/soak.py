@@ -31,6 +31,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from ..errors import ConfigError
+from ..outputs import output_file
 from ..rc import rc
 from .common import parse_sizes, publish
 
@@ -64,8 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "MPI's UCX over TCP)")
     parser.add_argument("--job-timeout", type=float, default=1800,
                         help="seconds one run may take before mpiexec ends it")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    parser.add_argument("--png", metavar="FILE", help="plot resident memory over steps")
+    parser.add_argument("--json", metavar="FILE", type=output_file,
+                        help="write the report as JSON")
+    parser.add_argument("--png", metavar="FILE", type=output_file,
+                        help="plot resident memory over steps")
 
 
 def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
@@ -92,9 +95,6 @@ def check(args: argparse.Namespace) -> List[Dict[str, Any]]:
         (size,) = parse_sizes(args.size)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         raise ConfigError(f"--size: {exc}") from None
-    for folder in (args.json, args.png):
-        if folder and not os.path.isdir(os.path.dirname(os.path.abspath(folder))):
-            raise ConfigError(f"{folder}: its folder does not exist")
     runs = []
     for text in args.runs.split(","):
         sync, graph, options, label = parse_run_spec(text, args.graph)

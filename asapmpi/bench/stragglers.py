@@ -38,6 +38,7 @@ import numpy as np
 from .. import trace
 from ..errors import ConfigError
 from ..launch.slowdown import Slowdown
+from ..outputs import output_file, output_folder
 from ..reduce.graphs import GRAPHS
 from .common import rma_path
 
@@ -76,8 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-gap", type=int, default=5, help="token bound (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", help="comma-separated configuration names to run")
-    parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--trace-dir", metavar="DIR", help="save every run's trace here")
+    parser.add_argument("--json", metavar="FILE", type=output_file)
+    parser.add_argument("--trace-dir", metavar="DIR", type=output_folder,
+                        help="save every run's trace here")
 
 
 def run_one(comm: MPI.Comm, options: Dict[str, Any], slow: Slowdown,

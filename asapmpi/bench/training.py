@@ -69,6 +69,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import AsapError, ConfigError
+from ..outputs import output_file, output_folder
 from .common import publish
 from .hosts import (
     EmulatedHosts,
@@ -183,11 +184,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds any wait on a neighbour may take (default 120)")
     parser.add_argument("--job-timeout", type=float, default=3600,
                         help="seconds one (scenario, seed) job may take (default 3600)")
-    parser.add_argument("--json", metavar="FILE", help="the report as JSON")
-    parser.add_argument("--h5", metavar="FILE", help="every run's curves and summary")
-    parser.add_argument("--png", metavar="FILE", help="accuracy over wall time, one "
-                                                      "panel per scenario")
-    parser.add_argument("--keep", metavar="DIR", help="keep each job's outputs here")
+    parser.add_argument("--json", metavar="FILE", type=output_file, help="the report as JSON")
+    parser.add_argument("--h5", metavar="FILE", type=output_file,
+                        help="every run's curves and summary")
+    parser.add_argument("--png", metavar="FILE", type=output_file,
+                        help="accuracy over wall time, one panel per scenario")
+    parser.add_argument("--keep", metavar="DIR", type=output_folder,
+                        help="keep each job's outputs here")
 
 
 def workload_of(args: argparse.Namespace) -> Workload:
@@ -265,11 +268,6 @@ def check(args: argparse.Namespace) -> List[str]:
         raise ConfigError("--policies must include allreduce: every ratio is to it")
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--policies lists a run twice: {args.policies}")
-    for flag in ("json", "h5", "png"):
-        path = getattr(args, flag)
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
-            raise ConfigError(f"--{flag} {path}: folder {folder} does not exist")
     return labels
 
 

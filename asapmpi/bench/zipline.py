@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import ConfigError
+from ..outputs import output_file
 from ..sync.zipline import Choice, full_gridscan, gridscan, zipline
 
 #: (key, name in the table, function, work model used to extrapolate a call's time)
@@ -90,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=float, default=20.0,
                         help="seconds per algorithm and size: fewer repeats beyond it, "
                              "skipped if one call would exceed it (default 20)")
-    parser.add_argument("--json", metavar="FILE", help="write every number here")
+    parser.add_argument("--json", metavar="FILE", type=output_file, help="write every number here")
 
 
 def generate_ends(n: int, r: int, rng: np.random.Generator) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..launch.slowdown import from_environment, from_options
+from ..outputs import output_file
 from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slow.add_argument("--slow-seed", type=int, default=0)
     slow.add_argument("--compute-ms", type=float, default=0.0,
                       help="a compute phase of this many ms per step, slowed as asked")
-    parser.add_argument("--trace", metavar="FILE",
+    parser.add_argument("--trace", metavar="FILE", type=output_file,
                         help="hop/notify_ack: write the iteration trace to HDF5")
 
 

@@ -18,6 +18,7 @@ from typing import Dict, List, Tuple
 
 from ..launch.ranks import active_message_rma
 from ..launchers import network_forced
+from ..outputs import output_file
 
 SMOKE_TAG = "ASAPMPI-DOCTOR"
 
@@ -27,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
                         help="run the smoke test on the MPI's forced network path: tcp "
                              "(MPICH's ch4:ofi, Open MPI's tcp btl) or ucx (Open MPI)")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--json", metavar="FILE", type=output_file,
+                        help="write the report as JSON")
     parser.add_argument("--clean", action="store_true",
                         help="remove the stale shared-memory files of this user's ended "
                              "jobs (asapmpi's and the MPI library's) from /dev/shm, and "
@@ -136,11 +138,6 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; 0 if every check passed."""
     if args.smoke:
         return smoke()
-    if args.json and (os.path.isdir(args.json)
-                      or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
-        from ..errors import ConfigError
-
-        raise ConfigError(f"--json {args.json}: not a file in an existing folder")
     from ..launch.ranks import find_mpiexec
     from ..launchers import flavour, network_env
 

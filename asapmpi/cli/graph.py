@@ -13,6 +13,7 @@ from typing import List
 import numpy as np
 
 from ..errors import ConfigError
+from ..outputs import output_file
 from ..reduce import (
     DESCRIPTIONS,
     GRAPHS,
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-host", type=int, help="hierarchical: ranks per host")
     parser.add_argument("--degree", type=int, help="random-regular: degree")
     parser.add_argument("--seed", type=int, default=0, help="random-regular: seed")
-    parser.add_argument("--png", help="draw the graph to this PNG file")
+    parser.add_argument("--png", type=output_file, help="draw the graph to this PNG file")
 
 
 def _human(nbytes: float) -> str:

@@ -11,7 +11,9 @@ MPIEXEC_TIMEOUT; Open MPI: --timeout), a hosts file (-f / --hostfile), MPICH's f
 network path (--network: TCP on loopback; Open MPI's UCX over TCP with --network ucx;
 asapmpi.launchers has the table), slowdown injection for the training demos
 and user code (ASAPMPI_SLOWDOWN), and ASAPMPI_EXPECTED_SIZE so that every rank can check
-that it landed in a job of the size asked for.
+that it landed in a job of the size asked for.  Hosts that MPICH's hydra would misread
+(a slot count of 0, -2 or abc: a crash or a spinning mpiexec) are refused first, in one
+line naming the file and line (asapmpi.launch.hostfile).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from ..errors import ConfigError
+from ..launch.hostfile import check_hosts
 from ..launch.ranks import find_mpiexec
 from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..launchers import command, flavour
@@ -37,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of asapmpi-run."""
     p.add_argument("-n", "--ranks", type=int, required=True, help="ranks to start")
     p.add_argument("--hosts", metavar="FILE", help="hosts file (one host per line, "
-                                                   "optionally host:slots)")
+                                                   "optionally host:slots, slots >= 1)")
     p.add_argument("--job-timeout", type=float, default=0,
                    help="end the job after this many seconds (default: no limit)")
     p.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
@@ -85,6 +88,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError(f"--mpi-args {args.mpi_args!r}: {exc}") from None
         mpiexec = args.mpiexec or find_mpiexec()
         kind = flavour(mpiexec)
+        # hydra crashes or spins on a bad slot count: every host it will read, checked
+        check_hosts(kind, args.hosts, mpi_args, os.environ)
         cmd, env = command(kind, mpiexec, args.ranks, program, args.hosts,
                            args.job_timeout, args.network)
         cmd[3:3] = mpi_args

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from .. import trace
+from ..outputs import output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("files", nargs="+")
     draw = sub.add_parser("plot", help="draw iterations over time per rank")
     draw.add_argument("file")
-    draw.add_argument("--png", required=True)
+    draw.add_argument("--png", required=True, type=output_file)
 
 
 def run(args: argparse.Namespace) -> int:

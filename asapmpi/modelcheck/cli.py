@@ -18,6 +18,7 @@ import time
 from typing import List
 
 from ..errors import ConfigError
+from ..outputs import output_file
 from .model import DESCRIPTIONS
 from .scenarios import PROTOCOLS, Outcome, Scenario, build, override, select
 from .scenarios import run as run_scenario
@@ -48,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES,
                         help=f"give up on a scenario after this many states (verdict "
                              f"'bounded'; default {DEFAULT_MAX_STATES})")
-    parser.add_argument("--json", metavar="FILE", help="write every result to FILE")
+    parser.add_argument("--json", metavar="FILE", type=output_file,
+                        help="write every result to FILE")
 
 
 def scenarios(args: argparse.Namespace) -> List[Scenario]:
@@ -73,11 +75,6 @@ def run(args: argparse.Namespace) -> int:
     """Run the selected scenarios, print the table and the traces; 0 if every verdict
     is the one expected."""
     chosen = scenarios(args)
-    if args.json:       # refused now, not after minutes of exploring
-        try:
-            open(args.json, "w").close()
-        except OSError as exc:
-            raise ConfigError(f"cannot write --json {args.json}: {exc.strerror}") from None
     t0 = time.perf_counter()
     print(_row(COLUMNS), flush=True)
     outcomes: List[Outcome] = []

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..extras import check as check_extras
 from ..launch.slowdown import add_arguments as slowdown_arguments
+from ..outputs import file_problem, output_file, output_folder
 from ..reduce.graphs import GRAPHS
 from .config import (
     DEFAULTS,
@@ -105,13 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the parameters' element type: float32 (default), bfloat16 "
                              "or float16 (exchanged as they are, reduced in float32)")
     out = parser.add_argument_group("outputs and checkpoints")
-    out.add_argument("--out", default="asapmpi-runs",
+    out.add_argument("--out", default="asapmpi-runs", type=output_folder,
                      help="folder for metrics.h5, convergence.png and checkpoints "
                           "(default ./asapmpi-runs)")
-    out.add_argument("--json", metavar="FILE", help="write the summary as JSON")
-    out.add_argument("--png", metavar="FILE", help="convergence plot (default "
-                                                   "OUT/convergence.png)")
-    out.add_argument("--h5", metavar="FILE", help="metrics (default OUT/metrics.h5)")
+    out.add_argument("--json", metavar="FILE", type=output_file, help="write the summary as JSON")
+    out.add_argument("--png", metavar="FILE", type=output_file,
+                     help="convergence plot (default OUT/convergence.png)")
+    out.add_argument("--h5", metavar="FILE", type=output_file,
+                     help="metrics (default OUT/metrics.h5)")
     out.add_argument("--checkpoint-every", type=int, default=0,
                      help="checkpoint every K iterations (and always at the end)")
     out.add_argument("--keep", type=int, default=2, help="checkpoints kept per rank")
@@ -167,11 +169,14 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     if args.compare and args.balance:
         raise ConfigError("with --compare, put balance=1 in the runs to balance "
                           "(allreduce:balance=1), not --balance")
-    for flag, path in (("--json", args.json), ("--png", args.png), ("--h5", args.h5)):
-        folder = os.path.dirname(os.path.abspath(path)) if path else None
-        if folder and not os.path.isdir(folder):
-            raise ConfigError(f"{flag} {path}: folder {folder} does not exist; create it "
-                              f"or choose another path")
+    # the paths given were checked when parsed (asapmpi.outputs); the defaults under --out
+    # only once it exists (else they are created with it)
+    for flag, given, name in (("--h5", args.h5, "metrics.h5"),
+                              ("--png", args.png, "convergence.png")):
+        default = os.path.join(args.out, name)
+        problem = None if given or not os.path.isdir(args.out) else file_problem(default)
+        if problem:
+            raise ConfigError(f"{flag} (default {default}): {problem}")
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got "
                           f"{args.timeout}")
