@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 CASES = [
@@ -47,6 +48,10 @@ CASES = [
     (["train", "svm", "--sync", "elastic", "--hop", "R=0"], "R must be an integer >= 1"),
     (["train", "svm", "--sync", "hop", "--hop", "suppress_late=maybe"],
      "suppress_late must be true or false"),
+    (["train", "svm", "--sync", "gossip", "--hop", "wide_mbps=abc"],
+     "gossip option wide_mbps must be a finite number >= 0, got 'abc'"),
+    (["train", "svm", "--compare", "allreduce:balance=maybe"],
+     "train option balance must be true or false"),
     (["train", "svm", "--lr", "inf"], "--lr must be a finite number"),
     (["train", "cnn", "--period", "0"], "--period must be an integer >= 1"),
     (["doctor", "--json", "/no/such/dir/r.json"], "/no/such/dir"),
@@ -93,3 +98,86 @@ def test_a_boolean_option_takes_its_words_and_nothing_else(text, value):
     assert Hop(suppress_late=text).suppress_late is value
     with pytest.raises(ConfigError, match="hop option suppress_late must be true or false"):
         Hop(suppress_late="maybe")
+
+
+# Every policy option goes through one parser (asapmpi.sync.spec): the same one line for
+# text ("hop:max_gap=abc") and keywords (max_gap="abc"), naming the policy, the option,
+# what it takes and what was given.
+OPTION_CASES = [
+    # (sync, keyword options, the one line)
+    ("hop:max_gap=0", {}, "hop option max_gap must be an integer >= 1, got 0"),
+    ("hop:max_gap=2.5", {}, "hop option max_gap must be an integer >= 1, got 2.5"),
+    ("hop:max_gap=abc", {}, "hop option max_gap must be an integer >= 1, got 'abc'"),
+    ("hop", {"max_gap": "abc"}, "hop option max_gap must be an integer >= 1, got 'abc'"),
+    ("hop", {"max_gap": True}, "hop option max_gap must be an integer >= 1, got True"),
+    ("hop", {"backup": -1}, "hop option backup must be an integer >= 0, got -1"),
+    ("hop:staleness=-1", {}, "hop option staleness must be an integer >= 0 or none, got -1"),
+    ("hop:staleness_weights=even", {},
+     "hop option staleness_weights must be one of 'hop', 'uniform', got 'even'"),
+    ("hop:suppress_late=maybe", {}, "hop option suppress_late must be true or false "
+                                    "(true/yes/on/1 or false/no/off/0), got 'maybe'"),
+    ("hop", {"suppress_late": 2}, "hop option suppress_late must be true or false"),
+    ("gossip:threshold=-1", {},
+     "gossip option threshold must be a finite number in (0, 1), got -1"),
+    ("gossip", {"threshold": 1.0},
+     "gossip option threshold must be a finite number in (0, 1), got 1.0"),
+    # not a number: a ValueError of float() before
+    ("gossip:wide_mbps=abc", {},
+     "gossip option wide_mbps must be a finite number >= 0, got 'abc'"),
+    # negative: named a "link option", not gossip's
+    ("gossip:narrow_mbps=-1", {},
+     "gossip option narrow_mbps must be a finite number >= 0, got -1"),
+    # nan: accepted before (nan < 0 is False)
+    ("gossip:latency_ms=nan", {},
+     "gossip option latency_ms must be a finite number >= 0, got nan"),
+    # a ValueError of int('/') before
+    ("gossip:narrow=1/x", {}, "gossip option narrow must be a list of integers (as text "
+                              "1/3), each >= 0, got '1/x'"),
+    ("gossip:every=0", {}, "gossip option every must be an integer >= 1, got 0"),
+    ("backup_ps:seed=x", {}, "backup_ps option seed must be an integer >= 0, got 'x'"),
+    ("elastic:R=0", {}, "elastic option R must be an integer >= 1, got 0"),
+    ("elastic:window=1.5", {}, "elastic option window must be an integer >= 1, got 1.5"),
+    ("elastic:algorithm=fastest", {}, "elastic option algorithm must be one of 'zipline', "
+                                      "'gridscan', 'full_gridscan', got 'fastest'"),
+    ("notify_ack:max_gap=2", {},
+     "notify_ack has no option(s) named ['max_gap']; it takes none"),
+    ("hop", {"max_gapp": 2}, "hop has no option(s) named ['max_gapp']; its options: "
+                             "max_gap, backup, staleness"),
+]
+
+
+@pytest.mark.parametrize("sync, keywords, message", OPTION_CASES,
+                         ids=[f"{s}{k or ''}" for s, k, _ in OPTION_CASES])
+def test_a_bad_policy_option_is_one_line_naming_it(sync, keywords, message):
+    from asapmpi.errors import ConfigError
+    from asapmpi.sync import policy
+
+    with pytest.raises(ConfigError) as err:
+        policy(sync, **keywords)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("sync, keywords, message", [
+    ("gossip:latency_ms=nan", {}, "gossip option latency_ms must be a finite number"),
+    ("hop", {"max_gap": 2.5}, "hop option max_gap must be an integer >= 1, got 2.5"),
+])
+def test_the_exchange_refuses_a_bad_option_before_its_window(sync, keywords, message):
+    from mpi4py import MPI
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        asapmpi.Exchange(np.zeros(8), sync=sync, comm=MPI.COMM_SELF, **keywords)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_options_are_compared_by_value_once_typed():
+    from asapmpi.sync import policy
+
+    # text and keyword name the same value: no "differs; give it once"
+    assert policy("hop:suppress_late=no", suppress_late=False).suppress_late is False
+    assert policy("gossip:threshold=0.5", threshold=0.5).threshold == 0.5
+    # what every rank compares: a default and the same value given agree
+    assert policy("gossip").options() == policy("gossip:narrow=", narrow=()).options()
+    assert policy("hop:staleness=none").options() == policy("hop").options()
