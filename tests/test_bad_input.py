@@ -181,3 +181,43 @@ def test_options_are_compared_by_value_once_typed():
     # what every rank compares: a default and the same value given agree
     assert policy("gossip").options() == policy("gossip:narrow=", narrow=()).options()
     assert policy("hop:staleness=none").options() == policy("hop").options()
+
+
+# ------------------------------------------------------------------ across ranks
+
+def test_options_that_differ_between_ranks_are_named_alone():
+    # the line named every option of every rank (680 characters for hop on 4 ranks)
+    from asapmpi.errors import ConfigError
+    from asapmpi.exchange.agreement import same_options
+    from asapmpi.sync import policy
+
+    meta = [{"sync": "gossip", "options": policy("gossip", every=1 + r % 2,
+                                                 seed=int(r > 2)).options()}
+            for r in range(8)]
+    with pytest.raises(ConfigError) as err:
+        same_options(meta)
+    assert str(err.value) == (
+        "every rank must pass the same policy options for sync='gossip'; every = 1 "
+        "(ranks 0, 2, 4, 6), 2 (ranks 1, 3, 5, 7); seed = 0 (ranks 0-2), 1 (ranks 3-7)")
+
+
+def test_every_rank_names_the_option_that_differs():
+    from mpilaunch import run
+
+    for res in run("test_bad_input:options_differ", 4, "shm", timeout=60):
+        assert res["error"] == ("every rank must pass the same policy options for "
+                                "sync='hop'; max_gap = 1 (ranks 0, 2-3), 2 (rank 1)"), res
+
+
+def options_differ(comm):
+    """Rank 1 gives hop another max_gap (as text; the others as a keyword)."""
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    sync, options = ("hop:max_gap=2", {}) if comm.rank == 1 else ("hop", {"max_gap": 1})
+    try:
+        asapmpi.Exchange(np.zeros(8), graph="ring", sync=sync, comm=comm, timeout=20,
+                         **options)
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    return {"error": ""}

@@ -174,7 +174,7 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
     "timeout" and "matrix" are what this rank keeps."""
     out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
                            "matrix": None, "stager": None}
-    meta = {"problem": None, "dtype": None, "nbytes": 0, "options": None,
+    meta = {"problem": None, "dtype": None, "nbytes": 0, "options": {},
             "sync": getattr(sync, "name", sync),    # a name, or a Policy's
             "transport": transport, "double_buffer": double_buffer,
             "trace_file": trace_file, "host": MPI.Get_processor_name(), "device": None,
@@ -202,7 +202,7 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
         # compared across ranks by name and options: "hop:backup=1" on one rank and
         # sync="hop", backup=1 on another are the same policy
         meta["sync"] = out["policy"].name
-        meta["options"] = repr(sorted(out["policy"].options().items()))
+        meta["options"] = dict(out["policy"].options())
         pol = out["policy"]
         if not pol.uses_window and graph not in (None, "root-expander", "complete"):
             raise ConfigError(f"sync={sync!r} averages over all ranks; leave graph out "
