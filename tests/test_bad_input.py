@@ -221,3 +221,47 @@ def options_differ(comm):
     except ConfigError as exc:
         return {"error": str(exc)}
     return {"error": ""}
+
+
+# ------------------------------------------------------------------ buffers
+
+@pytest.mark.parametrize("dtype, requires_grad", [("float32", True), ("float32", False),
+                                                  ("bfloat16", True)])
+def test_a_tensor_is_refused_with_a_hint_that_works(dtype, requires_grad):
+    # the hint was tensor.numpy(), which refuses a tensor that requires grad
+    import re
+
+    from mpi4py import MPI
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    torch = pytest.importorskip("torch")
+    tensor = torch.zeros(8, dtype=getattr(torch, dtype), requires_grad=requires_grad)
+    with pytest.raises(ConfigError) as err:
+        asapmpi.Exchange(tensor, comm=MPI.COMM_SELF)
+    hint = re.search(r"; pass (.+) \(the same memory\)$", str(err.value))
+    assert hint, str(err.value)
+    expr, _, kind = hint.group(1).partition(" with dtype=")
+    assert expr.startswith("tensor.detach()" if requires_grad else "tensor."), expr
+    array = eval(expr, {"tensor": tensor, "torch": torch})      # the hint, as written
+    options = {"dtype": kind.strip("'")} if kind else {}
+    with asapmpi.Exchange(array, comm=MPI.COMM_SELF, **options) as ex:
+        array[...] = 1                    # 1.0 in float32; in bfloat16's bits, tiny
+        ex.step()
+    assert bool((tensor != 0).all())      # the tensor's own memory was exchanged
+
+
+@pytest.mark.parametrize("dtype, code", [("complex64", "Zf"), ("complex128", "Zd"),
+                                         ("int32", "i"), ("bool", "?")])
+def test_a_buffer_of_another_dtype_is_named_by_numpy(dtype, code):
+    from mpi4py import MPI
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        asapmpi.Exchange(np.zeros(8, dtype=dtype), comm=MPI.COMM_SELF)
+    assert str(err.value).endswith(f"got {dtype}") and repr(code) not in str(err.value)
+    with pytest.raises(ConfigError, match=f"2-byte integer buffer .*, got {dtype}$"):
+        asapmpi.Exchange(np.zeros(8, dtype=dtype), comm=MPI.COMM_SELF, dtype="bfloat16")

@@ -38,7 +38,7 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
     try:
         view = memoryview(buffer)
     except TypeError:
-        hint = "; pass tensor.numpy() (the same memory)" if \
+        hint = f"; pass {tensor_hint(buffer)} (the same memory)" if \
             type(buffer).__module__.startswith("torch") else ""
         raise ConfigError(f"buffer must support the buffer protocol (a NumPy array, for "
                           f"example) or be a CUDA array, got {type(buffer).__name__}"
@@ -49,12 +49,12 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
             if fmt not in ("H", "h"):
                 raise ConfigError(f"dtype='bfloat16' takes the bit patterns in a 2-byte "
                                   f"integer buffer (tensor.view(torch.int16).numpy()), got "
-                                  f"format {view.format!r}")
+                                  f"{dtype_name(view)}")
             name = "bfloat16"
         elif fmt not in DTYPES:
             raise ConfigError(f"buffer dtype must be float32, float64 or float16 (or "
-                              f"bfloat16 bit patterns with dtype='bfloat16'), got format "
-                              f"{view.format!r}")
+                              f"bfloat16 bit patterns with dtype='bfloat16'), got "
+                              f"{dtype_name(view)}")
         else:
             name = DTYPES[fmt][0]
             if dtype is not None and dtype != name:
@@ -67,6 +67,25 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
         if view.nbytes == 0:
             raise ConfigError("buffer is empty; pass at least one element")
         return name, view.nbytes
+
+
+def dtype_name(view: memoryview) -> str:
+    """The NumPy name of a buffer's element type (complex64, not the buffer protocol's
+    'Zf'); the format code where NumPy has no name for it."""
+    try:
+        return np.asarray(view).dtype.name
+    except (TypeError, ValueError):
+        return f"format {view.format!r}"
+
+
+def tensor_hint(tensor) -> str:
+    """The expression that gives a CPU torch tensor's memory as a NumPy array, for the
+    tensor at hand: .detach() where it requires grad (tensor.numpy() refuses it), the
+    int16 view of bfloat16 (NumPy has no bfloat16)."""
+    expr = "tensor.detach()" if getattr(tensor, "requires_grad", False) else "tensor"
+    if str(getattr(tensor, "dtype", "")) == "torch.bfloat16":
+        return f"{expr}.view(torch.int16).numpy() with dtype='bfloat16'"
+    return f"{expr}.numpy()"
 
 
 def fingerprint(data: bytes) -> str:
