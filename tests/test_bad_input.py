@@ -265,3 +265,54 @@ def test_a_buffer_of_another_dtype_is_named_by_numpy(dtype, code):
     assert str(err.value).endswith(f"got {dtype}") and repr(code) not in str(err.value)
     with pytest.raises(ConfigError, match=f"2-byte integer buffer .*, got {dtype}$"):
         asapmpi.Exchange(np.zeros(8, dtype=dtype), comm=MPI.COMM_SELF, dtype="bfloat16")
+
+
+# ------------------------------------------------------------------ use
+
+def test_a_second_thread_stepping_the_exchange_is_told_so():
+    # it was caught only as torn versions: "a peer broke the protocol", then a timeout
+    # on the peer that suggested join()
+    from mpilaunch import run
+
+    rank0, rank1 = run("test_bad_input:two_threads", 2, "shm", timeout=60)
+    assert rank0["refused"] == (
+        "Exchange.step() called from thread 'MainThread' while another thread is inside "
+        "the same Exchange (its step, send, receive or join): an Exchange belongs to one "
+        "thread; call it from one thread at a time (or give each thread its own "
+        "Exchange)"), rank0
+    assert rank0["versions"] == rank1["versions"] == [20], (rank0, rank1)
+
+
+def two_threads(comm, steps=20):
+    """Rank 0 steps in a thread, which waits inside its first step for rank 1 (asleep);
+    meanwhile rank 0's main thread calls step() too."""
+    import threading
+    import time
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    buf = np.full(64, float(comm.rank))
+    refused, failed = "", []
+    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=20) as ex:
+        def loop():
+            try:
+                for _ in range(steps):
+                    ex.step()
+            except Exception as exc:    # noqa: BLE001  (reported to the test)
+                failed.append(repr(exc))
+
+        if comm.rank == 0:
+            inside = threading.Thread(target=loop)
+            inside.start()
+            time.sleep(0.3)
+            try:
+                ex.step()
+            except ConfigError as exc:
+                refused = str(exc)
+            inside.join()
+        else:
+            time.sleep(1.0)
+            loop()
+        assert not failed, failed
+        return {"refused": refused, "versions": [ex.version]}
