@@ -316,3 +316,36 @@ def two_threads(comm, steps=20):
             loop()
         assert not failed, failed
         return {"refused": refused, "versions": [ex.version]}
+
+
+def test_a_rank_that_joins_once_more_than_its_neighbour_is_told_so():
+    # its timeout said the neighbour "entered free() after 4 steps without join()", and
+    # that every rank must end its loop in join(): the neighbour had
+    from mpilaunch import run
+
+    rank0, rank1 = run("test_bad_input:join_twice", 2, "shm", timeout=60)
+    assert rank0["finals"] == [4] and rank1["finals"] == [4], (rank0, rank1)
+    assert rank0["error"].endswith(
+        "rank(s) [1] entered free() where the last join() ended (step 4) while this rank "
+        "joined again (step 4): join() was called once more here than there; call it "
+        "the same number of times on every rank, once per epoch"), rank0
+    assert "without join()" not in rank0["error"] and not rank1["error"], (rank0, rank1)
+
+
+def join_twice(comm, steps=3):
+    """Both ranks step and join; rank 0 then calls join() again (rank 1 frees)."""
+    import asapmpi
+    from asapmpi.errors import NeighbourTimeoutError
+
+    buf = np.full(64, float(comm.rank))
+    finals, error = [], ""
+    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=2) as ex:
+        for _ in range(steps):
+            ex.step()
+        finals.append(ex.join())
+        if comm.rank == 0:
+            try:
+                finals.append(ex.join())
+            except NeighbourTimeoutError as exc:
+                error = str(exc)
+    return {"finals": finals, "error": error}

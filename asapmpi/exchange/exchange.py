@@ -341,7 +341,10 @@ class Exchange:
         its last step, before free().  `step` makes one such step
         (DecentralizedOptimizer passes its own); by default ex.step(), or receive() and
         send() while a send is open.  A neighbour that dies is still named by the
-        waits' timeouts."""
+        waits' timeouts.  Call it once per epoch, the same number of times on every
+        rank: a join with no step since the last one is an epoch with no data (on every
+        rank, one more averaging step); a rank that joins once more than a neighbour
+        that went on to free() is told so when its wait for that neighbour times out."""
         if not self._turn.acquire(False):
             raise other_thread("join")
         try:
