@@ -349,3 +349,19 @@ def join_twice(comm, steps=3):
             except NeighbourTimeoutError as exc:
                 error = str(exc)
     return {"finals": finals, "error": error}
+
+
+def test_the_exchange_own_switches_are_booleans_too():
+    # bool("no") is True: checksum="no" and reject_nonfinite="no" turned them on
+    from mpi4py import MPI
+
+    import asapmpi
+    from asapmpi.errors import ConfigError
+
+    with asapmpi.Exchange(np.zeros(8), comm=MPI.COMM_SELF, reject_nonfinite="no",
+                          checksum="off") as ex:
+        assert ex.reject_nonfinite is False
+    with pytest.raises(ConfigError, match=r"^Exchange option checksum must be true or false "
+                                          r"\(true/yes/on/1 or false/no/off/0\), got "
+                                          r"'maybe'$"):
+        asapmpi.Exchange(np.zeros(8), comm=MPI.COMM_SELF, checksum="maybe")

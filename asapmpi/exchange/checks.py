@@ -22,6 +22,7 @@ from ..rc import rc
 from ..reduce.graphs import GRAPHS, Graph
 from ..reduce.user import graph_from
 from ..sync import policy as make_policy
+from ..sync.spec import Option, Options
 from ..transports import TRANSPORTS, families, resolve
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
@@ -183,16 +184,25 @@ def positive_seconds(value) -> float:
     return seconds
 
 
+#: the Exchange's own switches, parsed as the policies' options are (asapmpi.sync.spec)
+SWITCHES = Options(
+    Option("checksum", bool, False, "a checksum of the payload in every slot footer"),
+    Option("double_buffer", bool, False, "compute in one of two slots the neighbours "
+           "read in place (the shared transport)"),
+    Option("reject_nonfinite", bool, False, "refuse to send a buffer holding NaN or Inf"),
+)
+
+
 def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
                    rank, size, transport="auto", double_buffer=False,
-                   trace_file=None, dtype=None) -> Dict[str, Any]:
+                   trace_file=None, dtype=None, reject_nonfinite=False) -> Dict[str, Any]:
     """Every check rank `rank` makes on its own input, with no communication: what it
     was given goes into "meta" for the allgather (asapmpi.exchange.agreement), with the
     problem found as one line ("problem", None when there is none), so that no rank
     leaves while the others wait in the allgather; "dtype", "nbytes", "policy",
-    "timeout" and "matrix" are what this rank keeps."""
+    "timeout", "matrix" and "switches" (SWITCHES, parsed) are what this rank keeps."""
     out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
-                           "matrix": None, "stager": None}
+                           "matrix": None, "stager": None, "switches": {}}
     meta = {"problem": None, "dtype": None, "nbytes": 0, "options": {},
             "sync": getattr(sync, "name", sync),    # a name, or a Policy's
             "transport": transport, "double_buffer": double_buffer,
@@ -202,6 +212,11 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
             "graph_key": None, "graph_name": None, "in": [], "out": [],
             "weights_kind": None, "weights_key": None, "weights_row": None}
     try:
+        out["switches"] = SWITCHES.parse("Exchange", {
+            "checksum": checksum, "double_buffer": double_buffer,
+            "reject_nonfinite": reject_nonfinite})
+        checksum, double_buffer = (out["switches"][k] for k in ("checksum", "double_buffer"))
+        meta["double_buffer"] = double_buffer
         if dtype not in (None, *ITEMSIZE):
             raise ConfigError(f"dtype must be one of {', '.join(ITEMSIZE)}, got {dtype!r}")
         device = device_buffer(buffer)
@@ -239,9 +254,6 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
         wspec = weight_spec("uniform" if not out["policy"].uses_window else weights,
                              size)
         out["timeout"] = positive_seconds(rc.timeout if timeout is None else timeout)
-        if not isinstance(double_buffer, bool):
-            raise ConfigError(f"double_buffer must be True or False, got "
-                              f"{double_buffer!r}")
         check_trace_file(trace_file, pol)
         if transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
@@ -258,7 +270,7 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
             raise ConfigError(f"no transport fits sync={pol.name!r} (it reads "
                               f"{pol.reads.value})")
         out["matrix"] = wspec.get("matrix")
-        meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
+        meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=checksum,
                     graph_kind=spec["kind"], graph_key=spec["key"],
                     graph_name=spec.get("name"), weights_kind=wspec["kind"],
                     weights_key=wspec["key"], weights_row=wspec.get("row"))

@@ -140,7 +140,9 @@ class Exchange:
         if comm == MPI.COMM_WORLD:
             check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = check_locally(buffer, graph, sync, weights, timeout, checksum, options,
-                              rank, size, transport, double_buffer, trace_file, dtype)
+                              rank, size, transport, double_buffer, trace_file, dtype,
+                              reject_nonfinite)
+        switches = local["switches"]
         meta, g, w = agree(comm, local, rank)
 
         self.buffer = buffer
@@ -170,7 +172,7 @@ class Exchange:
         self._step_seconds: Deque[float] = deque(maxlen=64)
         self._last_start: Optional[float] = None
         self._timed = 0                 # iterations timed
-        self.reject_nonfinite = bool(reject_nonfinite)
+        self.reject_nonfinite = switches["reject_nonfinite"]
         if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
             install_abort_hook()
         self.version = 0            # steps completed, earlier runs (load_state_dict) included
@@ -183,7 +185,7 @@ class Exchange:
         # the graph's weights; a step whose average leaves out joined ranks uses others
         self._weights = (float(w[rank, rank]),
                          np.ascontiguousarray(w[rank, self.in_neighbours]))
-        self._ctx = StepContext(*self._weights, self.timeout, bool(checksum),
+        self._ctx = StepContext(*self._weights, self.timeout, switches["checksum"],
                                 dtype=self.dtype)
         self.transport = "put"
         self.transport_report: Dict[str, Any] = {"requested": transport, "chosen": None,
@@ -196,7 +198,8 @@ class Exchange:
             # the window class the chosen family gives this policy, and what it can do
             self._channel = resolve(self.transport, self._policy)
             # double buffering computes in the slot the neighbours read in place
-            self.double_buffered = bool(double_buffer) and self._channel.in_place_read
+            self.double_buffered = switches["double_buffer"] and \
+                self._channel.in_place_read
             self._win, self._segments = exchange_window(
                 comm, g, rank, self._policy, self._channel, self.nbytes,
                 self.dtype, self.double_buffered,
