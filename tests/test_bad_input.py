@@ -16,6 +16,8 @@ CASES = [
     (["demo", "--graph", "hypercube"], "invalid choice: 'hypercube'"),
     (["demo", "--sync", "hop", "--max-gap", "0"], "max_gap must be an integer >= 1"),
     (["demo", "--sync", "hop", "--staleness", "-1"], "staleness must be an integer >= 0"),
+    (["demo", "--sync", "hop", "--max-gap", "2.5"],
+     "hop option max_gap must be an integer >= 1, got '2.5'"),
     (["graph", "nope", "-n", "4"], "unknown graph 'nope'"),
     (["graph", "ring", "-n", "0"], "a graph needs a positive number of ranks"),
     (["graph", "ring", "-n", "4", "--model-size", "-1"], "--model-size"),
