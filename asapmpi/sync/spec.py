@@ -48,7 +48,7 @@ class Option:
     optional: bool = False
 
     def allowed(self) -> str:
-        """What the option takes, in words: "an integer >= 1", "a number in (0, 1)"."""
+        """What the option takes, in words: "an integer >= 1", "a finite number in (0, 1)"."""
         if self.kind is bool:
             what = (f"true or false ({'/'.join(TRUE_WORDS)} or "
                     f"{'/'.join(FALSE_WORDS)})")
@@ -85,10 +85,9 @@ class Option:
         return got
 
     def _in_range(self, value: Any) -> bool:
-        if self.kind not in (int, float):
-            return all(self._in_range_one(v) for v in value) if self.kind is list \
-                else True
-        return self._in_range_one(value)
+        if self.kind is list:
+            return all(self._in_range_one(v) for v in value)
+        return self.kind not in (int, float) or self._in_range_one(value)
 
     def _in_range_one(self, v) -> bool:
         if self.low is not None and (v <= self.low if self.open_low else v < self.low):
