@@ -269,6 +269,19 @@ def test_a_buffer_of_another_dtype_is_named_by_numpy(dtype, code):
         asapmpi.Exchange(np.zeros(8, dtype=dtype), comm=MPI.COMM_SELF, dtype="bfloat16")
 
 
+def test_the_reduce_kernel_names_dtypes_by_numpy_too():
+    from asapmpi._core.kernels import weighted_sum
+    from asapmpi.errors import ConfigError
+
+    z = np.zeros(4, dtype=np.complex64)
+    with pytest.raises(ConfigError, match=r"float16 buffers, got complex64$"):
+        weighted_sum(z, z, 0.5, [z], [0.5])
+    f = np.zeros(4, dtype=np.float32)
+    with pytest.raises(ConfigError, match=r"2-byte integers \(their bit patterns\), got "
+                                          r"float32$"):
+        weighted_sum(f, f, 0.5, [f], [0.5], bfloat16=True)
+
+
 # ------------------------------------------------------------------ use
 
 def test_a_second_thread_stepping_the_exchange_is_told_so():

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..device import Stager, device_buffer
-from ..dtypes import ITEMSIZE
+from ..dtypes import ITEMSIZE, dtype_name
 from ..errors import ConfigError
 from ..launch import cores
 from ..rc import rc
@@ -50,12 +50,12 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
             if fmt not in ("H", "h"):
                 raise ConfigError(f"dtype='bfloat16' takes the bit patterns in a 2-byte "
                                   f"integer buffer (tensor.view(torch.int16).numpy()), got "
-                                  f"{dtype_name(view)}")
+                                  f"{dtype_name(buffer)}")
             name = "bfloat16"
         elif fmt not in DTYPES:
             raise ConfigError(f"buffer dtype must be float32, float64 or float16 (or "
                               f"bfloat16 bit patterns with dtype='bfloat16'), got "
-                              f"{dtype_name(view)}")
+                              f"{dtype_name(buffer)}")
         else:
             name = DTYPES[fmt][0]
             if dtype is not None and dtype != name:
@@ -68,15 +68,6 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
         if view.nbytes == 0:
             raise ConfigError("buffer is empty; pass at least one element")
         return name, view.nbytes
-
-
-def dtype_name(view: memoryview) -> str:
-    """The NumPy name of a buffer's element type (complex64, not the buffer protocol's
-    'Zf'); the format code where NumPy has no name for it."""
-    try:
-        return np.asarray(view).dtype.name
-    except (TypeError, ValueError):
-        return f"format {view.format!r}"
 
 
 def tensor_hint(tensor) -> str:
