@@ -1,5 +1,8 @@
 """The bad-input sweep: every CLI command refuses invalid arguments with one line that
-says what to change, exit code 2, no traceback, before any rank starts."""
+says what to change, exit code 2, no traceback, before any rank starts; and the API's
+mistakes (policy options, buffers, options that differ between ranks, two threads in
+one Exchange, a join too many) get one line that names them (issue 49).  Scenarios run
+on several ranks live here too ("test_bad_input:NAME")."""
 import os
 import subprocess
 import sys
