@@ -24,6 +24,15 @@ NUMPY = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16,
 HALF = ("bfloat16", "float16")
 
 
+def dtype_name(buffer) -> str:
+    """The NumPy name of a buffer's element type (complex64, not the buffer protocol's
+    'Zf'), for messages; its format code where NumPy has no name for it."""
+    try:
+        return np.asarray(buffer).dtype.name
+    except (TypeError, ValueError):
+        return f"format {memoryview(buffer).format!r}"
+
+
 def numpy_dtype(name: str):
     """The NumPy dtype of a buffer of element type `name` (bfloat16: its bit patterns)."""
     return NUMPY[name]

@@ -74,9 +74,12 @@ def test_balance_is_a_trainer_option_that_the_policy_never_sees():
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("allreduce:balance=2", r"write balance=1 \(on\) or balance=0 \(off\)"),
-    ("allreduce:balance=yes", "write balance=1"),
-    ("allreduce:balance=1:balance_every=0", "balance_every=0 in"),
+    ("allreduce:balance=2", r"option balance must be true or false \(true/yes/on/1 or "
+                            r"false/no/off/0\), got 2 in 'allreduce:balance=2'"),
+    # balance is a boolean like every other: yes/no/on/off are its words (below), any
+    # other text is refused (it was refused as 'yes' before options were typed)
+    ("allreduce:balance=maybe", "option balance must be true or false"),
+    ("allreduce:balance=1:balance_every=0", "balance_every must be an integer >= 1, got 0 in"),
     ("hop:balance_every=x", "must be an integer >= 1"),
 ])
 def test_bad_balance_values_are_one_line(spec, message):
@@ -85,13 +88,20 @@ def test_bad_balance_values_are_one_line(spec, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("text, value", [("yes", True), ("ON", True), ("true", True),
+                                         ("no", False), ("off", False), ("0", False)])
+def test_balance_takes_the_words_of_every_boolean_option(text, value):
+    assert parse_run(f"allreduce:balance={text}", "ring")[3] == {"balance": value}
+
+
 def test_the_transport_is_a_trainer_option_too():
     runs = runs_from(TrainConfig(model="svm"),
                      "backup_ps:backup=2,backup_ps:backup=2:transport=messages")
     assert [(r.label, r.transport, r.policy_options) for r in runs] == [
         ("backup_ps:backup=2", "auto", {"backup": 2}),
         ("backup_ps:backup=2:transport=messages", "messages", {"backup": 2})]
-    with pytest.raises(ConfigError, match=r"transport='pigeon' in .*write one of auto, put"):
+    with pytest.raises(ConfigError, match=r"transport must be one of 'auto', 'put', .*got "
+                                          r"'pigeon' in 'hop:transport=pigeon'"):
         runs_from(TrainConfig(model="svm"), "hop:transport=pigeon")
 
 

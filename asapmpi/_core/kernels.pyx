@@ -9,6 +9,7 @@ from libc.stdint cimport int64_t, uint16_t, uint64_t
 from libc.stdlib cimport malloc, free
 from mpi4py.libmpi cimport *
 
+from asapmpi.dtypes import dtype_name
 from asapmpi.errors import ConfigError
 
 include "chkerr.pxi"
@@ -40,10 +41,10 @@ def weighted_sum(out, own, double w_self, inputs, weights, bint checksum=False,
     if bfloat16:
         if fmt not in ("H", "h"):
             raise ConfigError(f"bfloat16 buffers are 2-byte integers (their bit "
-                              f"patterns), got format {fmt!r}")
+                              f"patterns), got {dtype_name(out)}")
     elif fmt not in ("f", "d", "e"):
         raise ConfigError(f"weighted_sum takes float32, float64 or float16 buffers, got "
-                          f"format {fmt!r}")
+                          f"{dtype_name(out)}")
     for b in [own] + list(inputs):
         if _format(b) != fmt:
             raise ConfigError("weighted_sum needs every buffer of one dtype")

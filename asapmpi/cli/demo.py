@@ -16,10 +16,13 @@ from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..launch.slowdown import from_environment, from_options
 from ..outputs import output_file
 from ..reduce.graphs import GRAPHS
-from ..sync import POLICIES
+from ..sync import POLICIES, Hop
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+#: Hop's options the demo takes as flags (--max-gap ...), read by the policy's own parser
+HOP_FLAGS = ("max_gap", "backup", "staleness", "skip_trigger", "max_jump")
 
 # MPI and the exchange are imported where the demo runs: `asapmpi --help` imports this
 # module and must start no MPI
@@ -35,11 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sync", default="notify_ack",
                         choices=[p for p in sorted(POLICIES) if p != "allreduce"])
     hop = parser.add_argument_group("hop options (with --sync hop)")
-    hop.add_argument("--max-gap", type=int, help="token bound (default 2)")
-    hop.add_argument("--backup", type=int, help="backup workers")
-    hop.add_argument("--staleness", type=int, help="staleness bound s")
-    hop.add_argument("--skip-trigger", type=int, help="skip when this far behind")
-    hop.add_argument("--max-jump", type=int, help="longest skip")
+    for name in HOP_FLAGS:
+        option = Hop.OPTIONS.by_name[name]
+        hop.add_argument(f"--{name.replace('_', '-')}", dest=name,
+                         help=f"{option.help}: {option.allowed()} (default "
+                              f"{option.default})")
     slow = slowdown_arguments(parser)
     slow.add_argument("--slow-seed", type=int, default=0)
     slow.add_argument("--compute-ms", type=float, default=0.0,
@@ -59,9 +62,13 @@ def check(args: argparse.Namespace) -> None:
     if args.compute_ms < 0:
         raise ConfigError(f"--compute-ms must be >= 0, got {args.compute_ms}")
     if args.sync == "hop":
-        policy("hop", **{key: getattr(args, key) for key in
-                         ("max_gap", "backup", "staleness", "skip_trigger", "max_jump")
-                         if getattr(args, key, None) is not None})
+        policy("hop", **hop_options(args))
+
+
+def hop_options(args: argparse.Namespace) -> dict:
+    """The hop flags given, as text for the policy's parser."""
+    return {key: getattr(args, key) for key in HOP_FLAGS
+            if getattr(args, key, None) is not None}
 
 
 def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> dict:
@@ -77,9 +84,7 @@ def run(args: argparse.Namespace, comm: Optional[MPI.Comm] = None) -> dict:
     mean = (size - 1) / 2
     report_every = max(1, args.steps // 5)
     say = print if rank == 0 else (lambda *a, **k: None)
-    options = {key: getattr(args, key) for key in
-               ("max_gap", "backup", "staleness", "skip_trigger", "max_jump")
-               if getattr(args, key, None) is not None}
+    options = hop_options(args)
     slow = from_options(args.slowdown, args.slow_factor, args.slow_probability,
                         args.slow_ranks, args.slow_seed, size) if args.slowdown != "none" \
         else from_environment(size)         # asapmpi-run --slowdown

@@ -24,6 +24,48 @@ def same_everywhere(meta: List[Dict[str, Any]], key: str, what: str) -> None:
         raise ConfigError(f"every rank must pass the same {what}; got {per_rank}")
 
 
+def rank_list(ranks: List[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"; [3] -> "rank 3"."""
+    runs: List[List[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
+
+
+_UNSET = object()
+
+
+def same_options(meta: List[Dict[str, Any]]) -> None:
+    """ConfigError naming only the policy options that differ between ranks, each with
+    its values and the ranks that gave them ("max_gap = 1 (ranks 0, 2), 2 (rank 1)")."""
+    values = [m["options"] for m in meta]
+    if all(v == values[0] for v in values):
+        return
+    names = sorted({k for v in values for k in v})
+    parts = []
+    for name in names:
+        given = [v.get(name, _UNSET) for v in values]
+        if all(g == given[0] for g in given):
+            continue
+        groups: List[Tuple[Any, List[int]]] = []
+        for r, g in enumerate(given):
+            for value, ranks in groups:
+                if value == g:
+                    ranks.append(r)
+                    break
+            else:
+                groups.append((g, [r]))
+        parts.append(f"{name} = " + ", ".join(
+            f"{'unset' if value is _UNSET else repr(value)} ({rank_list(ranks)})"
+            for value, ranks in groups))
+    raise ConfigError(f"every rank must pass the same policy options for "
+                      f"sync={meta[0]['sync']!r}; {'; '.join(parts)}")
+
+
 def global_graph(meta: List[Dict[str, Any]], comm: MPI.Comm) -> Graph:
     """The graph every rank agrees on, built identically on every rank."""
     size = comm.Get_size()
@@ -109,7 +151,10 @@ def agree(comm: MPI.Comm, local: Dict[str, Any], rank: int
             raise ConfigError(m["problem"] if r == rank
                               else f"rank {r} was given bad input: {m['problem']}")
     for key, what in SAME_EVERYWHERE:
-        same_everywhere(meta, key, what)
+        if key == "options":
+            same_options(meta)
+        else:
+            same_everywhere(meta, key, what)
     g = global_graph(meta, comm)
     check_connected(g)
     local["policy"].validate(g, rank)

@@ -15,13 +15,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ..device import Stager, device_buffer
-from ..dtypes import ITEMSIZE
+from ..dtypes import ITEMSIZE, dtype_name
 from ..errors import ConfigError
 from ..launch import cores
 from ..rc import rc
 from ..reduce.graphs import GRAPHS, Graph
 from ..reduce.user import graph_from
 from ..sync import policy as make_policy
+from ..sync.spec import Option, Options
 from ..transports import TRANSPORTS, families, resolve
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
@@ -38,7 +39,7 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
     try:
         view = memoryview(buffer)
     except TypeError:
-        hint = "; pass tensor.numpy() (the same memory)" if \
+        hint = f"; pass {tensor_hint(buffer)} (the same memory)" if \
             type(buffer).__module__.startswith("torch") else ""
         raise ConfigError(f"buffer must support the buffer protocol (a NumPy array, for "
                           f"example) or be a CUDA array, got {type(buffer).__name__}"
@@ -49,12 +50,12 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
             if fmt not in ("H", "h"):
                 raise ConfigError(f"dtype='bfloat16' takes the bit patterns in a 2-byte "
                                   f"integer buffer (tensor.view(torch.int16).numpy()), got "
-                                  f"format {view.format!r}")
+                                  f"{dtype_name(buffer)}")
             name = "bfloat16"
         elif fmt not in DTYPES:
             raise ConfigError(f"buffer dtype must be float32, float64 or float16 (or "
-                              f"bfloat16 bit patterns with dtype='bfloat16'), got format "
-                              f"{view.format!r}")
+                              f"bfloat16 bit patterns with dtype='bfloat16'), got "
+                              f"{dtype_name(buffer)}")
         else:
             name = DTYPES[fmt][0]
             if dtype is not None and dtype != name:
@@ -67,6 +68,16 @@ def buffer_info(buffer, dtype=None) -> Tuple[str, int]:
         if view.nbytes == 0:
             raise ConfigError("buffer is empty; pass at least one element")
         return name, view.nbytes
+
+
+def tensor_hint(tensor) -> str:
+    """The expression that gives a CPU torch tensor's memory as a NumPy array, for the
+    tensor at hand: .detach() where it requires grad (tensor.numpy() refuses it), the
+    int16 view of bfloat16 (NumPy has no bfloat16)."""
+    expr = "tensor.detach()" if getattr(tensor, "requires_grad", False) else "tensor"
+    if str(getattr(tensor, "dtype", "")) == "torch.bfloat16":
+        return f"{expr}.view(torch.int16).numpy() with dtype='bfloat16'"
+    return f"{expr}.numpy()"
 
 
 def fingerprint(data: bytes) -> str:
@@ -164,17 +175,26 @@ def positive_seconds(value) -> float:
     return seconds
 
 
+#: the Exchange's own switches, parsed as the policies' options are (asapmpi.sync.spec)
+SWITCHES = Options(
+    Option("checksum", bool, False, "a checksum of the payload in every slot footer"),
+    Option("double_buffer", bool, False, "compute in one of two slots the neighbours "
+           "read in place (the shared transport)"),
+    Option("reject_nonfinite", bool, False, "refuse to send a buffer holding NaN or Inf"),
+)
+
+
 def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
                    rank, size, transport="auto", double_buffer=False,
-                   trace_file=None, dtype=None) -> Dict[str, Any]:
+                   trace_file=None, dtype=None, reject_nonfinite=False) -> Dict[str, Any]:
     """Every check rank `rank` makes on its own input, with no communication: what it
     was given goes into "meta" for the allgather (asapmpi.exchange.agreement), with the
     problem found as one line ("problem", None when there is none), so that no rank
     leaves while the others wait in the allgather; "dtype", "nbytes", "policy",
-    "timeout" and "matrix" are what this rank keeps."""
+    "timeout", "matrix" and "switches" (SWITCHES, parsed) are what this rank keeps."""
     out: Dict[str, Any] = {"dtype": None, "nbytes": 0, "policy": None, "timeout": None,
-                           "matrix": None, "stager": None}
-    meta = {"problem": None, "dtype": None, "nbytes": 0, "options": None,
+                           "matrix": None, "stager": None, "switches": {}}
+    meta = {"problem": None, "dtype": None, "nbytes": 0, "options": {},
             "sync": getattr(sync, "name", sync),    # a name, or a Policy's
             "transport": transport, "double_buffer": double_buffer,
             "trace_file": trace_file, "host": MPI.Get_processor_name(), "device": None,
@@ -183,6 +203,11 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
             "graph_key": None, "graph_name": None, "in": [], "out": [],
             "weights_kind": None, "weights_key": None, "weights_row": None}
     try:
+        out["switches"] = SWITCHES.parse("Exchange", {
+            "checksum": checksum, "double_buffer": double_buffer,
+            "reject_nonfinite": reject_nonfinite})
+        checksum, double_buffer = (out["switches"][k] for k in ("checksum", "double_buffer"))
+        meta["double_buffer"] = double_buffer
         if dtype not in (None, *ITEMSIZE):
             raise ConfigError(f"dtype must be one of {', '.join(ITEMSIZE)}, got {dtype!r}")
         device = device_buffer(buffer)
@@ -202,7 +227,7 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
         # compared across ranks by name and options: "hop:backup=1" on one rank and
         # sync="hop", backup=1 on another are the same policy
         meta["sync"] = out["policy"].name
-        meta["options"] = repr(sorted(out["policy"].options().items()))
+        meta["options"] = dict(out["policy"].options())
         pol = out["policy"]
         if not pol.uses_window and graph not in (None, "root-expander", "complete"):
             raise ConfigError(f"sync={sync!r} averages over all ranks; leave graph out "
@@ -220,9 +245,6 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
         wspec = weight_spec("uniform" if not out["policy"].uses_window else weights,
                              size)
         out["timeout"] = positive_seconds(rc.timeout if timeout is None else timeout)
-        if not isinstance(double_buffer, bool):
-            raise ConfigError(f"double_buffer must be True or False, got "
-                              f"{double_buffer!r}")
         check_trace_file(trace_file, pol)
         if transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got "
@@ -239,7 +261,7 @@ def check_locally(buffer, graph, sync, weights, timeout, checksum, options,
             raise ConfigError(f"no transport fits sync={pol.name!r} (it reads "
                               f"{pol.reads.value})")
         out["matrix"] = wspec.get("matrix")
-        meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=bool(checksum),
+        meta.update(dtype=out["dtype"], nbytes=out["nbytes"], checksum=checksum,
                     graph_kind=spec["kind"], graph_key=spec["key"],
                     graph_name=spec.get("name"), weights_kind=wspec["kind"],
                     weights_key=wspec["key"], weights_row=wspec.get("row"))

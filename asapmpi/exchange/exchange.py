@@ -4,6 +4,7 @@ decided elsewhere in this package: checks.py (each rank's own input), agreement.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple, Union
@@ -27,6 +28,7 @@ from .checks import GraphSpec, check_locally
 from .choice import choose_transport
 from .construction import exchange_window
 from .join import JoinBoard, join
+from .turn import other_thread
 
 #: steps timed before the default timeout follows the measured step times
 STEPS_MEASURED = 16
@@ -110,7 +112,8 @@ class Exchange:
         reduced in float32, rounded to nearest even).  Default: read from the buffer.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
-    An Exchange belongs to one thread.  Free it (or use it as a context manager) on every
+    An Exchange belongs to one thread (a second thread calling in while one is inside is
+    refused: asapmpi.exchange.turn).  Free it (or use it as a context manager) on every
     rank: freeing is collective.
     """
 
@@ -129,12 +132,17 @@ class Exchange:
         rank, size = comm.Get_rank(), comm.Get_size()
         self._win = None
         self._comm = None
+        #: held by the thread inside step/send/receive/join (another is refused;
+        #: asapmpi.exchange.turn)
+        self._turn = threading.RLock()
         self._segments = None
         self._slots: Tuple[np.ndarray, ...] = ()
         if comm == MPI.COMM_WORLD:
             check_world_size(size)      # a singleton from a mismatched mpiexec, say
         local = check_locally(buffer, graph, sync, weights, timeout, checksum, options,
-                              rank, size, transport, double_buffer, trace_file, dtype)
+                              rank, size, transport, double_buffer, trace_file, dtype,
+                              reject_nonfinite)
+        switches = local["switches"]
         meta, g, w = agree(comm, local, rank)
 
         self.buffer = buffer
@@ -164,7 +172,7 @@ class Exchange:
         self._step_seconds: Deque[float] = deque(maxlen=64)
         self._last_start: Optional[float] = None
         self._timed = 0                 # iterations timed
-        self.reject_nonfinite = bool(reject_nonfinite)
+        self.reject_nonfinite = switches["reject_nonfinite"]
         if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
             install_abort_hook()
         if rc.sweep_shm:
@@ -181,7 +189,7 @@ class Exchange:
         # the graph's weights; a step whose average leaves out joined ranks uses others
         self._weights = (float(w[rank, rank]),
                          np.ascontiguousarray(w[rank, self.in_neighbours]))
-        self._ctx = StepContext(*self._weights, self.timeout, bool(checksum),
+        self._ctx = StepContext(*self._weights, self.timeout, switches["checksum"],
                                 dtype=self.dtype)
         self.transport = "put"
         self.transport_report: Dict[str, Any] = {"requested": transport, "chosen": None,
@@ -194,7 +202,8 @@ class Exchange:
             # the window class the chosen family gives this policy, and what it can do
             self._channel = resolve(self.transport, self._policy)
             # double buffering computes in the slot the neighbours read in place
-            self.double_buffered = bool(double_buffer) and self._channel.in_place_read
+            self.double_buffered = switches["double_buffer"] and \
+                self._channel.in_place_read
             self._win, self._segments = exchange_window(
                 comm, g, rank, self._policy, self._channel, self.nbytes,
                 self.dtype, self.double_buffered,
@@ -258,49 +267,63 @@ class Exchange:
         """Send the buffer to the out-neighbours and reduce the in-neighbours' into it.
         Returns the array holding the result: `ex.buffer` (with double_buffer, not the
         array computed on before)."""
-        win = self._alive()
-        if self._sending:
-            raise ConfigError("send() was called without its receive(); call receive() "
-                              "before step()")
-        if self._stager is not None:
-            self._stager.before_send()
-        self._check_finite()
-        self._iteration_started()
-        self._leave_out_joined(self._window_version + 1)
-        done = self._explained(self._policy.step, win)
-        if self._stager is not None:
-            self._stager.after_receive()
-        self._advance(done)
-        return self.buffer
+        if not self._turn.acquire(False):
+            raise other_thread("step")
+        try:
+            win = self._alive()
+            if self._sending:
+                raise ConfigError("send() was called without its receive(); call receive() "
+                                  "before step()")
+            if self._stager is not None:
+                self._stager.before_send()
+            self._check_finite()
+            self._iteration_started()
+            self._leave_out_joined(self._window_version + 1)
+            return self._received(self._explained(self._policy.step, win))
+        finally:
+            self._turn.release()
 
     def send(self) -> None:
         """The first half of step(): publish the buffer.  Until receive() the buffer may
         be read (gradients computed on it: Hop's parallel computation graph) but not
         written."""
-        win = self._alive()
-        if self._sending:
-            raise ConfigError("send() twice without receive(); call receive() first")
-        if self._stager is not None:
-            self._stager.before_send()
-        self._check_finite()
-        self._iteration_started()
-        self._leave_out_joined(self._window_version + 1)
-        self._policy.send(self._device_reduce or win, self._work, self._window_version + 1,
-                          self._ctx)
-        self._sending = True
-        if self.double_buffered:
-            # the out-neighbours read this slot in place until they acknowledge it: a
-            # write through ex.buffer now fails here instead of tearing their reduce
-            self.buffer.flags.writeable = False
+        if not self._turn.acquire(False):
+            raise other_thread("send")
+        try:
+            win = self._alive()
+            if self._sending:
+                raise ConfigError("send() twice without receive(); call receive() first")
+            if self._stager is not None:
+                self._stager.before_send()
+            self._check_finite()
+            self._iteration_started()
+            self._leave_out_joined(self._window_version + 1)
+            self._policy.send(self._device_reduce or win, self._work, self._window_version + 1,
+                              self._ctx)
+            self._sending = True
+            if self.double_buffered:
+                # the out-neighbours read this slot in place until they acknowledge it: a
+                # write through ex.buffer now fails here instead of tearing their reduce
+                self.buffer.flags.writeable = False
+        finally:
+            self._turn.release()
 
     def receive(self):
         """The second half of step(): wait for the neighbours, reduce into the buffer.
         Returns `ex.buffer`, as step()."""
-        win = self._alive()
-        if not self._sending:
-            raise ConfigError("receive() without send(); call send() first (or step())")
-        self._sending = False
-        done = self._explained(self._policy.receive, win)
+        if not self._turn.acquire(False):
+            raise other_thread("receive")
+        try:
+            win = self._alive()
+            if not self._sending:
+                raise ConfigError("receive() without send(); call send() first (or step())")
+            self._sending = False
+            return self._received(self._explained(self._policy.receive, win))
+        finally:
+            self._turn.release()
+
+    def _received(self, done: Optional[int]):
+        # the end of step() and receive(): the staged buffer back, the version advanced
         if self._stager is not None:
             self._stager.after_receive()
         self._advance(done)
@@ -325,19 +348,27 @@ class Exchange:
         its last step, before free().  `step` makes one such step
         (DecentralizedOptimizer passes its own); by default ex.step(), or receive() and
         send() while a send is open.  A neighbour that dies is still named by the
-        waits' timeouts."""
-        self._alive()
-        refusal = self._policy.join_refusal()
-        if refusal:
-            raise ConfigError(f"join() under sync={self.sync!r}: {refusal}")
-        if step is None:
-            step = self._shadow_step
-        # a joined rank keeps the pace of its own training steps (non-lockstep policies)
-        pace = float(np.median(np.asarray(self._step_seconds))) if self._step_seconds \
-            else 0.0
-        return join(self._joiner, self._entered, step, self._policy.lockstep,
-                    min(pace, self.timeout / 4), self.timeout, self.rank,
-                    settle=self.settle if self._win is not None else None)
+        waits' timeouts.  Call it once per epoch, the same number of times on every
+        rank: a join with no step since the last one is an epoch with no data (on every
+        rank, one more averaging step); a rank that joins once more than a neighbour
+        that went on to free() is told so when its wait for that neighbour times out."""
+        if not self._turn.acquire(False):
+            raise other_thread("join")
+        try:
+            self._alive()
+            refusal = self._policy.join_refusal()
+            if refusal:
+                raise ConfigError(f"join() under sync={self.sync!r}: {refusal}")
+            if step is None:
+                step = self._shadow_step
+            # a joined rank keeps the pace of its own training steps (non-lockstep policies)
+            pace = float(np.median(np.asarray(self._step_seconds))) if self._step_seconds \
+                else 0.0
+            return join(self._joiner, self._entered, step, self._policy.lockstep,
+                        min(pace, self.timeout / 4), self.timeout, self.rank,
+                        settle=self.settle if self._win is not None else None)
+        finally:
+            self._turn.release()
 
     def _leave_out_joined(self, version: int) -> None:
         """Take the ranks that joined out of the average of step `version`

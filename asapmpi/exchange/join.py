@@ -89,6 +89,10 @@ class JoinBoard:
         #: joins completed (the same on every rank: each join is collective)
         self.round = 0
         self._joined_at = None
+        #: where this rank's last join ended (J), and the count it joined this round
+        #: at (None: not in a join): what explain() tells a rank one join behind by
+        self.ended_at: Optional[int] = None
+        self.joining_at: Optional[int] = None
         from mpi4py import MPI
 
         self.MPI = MPI
@@ -107,6 +111,7 @@ class JoinBoard:
 
     def _next_round(self, round_: int) -> None:
         self.round = round_
+        self.joining_at = None
         # this round's joined-at words: a word of this round (the slot of its parity
         # holds no later one: a rank is at most one round ahead of any other, since a
         # round's agreement needs every rank); without the unified model every word is
@@ -132,6 +137,7 @@ class JoinBoard:
         """Publish, once per round and before any shadow step, that this rank joined
         after `count` exchange steps entered: its versions above it are shadows."""
         self.board.publish(JOINED_AT[self.round % 2], self._word(count))
+        self.joining_at = count
 
     def absent(self, version: int) -> frozenset:
         """The ranks whose replicas leave the average of step `version` (module
@@ -182,24 +188,41 @@ class JoinBoard:
         named = list(exc.ranks)
         left = self._left(named + [r for r in in_neighbours if r not in named])
         joined, counts = self.counts()
-        said = []
+        said, behind = [], []
         for r in named:
-            if r in left:
+            if r in left and self._one_join_behind(left[r]):
+                behind.append(r)
+            elif r in left:
                 said.append(f"rank {r} is alive but finished: it entered free() after "
                             f"{left[r]} steps without join()")
             elif joined[r]:
                 said.append(f"rank {r} ran out of data and joined (step {counts[r]}) but "
                             f"stopped stepping along: it is stalled")
         for r in sorted(r for r in set(left) - set(named) if left[r] < awaited):
-            said.append(f"rank {r} (a neighbour) entered free() after {left[r]} steps "
-                        f"without join()")
+            if self._one_join_behind(left[r]):
+                behind.append(r)
+            else:
+                said.append(f"rank {r} (a neighbour) entered free() after {left[r]} steps "
+                            f"without join()")
+        if behind:
+            said.insert(0, f"rank(s) {behind} entered free() where the last join() ended "
+                           f"(step {self.ended_at}) while this rank joined again (step "
+                           f"{self.joining_at}): join() was called once more here than "
+                           f"there; call it the same number of times on every rank, once "
+                           f"per epoch")
         if not said:
             return exc
-        if any("free()" in line for line in said):
+        if any("without join()" in line for line in said):
             said.append("ranks that step different numbers of times (uneven data) must "
                         "all end their loops in join() (`with opt.join():` around the "
                         "loop, or ex.join() after it)")
         return exc.explained("; ".join(said))
+
+    def _one_join_behind(self, left_at: int) -> bool:
+        # a rank that entered free() where the last join ended, while this one is in
+        # the next join: it ended its epochs one join() earlier (no rank ends a join
+        # before every rank has joined, so it will not join this one)
+        return self.joining_at is not None and left_at == self.ended_at
 
     def counts(self, words: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(per rank whether it has joined this round, per rank its count in this
@@ -295,4 +318,5 @@ def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],
     while entered() < target:
         step()
     board._next_round(board.round + 1)
+    board.ended_at = target
     return target

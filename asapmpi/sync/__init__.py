@@ -34,21 +34,33 @@ def policy(name, **options) -> Policy:
     else:
         if isinstance(name, str) and ":" in name:
             spec = name
-            name, options = merge_spec(spec, options)
+            name, options = merge_spec(spec, options, _typed)
             if "transport" in options:
                 raise ConfigError(f"sync={spec!r}: transport is the Exchange's option, not "
                                   f"the policy's; pass Exchange(..., transport="
                                   f"{options['transport']!r})")
-        try:
-            cls = POLICIES[name]
-        except (KeyError, TypeError):
-            raise ConfigError(f"unknown sync policy {name!r}; choose one of "
-                              f"{sorted(POLICIES)}") from None
+        cls = _registered(name)
     try:
         return cls(**options)
     except TypeError:
         raise ConfigError(f"sync policy {name!r} has no option(s) named "
                           f"{sorted(options)}") from None
+
+
+def _registered(name) -> type:
+    try:
+        return POLICIES[name]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown sync policy {name!r}; choose one of "
+                          f"{sorted(POLICIES)}") from None
+
+
+def _typed(name: str, options: dict) -> dict:
+    # the options given of policy `name` in its declared types (transport, the
+    # Exchange's, as given), so that a spec and keywords are compared by value
+    given = {k: v for k, v in options.items() if k != "transport"}
+    typed = _registered(name).OPTIONS.parse(name, given, defaults=False)
+    return {**options, **typed}
 
 
 __all__ = [

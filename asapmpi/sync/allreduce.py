@@ -17,7 +17,8 @@ class Allreduce(Policy):
     #: no window: MPI_Allreduce over ctx.comm
     reads = Reads.NOTHING
 
-    def __init__(self):
+    def __init__(self, **options):
+        super().__init__(**options)
         self.calls = 0          # Allreduce calls, and seconds spent in them
         self.seconds = 0.0
         self._wide = None       # bfloat16, float16: the float32 buffer summed (made once)

@@ -37,11 +37,11 @@ from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
 from .base import Policy, Reads, StepContext, server_star
 from .baselines import NEWEST
 from .feedback import RoundingFeedback
+from .spec import Option, Options
 
 
 class BackupPS(Policy):
-    """Parameter server with b backup workers.  Options: backup (b >= 0), server (the
-    server's rank, default 0), seed (tie-breaking among simultaneous arrivals)."""
+    """Parameter server with b backup workers."""
 
     name = "backup_ps"
     #: each sender's newest whole version: the server's slot per worker holds its
@@ -51,15 +51,18 @@ class BackupPS(Policy):
     reads = Reads.NEWEST
     writer_runs_ahead = True
 
-    def __init__(self, backup: int = 0, server: int = 0, seed: int = 0):
-        for label, value in (("backup", backup), ("server", server), ("seed", seed)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                    or value < 0:
-                raise ConfigError(f"backup_ps option {label} must be an integer >= 0, got "
-                                  f"{value!r}")
-        self.backup, self.server, self.seed = int(backup), int(server), int(seed)
+    OPTIONS = Options(
+        Option("backup", int, 0, "backup workers b: the server averages workers - b", low=0),
+        Option("server", int, 0, "the server's rank", low=0),
+        Option("seed", int, 0, "tie-breaking among simultaneous arrivals", low=0),
+    )
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self._options
+        self.backup, self.server, self.seed = o["backup"], o["server"], o["seed"]
         self._rounding = RoundingFeedback()     # the server's publication
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(self.seed)
         self.dropped = 0            # contributions of iterations reduced without them
 
     def join_refusal(self) -> Optional[str]:
@@ -67,10 +70,6 @@ class BackupPS(Policy):
         not yet joined."""
         return ("a parameter server's versions follow its workers' updates, not each "
                 "rank's steps; give every worker the same number of steps")
-
-    def options(self) -> Dict[str, object]:
-        """The options, as every rank must have given them."""
-        return {"backup": self.backup, "server": self.server, "seed": self.seed}
 
     def topology(self, n: int):
         """The graph this policy runs on: a star around the server."""

@@ -11,6 +11,7 @@ from typing import Any, FrozenSet, Optional, Tuple
 import numpy as np
 
 from .records import Records, Table
+from .spec import Options
 
 
 class Reads(str, enum.Enum):
@@ -116,13 +117,27 @@ class Policy:
     #: follows from `reads`, on the class as on its objects
     uses_window = True
 
+    #: the policy's options, each declared once (asapmpi.sync.spec.Option): the one
+    #: parser checks what a user gives, as text ("hop:max_gap=3") or as keywords
+    OPTIONS = Options()
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.uses_window = cls.reads is not Reads.NOTHING
+        if "OPTIONS" in cls.__dict__ and cls.OPTIONS and cls.__doc__:
+            # the options' help, written once in the declaration
+            cls.__doc__ = (cls.__doc__.rstrip() + "\n\n    Options:\n"
+                           + "\n".join("    " + line
+                                       for line in cls.OPTIONS.describe().splitlines()))
+
+    def __init__(self, **options):
+        """Take `options` as OPTIONS declares them (ConfigError in one line for an
+        unknown name or a value of the wrong type or range)."""
+        self._options = type(self).OPTIONS.parse(self.name, options)
 
     def options(self) -> dict:
-        """The policy's options (compared across ranks at creation)."""
-        return {}
+        """The policy's options as parsed (compared across ranks at creation)."""
+        return dict(getattr(self, "_options", {}))
 
     def table(self, name: str, dtype=np.float64) -> Table:
         """A bounded table of per-iteration rows for the trace (asapmpi.sync.records)."""

@@ -34,10 +34,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
 from . import zipline
 from .base import Policy, Reads, StepContext, server_star
 from .feedback import RoundingFeedback
+from .spec import Option, Options
 
 ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
               "full_gridscan": zipline.full_gridscan}
@@ -48,8 +48,7 @@ _INTERVAL, _INTERVAL_STAMP = 0, 1
 
 
 class ElasticBSP(Policy):
-    """Options: R (lookahead, >= 1, default 15), server (rank, default 0), algorithm
-    ("zipline", "gridscan" or "full_gridscan"), window (intervals averaged, >= 1)."""
+    """ElasticBSP on a parameter server, barriers chosen by ZipLine (module docstring)."""
 
     name = "elastic"
     #: each sender's newest whole version (on messages: docs/PROTOCOL.md 2e): every
@@ -60,18 +59,19 @@ class ElasticBSP(Policy):
     #: the exchange's version is the global iteration count G, also between supersteps
     global_iterations = True
 
-    def __init__(self, R: int = 15, server: int = 0, algorithm: str = "zipline",
-                 window: int = 5):
-        for label, value, low in (("R", R, 1), ("server", server, 0), ("window", window, 1)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                    or value < low:
-                raise ConfigError(f"elastic option {label} must be an integer >= {low}, "
-                                  f"got {value!r}")
-        if algorithm not in ALGORITHMS:
-            raise ConfigError(f"elastic option algorithm must be one of {sorted(ALGORITHMS)}, "
-                              f"got {algorithm!r}")
-        self.R, self.server, self.algorithm, self.window = int(R), int(server), algorithm, \
-            int(window)
+    OPTIONS = Options(
+        Option("R", int, 15, "lookahead: predicted iteration ends per worker", low=1),
+        Option("server", int, 0, "the server's rank", low=0),
+        Option("algorithm", str, "zipline", "how the barrier is chosen",
+               choices=tuple(ALGORITHMS)),
+        Option("window", int, 5, "iteration intervals averaged per worker", low=1),
+    )
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self._options
+        self.R, self.server, self.algorithm, self.window = \
+            o["R"], o["server"], o["algorithm"], o["window"]
         self.layouts = None                 # every rank's window layout (set by Exchange)
         self._rounding = RoundingFeedback()     # the server's publication
 
@@ -79,11 +79,6 @@ class ElasticBSP(Policy):
         """Supersteps count global iterations, not each rank's steps: not yet joined."""
         return ("ElasticBSP's supersteps count global iterations, not each rank's steps; "
                 "give every worker the same number of steps")
-
-    def options(self) -> Dict[str, object]:
-        """The options, as every rank must have given them."""
-        return {"R": self.R, "server": self.server, "algorithm": self.algorithm,
-                "window": self.window}
 
     def topology(self, n: int):
         """A star around the server."""

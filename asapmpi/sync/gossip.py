@@ -48,6 +48,7 @@ from ..errors import ConfigError, NeighbourTimeoutError
 from ..links import LinkModel
 from ..reduce.graphs import graph as make_graph
 from .base import Policy, Reads, StepContext
+from .spec import Option, Options
 
 INF_NS = (1 << 62)
 _BUSY = 0                      # user word 0: the link's busy-until time (ns)
@@ -64,9 +65,7 @@ def update_time(c: float, new: float, threshold: float) -> float:
 
 
 class Gossip(Policy):
-    """Options: every (the period T >= 1: communicate every T iterations), warmup
-    (iterations with the warm-up choice, >= 0), threshold (UPDATE_TIME, in (0, 1)),
-    seed, and the link emulation wide_mbps, narrow_mbps, narrow (ranks), latency_ms."""
+    """Pull-gossip SGD with a period and a warm-up (module docstring)."""
 
     name = "gossip"
     #: a peer's published model and words, read one-sidedly while the peer goes on
@@ -75,33 +74,29 @@ class Gossip(Policy):
     #: two published slots taking turns: a pull reading the newest model is not torn by
     #: the next publish, which writes the other
     publish_slots = 2
+    OPTIONS = Options(
+        Option("every", int, 1, "the period T: communicate every T iterations", low=1),
+        Option("warmup", int, 0, "iterations with the warm-up choice of peers", low=0),
+        Option("threshold", float, 0.1, "UPDATE_TIME's relative threshold", low=0, high=1,
+               open_low=True, open_high=True),
+        Option("seed", int, 0, "the peer choice's random seed", low=0),
+        Option("wide_mbps", float, 0.0, "emulated bandwidth of the other ranks' links "
+               "(0: not limited)", low=0),
+        Option("narrow_mbps", float, 0.0, "emulated bandwidth of the narrow ranks' links",
+               low=0),
+        Option("narrow", list, (), "the ranks on narrow links", low=0),
+        Option("latency_ms", float, 0.0, "emulated latency of every pull", low=0),
+    )
 
-    def __init__(self, every: int = 1, warmup: int = 0, threshold: float = 0.1,
-                 seed: int = 0, wide_mbps: float = 0.0, narrow_mbps: float = 0.0,
-                 narrow=(), latency_ms: float = 0.0):
-        for label, value, low in (("every", every, 1), ("warmup", warmup, 0),
-                                  ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-                    or value < low:
-                raise ConfigError(f"gossip option {label} must be an integer >= {low}, "
-                                  f"got {value!r}")
-        if not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
-            raise ConfigError(f"gossip option threshold must be in (0, 1), got {threshold!r}")
-        if isinstance(narrow, (int, np.integer)):
-            narrow = (narrow,)
-        self.period, self.warmup, self.threshold, self.seed = int(every), int(warmup), \
-            float(threshold), int(seed)
-        self.links = LinkModel(float(wide_mbps), float(narrow_mbps), tuple(narrow),
-                               float(latency_ms))
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self._options
+        self.period, self.warmup, self.threshold, self.seed = \
+            o["every"], o["warmup"], o["threshold"], o["seed"]
+        self.links = LinkModel(o["wide_mbps"], o["narrow_mbps"], tuple(o["narrow"]),
+                               o["latency_ms"])
         self.layouts = None
         self.report: Optional[Dict[str, object]] = None
-
-    def options(self) -> Dict[str, object]:
-        """The options, as every rank must have given them."""
-        return {"every": self.period, "warmup": self.warmup, "threshold": self.threshold,
-                "seed": self.seed, "wide_mbps": self.links.wide_mbps,
-                "narrow_mbps": self.links.narrow_mbps, "narrow": list(self.links.narrow),
-                "latency_ms": self.links.latency_ms}
 
     def topology(self, n: int):
         """Any rank may pull from any other: the complete graph (no slots: depth 0)."""

@@ -37,19 +37,11 @@ import numpy as np
 from ..errors import ConfigError
 from .base import Policy, Reads, StepContext
 from .records import entry_trace
-from .spec import boolean
+from .spec import Option, Options
 
 
 class Hop(Policy):
-    """Hop's queue-based protocol.
-
-    Options: max_gap (>= 1, default 2): the token bound on Iter(i) - Iter(j) for every
-    out-neighbour j; backup (>= 0): backup workers; staleness (None or >= 0): bounded
-    staleness s; staleness_weights ("hop": eq. (2), or "uniform": the graph's weights
-    renormalized); skip_trigger (None or >= 1): jump ahead when at least this many
-    iterations behind every out-neighbour; max_jump (>= 1): the longest jump;
-    suppress_late (default True): do not send an update its receiver can no longer use.
-    """
+    """Hop's queue-based protocol."""
 
     name = "hop"
     reduces_last = True
@@ -57,32 +49,35 @@ class Hop(Policy):
     #: oldest version it may still reduce is `retain` (its staleness) behind its last
     #: ack (set in __init__)
     reads = Reads.WORDS
+    OPTIONS = Options(
+        Option("max_gap", int, 2, "the token bound on Iter(i) - Iter(j) for every "
+               "out-neighbour j", low=1),
+        Option("backup", int, 0, "backup workers", low=0),
+        Option("staleness", int, None, "bounded staleness s", low=0, optional=True),
+        Option("staleness_weights", str, "hop", "'hop': eq. (2), or 'uniform': the "
+               "graph's weights renormalized", choices=("hop", "uniform")),
+        Option("skip_trigger", int, None, "jump ahead when at least this many iterations "
+               "behind every out-neighbour", low=1, optional=True),
+        Option("max_jump", int, 1, "the longest jump", low=1),
+        Option("suppress_late", bool, True, "do not send an update its receiver can no "
+               "longer use"),
+    )
 
-    def __init__(self, max_gap: int = 2, backup: int = 0, staleness=None,
-                 staleness_weights: str = "hop", skip_trigger=None, max_jump: int = 1,
-                 suppress_late: bool = True):
-        _integer("max_gap", max_gap, 1)
-        _integer("backup", backup, 0)
-        _integer("max_jump", max_jump, 1)
-        if staleness is not None:
-            _integer("staleness", staleness, 0)
-        if skip_trigger is not None:
-            _integer("skip_trigger", skip_trigger, 1)
-        if staleness_weights not in ("hop", "uniform"):
-            raise ConfigError(f"hop option staleness_weights must be 'hop' or 'uniform', got "
-                              f"{staleness_weights!r}")
-        if backup and staleness is not None:
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self._options
+        if o["backup"] and o["staleness"] is not None:
             raise ConfigError("hop: choose backup workers or bounded staleness, not both")
-        if skip_trigger is not None and not (backup or staleness is not None):
+        if o["skip_trigger"] is not None and not (o["backup"] or o["staleness"] is not None):
             raise ConfigError("hop: skipping iterations needs backup workers or staleness "
                               "(the skipped updates are never sent, so standard receivers "
                               "would wait for them)")
-        self.max_gap, self.backup = int(max_gap), int(backup)
-        self.staleness = None if staleness is None else int(staleness)
-        self.staleness_weights = staleness_weights
-        self.skip_trigger = None if skip_trigger is None else int(skip_trigger)
-        self.max_jump = int(max_jump)
-        self.suppress_late = boolean("hop", "suppress_late", suppress_late)
+        self.max_gap, self.backup = o["max_gap"], o["backup"]
+        self.staleness = o["staleness"]
+        self.staleness_weights = o["staleness_weights"]
+        self.skip_trigger = o["skip_trigger"]
+        self.max_jump = o["max_jump"]
+        self.suppress_late = o["suppress_late"]
         # a reader may pick any version in [k - s, k] while senders run up to max_gap ahead
         self.depth = self.max_gap + 1 + (self.staleness or 0)
         # a need (Policy.retain): the oldest version iteration k + 1 reduces is
@@ -96,13 +91,6 @@ class Hop(Policy):
             return ("skipping (skip_trigger) jumps several versions in one step; leave it "
                     "off to join")
         return None
-
-    def options(self) -> Dict[str, object]:
-        """The options, as every rank must have given them."""
-        return {"max_gap": self.max_gap, "backup": self.backup, "staleness": self.staleness,
-                "staleness_weights": self.staleness_weights,
-                "skip_trigger": self.skip_trigger, "max_jump": self.max_jump,
-                "suppress_late": self.suppress_late}
 
     @property
     def setting(self) -> str:
@@ -222,7 +210,3 @@ class Hop(Policy):
         reduce, the iteration and the version used from each in-neighbour (0 = none)."""
         return entry_trace(self.entries, self.reduced)
 
-
-def _integer(label: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"hop option {label} must be an integer >= {low}, got {value!r}")

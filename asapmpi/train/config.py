@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
+from ..loadbalance import DEFAULT_EVERY, check_every
 from ..loadbalance import check as check_balance
-from ..loadbalance import check_every
 from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 from ..sync import policy as make_policy
-from ..sync.spec import parse_options
+from ..sync.spec import Option, Options, parse_options
+from ..transports import TRANSPORTS
 
 MODELS = ("svm", "cnn", "mlp")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -41,8 +42,14 @@ TRAINABLE = tuple(sorted(POLICIES))
 
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
-#: and its Exchange never see them (load balancing: asapmpi.loadbalance)
-TRAINER_OPTIONS = ("balance", "balance_every", "transport")
+#: and its Exchange never see them (load balancing: asapmpi.loadbalance), declared and
+#: parsed as a policy's are (asapmpi.sync.spec)
+TRAINER = Options(
+    Option("balance", bool, False, "load balancing of minibatch sizes (LB-BSP)"),
+    Option("balance_every", int, DEFAULT_EVERY, "own steps between re-balances", low=1),
+    Option("transport", str, "auto", "the Exchange's transport", choices=TRANSPORTS),
+)
+TRAINER_OPTIONS = tuple(o.name for o in TRAINER)
 
 
 def parse_run_spec(spec: str, default_graph: str) -> Tuple[str, str, Dict[str, Any], str]:
@@ -78,21 +85,8 @@ def split_options(options: Dict[str, Any], where: str
     """{"backup": 1, "balance": 1} -> ({"backup": 1}, {"balance": True}): the policy's
     options and the trainer's (TRAINER_OPTIONS, as TrainConfig fields), checked."""
     policy_options = {k: v for k, v in options.items() if k not in TRAINER_OPTIONS}
-    trainer = {k: v for k, v in options.items() if k in TRAINER_OPTIONS}
-    if "balance" in trainer:
-        value = trainer["balance"]
-        if value not in (0, 1) or isinstance(value, float):
-            raise ConfigError(f"balance={value!r} {where}: write balance=1 (on) or "
-                              f"balance=0 (off)")
-        trainer["balance"] = bool(value)
-    if "balance_every" in trainer:
-        check_every(trainer["balance_every"], where)
-    if "transport" in trainer:
-        from ..transports.channels import FAMILIES
-
-        if trainer["transport"] not in ("auto", *FAMILIES):
-            raise ConfigError(f"transport={trainer['transport']!r} {where}: write one of "
-                              f"auto, {', '.join(FAMILIES)}")
+    trainer = TRAINER.parse("train", {k: v for k, v in options.items()
+                                      if k in TRAINER_OPTIONS}, defaults=False, where=where)
     return policy_options, trainer
 
 
