@@ -89,9 +89,13 @@ class RC:
         if name not in known:
             raise ConfigError(f"asapmpi.rc has no option {name!r}; known: {sorted(known)}")
         if name in ("abort_on_error", "sweep_shm", "device_reduce"):
-            if isinstance(value, str):
-                value = value.strip().lower() not in ("0", "false", "no", "off", "")
-            object.__setattr__(self, name, bool(value))
+            if not isinstance(value, bool):
+                # the words every boolean option takes (ASAPMPI_ABORT_ON_ERROR=maybe is
+                # refused, not taken for true)
+                from .sync.spec import Option
+
+                value = Option(name, bool, True).convert("asapmpi.rc", value)
+            object.__setattr__(self, name, value)
             return
         value = float(value) if name.startswith("timeout") else int(value)
         may_be_zero = name in ("poll_yields", "max_transfer", "poll_timer_slack_ns")

@@ -70,6 +70,13 @@ def test_rc_rejects_unknown_and_invalid():
         rc.timout = 3
     with pytest.raises(ConfigError, match="positive"):
         rc.timeout = 0
+    # switches take the words every boolean option takes, and nothing else (issue 49:
+    # ASAPMPI_ABORT_ON_ERROR=maybe was taken for true)
+    for word, value in (("off", False), ("YES", True), ("0", False), (1, True)):
+        rc.abort_on_error = word
+        assert rc.abort_on_error is value
+    with pytest.raises(ConfigError, match="sweep_shm must be true or false.*'maybe'"):
+        rc.sweep_shm = "maybe"
 
 
 def test_errors_share_one_base_and_builtin_classes():
