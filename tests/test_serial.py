@@ -75,7 +75,7 @@ def test_rc_rejects_unknown_and_invalid():
     for word, value in (("off", False), ("YES", True), ("0", False), (1, True)):
         rc.abort_on_error = word
         assert rc.abort_on_error is value
-    with pytest.raises(ConfigError, match="sweep_shm must be true or false.*'maybe'"):
+    with pytest.raises(ConfigError, match=r"sweep_shm must be true or false.*'maybe'"):
         rc.sweep_shm = "maybe"
 
 
