@@ -383,3 +383,25 @@ def test_the_exchange_own_switches_are_booleans_too():
                                           r"\(true/yes/on/1 or false/no/off/0\), got "
                                           r"'maybe'$"):
         asapmpi.Exchange(np.zeros(8), comm=MPI.COMM_SELF, checksum="maybe")
+
+
+BAD_SCRIPT = """
+import numpy as np
+import asapmpi
+asapmpi.Exchange(np.zeros(8), graph="hypercube")
+"""
+
+
+@pytest.mark.mpi
+def test_a_user_script_given_bad_input_gets_one_line_per_rank_not_a_traceback():
+    # the abort hook is installed before the Exchange checks anything (issue 49): an
+    # uncaught ConfigError on every rank was a traceback on every rank
+    from mpilaunch import job_command
+
+    cmd, env = job_command(2, [sys.executable, "-c", BAD_SCRIPT], timeout=120)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
+                          check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("asapmpi: rank ")]
+    assert lines and all("ConfigError" in ln and "hypercube" in ln for ln in lines), out

@@ -97,6 +97,8 @@ def test_a_rank_on_another_communicator_is_named_by_those_that_wait_for_it():
         assert f"rank {rank}: made an Exchange" not in proc.stdout
     assert "asapmpi: rank 0: rank(s) 1, 2, 3 wait for this rank" in proc.stderr
     assert "signal 9" not in out
+    # the abort hook is installed before the agreement: one line each, no traceback
+    assert "Traceback" not in out, out[-3000:]
 
 
 def test_bsp_barrier_times_out_instead_of_hanging():

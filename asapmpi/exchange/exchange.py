@@ -130,6 +130,14 @@ class Exchange:
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
+        if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
+            # before anything can fail: bad input or a rank that never comes to the
+            # agreement ends the job with one line per rank, not a traceback each
+            install_abort_hook()
+        if rc.sweep_shm:
+            # what aborted jobs left in /dev/shm (an abort, Ctrl-C included, leaves the
+            # MPI library's files): once per process, by the first rank of each host
+            shm_leftovers.sweep_at_start(MPI.COMM_WORLD.Get_rank())
         self._win = None
         self._comm = None
         #: held by the thread inside step/send/receive/join (another is refused;
@@ -173,12 +181,6 @@ class Exchange:
         self._last_start: Optional[float] = None
         self._timed = 0                 # iterations timed
         self.reject_nonfinite = switches["reject_nonfinite"]
-        if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
-            install_abort_hook()
-        if rc.sweep_shm:
-            # what aborted jobs left in /dev/shm (an abort, Ctrl-C included, leaves the
-            # MPI library's files): once per process, by the first rank of each host
-            shm_leftovers.sweep_at_start(MPI.COMM_WORLD.Get_rank())
         self.version = 0            # steps completed, earlier runs (load_state_dict) included
         self._base = 0              # steps completed before this window existed
         self._window_version = 0    # steps completed on this window (versions start at 1)
