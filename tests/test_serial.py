@@ -193,3 +193,24 @@ def test_a_forgotten_free_is_named_on_stderr_at_exit(tmp_path):
                      "on every Exchange (or DecentralizedOptimizer) on every rank, or use "
                      "it in a with block"], proc.stderr
     assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
+def test_an_interrupt_is_reported_in_one_line_saying_where(capfd):
+    # issue 49: a rank's Ctrl-C is one line (where it was, what it waited for), not a
+    # traceback; written in one piece so that the launcher cannot glue it to another's
+    from asapmpi.launch.faults import report_error
+
+    def users_loop():
+        raise KeyboardInterrupt
+
+    try:
+        users_loop()
+    except KeyboardInterrupt as exc:
+        exc.add_note("asapmpi: interrupted waiting for the notify of version 7 from rank(s) 1")
+        report_error(exc)
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"asapmpi: rank {MPI.COMM_WORLD.Get_rank()}: interrupted at "
+                          f"test_serial.py:"), err
+    assert "(raise KeyboardInterrupt)" in err and err.rstrip().endswith(
+        "waiting for the notify of version 7 from rank(s) 1; ending the job"), err

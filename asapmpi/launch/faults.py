@@ -103,10 +103,22 @@ def report_error(exc: BaseException) -> None:
     else:
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         text = f"asapmpi: rank {rank} failed:\n{trace}".rstrip("\n")
-    # one write: the launcher interleaves the ranks' output by write, and a line written
-    # in two pieces can end up glued to another rank's
-    sys.stderr.flush()
-    os.write(sys.stderr.fileno(), (text + "\n").encode(errors="replace"))
+    _write_whole(text + "\n")
+
+
+def _write_whole(text: str) -> None:
+    # in one write where stderr is a file: the launcher interleaves the ranks' output by
+    # write, and a line written in two pieces can end up glued to another rank's
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):      # a stream of Python's own
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    data = text.encode(errors="replace")
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def abort_job(exc: BaseException, code: int = 1) -> None:
