@@ -206,7 +206,7 @@ def test_an_interrupt_is_reported_in_one_line_saying_where(capfd):
     try:
         users_loop()
     except KeyboardInterrupt as exc:
-        exc.add_note("asapmpi: interrupted waiting for the notify of version 7 from rank(s) 1")
+        exc.__notes__ = ["asapmpi: interrupted waiting for the notify of version 7 from rank(s) 1"]
         report_error(exc)
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err

@@ -406,9 +406,11 @@ cdef int _check_signals(double now) except -1 nogil:
             PyErr_CheckSignals()
         except BaseException as exc:
             if asap_wd.wait_what != NULL:
-                exc.add_note(f"asapmpi: interrupted waiting for "
-                             f"{asap_wd.wait_what.decode()} of version {asap_wd.wait_version} "
-                             f"from rank(s) {asap_wd.wait_ranks.decode()}")
+                # a note as Python 3.11's add_note keeps it (set by hand: 3.9 and 3.10)
+                exc.__notes__ = list(getattr(exc, "__notes__", ())) + [
+                    f"asapmpi: interrupted waiting for {asap_wd.wait_what.decode()} of "
+                    f"version {asap_wd.wait_version} from rank(s) "
+                    f"{asap_wd.wait_ranks.decode()}"]
             # the wait ends here, not at its usual end: no crash report may name it
             asap_watchdog_waiting(NULL, 0, NULL)
             raise

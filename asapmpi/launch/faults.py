@@ -73,7 +73,7 @@ def where_interrupted(exc: BaseException) -> str:
         parts.append(f"at {os.path.basename(paths[i])}:{walked[i][1]}"
                      + (f" ({line})" if line else ""))
         # the asapmpi call made from there ("Exchange.step")
-        called = next((walked[j][0].f_code.co_qualname for j in range(i + 1, len(walked))
+        called = next((_name(walked[j][0]) for j in range(i + 1, len(walked))
                        if ours(paths[j])), None)
         if called:
             parts.append(f"in {called}")
@@ -82,10 +82,15 @@ def where_interrupted(exc: BaseException) -> str:
         mine = [i for i, p in enumerate(paths) if ours(p) and p.endswith(".py")]
         if mine:
             i = mine[-1]
-            parts.append(f"in {walked[i][0].f_code.co_qualname} "
+            parts.append(f"in {_name(walked[i][0])} "
                          f"({os.path.basename(paths[i])}:{walked[i][1]})")
     notes = [n.removeprefix("asapmpi: interrupted ") for n in getattr(exc, "__notes__", ())]
     return ", ".join(parts + notes) or "before its first Python line"
+
+
+def _name(frame) -> str:
+    # "Exchange.step" (co_qualname: Python 3.11; the bare name before)
+    return getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
 
 
 def report_error(exc: BaseException) -> None:
