@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, fields
 
 from .errors import ConfigError
+from .options import Option
 
 #: environment variable -> rc field
 ENVIRONMENT = {
@@ -92,8 +93,6 @@ class RC:
             if not isinstance(value, bool):
                 # the words every boolean option takes (ASAPMPI_ABORT_ON_ERROR=maybe is
                 # refused, not taken for true)
-                from .sync.spec import Option
-
                 value = Option(name, bool, True).convert("asapmpi.rc", value)
             object.__setattr__(self, name, value)
             return

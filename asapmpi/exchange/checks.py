@@ -18,11 +18,11 @@ from ..device import Stager, device_buffer
 from ..dtypes import ITEMSIZE, dtype_name
 from ..errors import ConfigError
 from ..launch import cores
+from ..options import Option, Options
 from ..rc import rc
 from ..reduce.graphs import GRAPHS, Graph
 from ..reduce.user import graph_from
 from ..sync import policy as make_policy
-from ..sync.spec import Option, Options
 from ..transports import TRANSPORTS, families, resolve
 
 GraphSpec = Union[Graph, str, Mapping[str, Sequence[int]], Tuple[Sequence[int], Sequence[int]],
@@ -175,7 +175,7 @@ def positive_seconds(value) -> float:
     return seconds
 
 
-#: the Exchange's own switches, parsed as the policies' options are (asapmpi.sync.spec)
+#: the Exchange's own switches, parsed as the policies' options are (asapmpi.options)
 SWITCHES = Options(
     Option("checksum", bool, False, "a checksum of the payload in every slot footer"),
     Option("double_buffer", bool, False, "compute in one of two slots the neighbours "

@@ -34,10 +34,10 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
+from ..options import Option, Options
 from .base import Policy, Reads, StepContext, server_star
 from .baselines import NEWEST
 from .feedback import RoundingFeedback
-from .spec import Option, Options
 
 
 class BackupPS(Policy):

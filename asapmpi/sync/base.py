@@ -10,8 +10,8 @@ from typing import Any, FrozenSet, Optional, Tuple
 
 import numpy as np
 
+from ..options import Options
 from .records import Records, Table
-from .spec import Options
 
 
 class Reads(str, enum.Enum):
@@ -117,7 +117,7 @@ class Policy:
     #: follows from `reads`, on the class as on its objects
     uses_window = True
 
-    #: the policy's options, each declared once (asapmpi.sync.spec.Option): the one
+    #: the policy's options, each declared once (asapmpi.options.Option): the one
     #: parser checks what a user gives, as text ("hop:max_gap=3") or as keywords
     OPTIONS = Options()
 

@@ -34,10 +34,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..options import Option, Options
 from . import zipline
 from .base import Policy, Reads, StepContext, server_star
 from .feedback import RoundingFeedback
-from .spec import Option, Options
 
 ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
               "full_gridscan": zipline.full_gridscan}

@@ -46,9 +46,9 @@ import numpy as np
 
 from ..errors import ConfigError, NeighbourTimeoutError
 from ..links import LinkModel
+from ..options import Option, Options
 from ..reduce.graphs import graph as make_graph
 from .base import Policy, Reads, StepContext
-from .spec import Option, Options
 
 INF_NS = (1 << 62)
 _BUSY = 0                      # user word 0: the link's busy-until time (ns)

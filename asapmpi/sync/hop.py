@@ -35,9 +35,9 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..errors import ConfigError
+from ..options import Option, Options
 from .base import Policy, Reads, StepContext
 from .records import entry_trace
-from .spec import Option, Options
 
 
 class Hop(Policy):

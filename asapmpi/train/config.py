@@ -11,10 +11,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..errors import ConfigError
 from ..loadbalance import DEFAULT_EVERY, check_every
 from ..loadbalance import check as check_balance
+from ..options import Option, Options
 from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 from ..sync import policy as make_policy
-from ..sync.spec import Option, Options, parse_options
+from ..sync.spec import parse_options
 from ..transports import TRANSPORTS
 
 MODELS = ("svm", "cnn", "mlp")
@@ -43,7 +44,7 @@ TRAINABLE = tuple(sorted(POLICIES))
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
 #: and its Exchange never see them (load balancing: asapmpi.loadbalance), declared and
-#: parsed as a policy's are (asapmpi.sync.spec)
+#: parsed as a policy's are (asapmpi.options)
 TRAINER = Options(
     Option("balance", bool, False, "load balancing of minibatch sizes (LB-BSP)"),
     Option("balance_every", int, DEFAULT_EVERY, "own steps between re-balances", low=1),
