@@ -38,6 +38,20 @@ def _start(tmp_path, sync, path, *extra):
     return proc, [int(n.read_text()) for n in names]
 
 
+def _sleeps(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f
+                    if line.startswith("voluntary_ctxt_switches"))
+
+
+def _wait_for_sleeps(pid, count):
+    """Until process `pid` has gone to sleep `count` more times (its voluntary context
+    switches: a back-off's sleeps), or 60 s."""
+    start, deadline = _sleeps(pid), time.monotonic() + 60
+    while _sleeps(pid) < start + count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _ended(proc):
     try:
         out, err = proc.communicate(timeout=ENDS_WITHIN_S)
@@ -72,7 +86,9 @@ def test_ctrl_c_to_a_rank_stuck_in_a_wait_ends_the_job_saying_what_it_waited_for
     proc, pids = _start(tmp_path, "notify_ack", path, "stall")
     # rank 1 stopped stepping after step 20: rank 2 waits in the core (nogil) for its
     # version 21 or 22 until the 60 s timeout, a wait that only the core's check in its
-    # back-off can interrupt
+    # back-off can interrupt.  It is in that wait once it has slept in its back-off a
+    # number of times (after its flag it runs no other code that sleeps)
+    _wait_for_sleeps(pids[2], 20)
     os.kill(pids[2], signal.SIGINT)
     code, output = _ended(proc)
     assert code != 0, output[-2000:]
