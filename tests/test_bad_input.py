@@ -287,12 +287,13 @@ def test_the_reduce_kernel_names_dtypes_by_numpy_too():
 
 # ------------------------------------------------------------------ use
 
-def test_a_second_thread_stepping_the_exchange_is_told_so():
+def test_a_second_thread_stepping_the_exchange_is_told_so(tmp_path):
     # it was caught only as torn versions: "a peer broke the protocol", then a timeout
     # on the peer that suggested join()
     from mpilaunch import run
 
-    rank0, rank1 = run("test_bad_input:two_threads", 2, "shm", timeout=60)
+    rank0, rank1 = run("test_bad_input:two_threads", 2, "shm", timeout=60,
+                       flags=str(tmp_path))
     assert rank0["refused"] == (
         "Exchange.step() called from thread 'MainThread' while another thread is inside "
         "the same Exchange (its step, send, receive or join): an Exchange belongs to one "
@@ -301,18 +302,23 @@ def test_a_second_thread_stepping_the_exchange_is_told_so():
     assert rank0["versions"] == rank1["versions"] == [20], (rank0, rank1)
 
 
-def two_threads(comm, steps=20):
-    """Rank 0 steps in a thread, which waits inside its first step for rank 1 (asleep);
-    meanwhile rank 0's main thread calls step() too."""
+def two_threads(comm, flags, steps=20):
+    """Rank 0 steps in a thread, which waits inside its first step for rank 1; meanwhile
+    rank 0's main thread calls step() too.  Ordered by the Exchange's own state and a
+    flag file, not by sleeps: rank 0's main thread calls in once the thread holds the
+    Exchange (its turn lock is taken), and rank 1 starts stepping only after that call
+    (it waits for rank 0's flag outside MPI, so the thread cannot leave its step)."""
     import threading
     import time
 
     import asapmpi
     from asapmpi.errors import ConfigError
 
+    from scenarios import raise_flag, wait_for_flags
+
     buf = np.full(64, float(comm.rank))
     refused, failed = "", []
-    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=20) as ex:
+    with asapmpi.Exchange(buf, graph="complete", comm=comm, timeout=60) as ex:
         def loop():
             try:
                 for _ in range(steps):
@@ -323,14 +329,19 @@ def two_threads(comm, steps=20):
         if comm.rank == 0:
             inside = threading.Thread(target=loop)
             inside.start()
-            time.sleep(0.3)
+            deadline = time.monotonic() + 60
+            while ex._turn.acquire(False):      # the thread is not inside yet
+                ex._turn.release()
+                assert time.monotonic() < deadline, "the thread never entered step()"
+                time.sleep(0.01)
             try:
                 ex.step()
             except ConfigError as exc:
                 refused = str(exc)
+            raise_flag(flags, "called")
             inside.join()
         else:
-            time.sleep(1.0)
+            assert wait_for_flags(flags, ["called"], 60), "rank 0 never called step()"
             loop()
         assert not failed, failed
         return {"refused": refused, "versions": [ex.version]}
