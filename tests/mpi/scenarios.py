@@ -406,12 +406,14 @@ def gossip_pulls_whole_models(comm, iters=60, n=20000, **options):
     wall, waited = time.perf_counter() - started, ex.wait_seconds
     pulls = ex.trace.get("pulls", np.zeros((0, 4)))
     report = ex._policy.report
+    table = ex._policy._table       # the warm-up's times, ns (INF_NS: never measured)
     got = ex.window.bytes_got
     spread = comm.allreduce(float(buf[0]), op=MPI_MAX) - comm.allreduce(float(buf[0]),
                                                                          op=MPI_MIN)
     ex.free()
     return {"torn": torn, "pulls": pulls.tolist(), "report": report, "spread": spread,
-            "bytes_got": int(got), "wall_s": wall, "wait_s": waited}
+            "bytes_got": int(got), "wall_s": wall, "wait_s": waited,
+            "table_ns": None if table is None else table.tolist()}
 
 
 def transport_choice(comm):
