@@ -117,6 +117,17 @@ def test_zipline_matches_an_independent_sweep_at_larger_sizes():
         ties = np.floor(ends / 2)                    # many ties across and within rows
         assert (ties[:, 1:] == ties[:, :-1]).any()
         assert (zipline(ties).spread, zipline(ties).barrier) == heap_sweep(ties)
+        # one row far above the rest: the window's end stays on it for every point of
+        # the others (the sweep's plateau jump)
+        outlier = uniform.copy()
+        outlier[n // 3] += 1000.0
+        choice = zipline(outlier)
+        check_consistent(outlier, choice)
+        assert (choice.spread, choice.barrier) == heap_sweep(outlier)
+        # plateaus that end and start again: rows in two groups far apart in time
+        steps = uniform.copy()
+        steps[::2] += 50.0 * np.arange(r)
+        assert (zipline(steps).spread, zipline(steps).barrier) == heap_sweep(steps)
 
 
 def test_full_gridscan_is_optimal_for_three_workers_or_fewer_and_never_better():
