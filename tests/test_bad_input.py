@@ -305,8 +305,8 @@ def test_a_second_thread_stepping_the_exchange_is_told_so(tmp_path):
 def two_threads(comm, flags, steps=20):
     """Rank 0 steps in a thread, which waits inside its first step for rank 1; meanwhile
     rank 0's main thread calls step() too.  Ordered by the Exchange's own state and a
-    flag file, not by sleeps: rank 0's main thread calls in once the thread holds the
-    Exchange (its turn lock is taken), and rank 1 starts stepping only after that call
+    flag file, not by sleeps: rank 0's main thread calls in once the thread is inside the
+    Exchange (Exchange._inside says so), and rank 1 starts stepping only after that call
     (it waits for rank 0's flag outside MPI, so the thread cannot leave its step)."""
     import threading
     import time
@@ -330,8 +330,7 @@ def two_threads(comm, flags, steps=20):
             inside = threading.Thread(target=loop)
             inside.start()
             deadline = time.monotonic() + 60
-            while ex._turn.acquire(False):      # the thread is not inside yet
-                ex._turn.release()
+            while ex._inside is None:           # the thread is not inside yet
                 assert time.monotonic() < deadline, "the thread never entered step()"
                 time.sleep(0.01)
             try:

@@ -140,9 +140,9 @@ class Exchange:
             shm_leftovers.sweep_at_start(MPI.COMM_WORLD.Get_rank())
         self._win = None
         self._comm = None
-        #: held by the thread inside step/send/receive/join (another is refused;
-        #: asapmpi.exchange.turn)
-        self._turn = threading.RLock()
+        #: the thread inside step/send/receive/join, None when none is (another is
+        #: refused; asapmpi.exchange.turn)
+        self._inside: Optional[int] = None
         self._segments = None
         self._slots: Tuple[np.ndarray, ...] = ()
         if comm == MPI.COMM_WORLD:
@@ -269,8 +269,10 @@ class Exchange:
         """Send the buffer to the out-neighbours and reduce the in-neighbours' into it.
         Returns the array holding the result: `ex.buffer` (with double_buffer, not the
         array computed on before)."""
-        if not self._turn.acquire(False):
+        me, outer = threading.get_ident(), self._inside
+        if outer is not None and outer != me:
             raise other_thread("step")
+        self._inside = me
         try:
             win = self._alive()
             if self._sending:
@@ -283,14 +285,16 @@ class Exchange:
             self._leave_out_joined(self._window_version + 1)
             return self._received(self._explained(self._policy.step, win))
         finally:
-            self._turn.release()
+            self._inside = outer
 
     def send(self) -> None:
         """The first half of step(): publish the buffer.  Until receive() the buffer may
         be read (gradients computed on it: Hop's parallel computation graph) but not
         written."""
-        if not self._turn.acquire(False):
+        me, outer = threading.get_ident(), self._inside
+        if outer is not None and outer != me:
             raise other_thread("send")
+        self._inside = me
         try:
             win = self._alive()
             if self._sending:
@@ -308,13 +312,15 @@ class Exchange:
                 # write through ex.buffer now fails here instead of tearing their reduce
                 self.buffer.flags.writeable = False
         finally:
-            self._turn.release()
+            self._inside = outer
 
     def receive(self):
         """The second half of step(): wait for the neighbours, reduce into the buffer.
         Returns `ex.buffer`, as step()."""
-        if not self._turn.acquire(False):
+        me, outer = threading.get_ident(), self._inside
+        if outer is not None and outer != me:
             raise other_thread("receive")
+        self._inside = me
         try:
             win = self._alive()
             if not self._sending:
@@ -322,7 +328,7 @@ class Exchange:
             self._sending = False
             return self._received(self._explained(self._policy.receive, win))
         finally:
-            self._turn.release()
+            self._inside = outer
 
     def _received(self, done: Optional[int]):
         # the end of step() and receive(): the staged buffer back, the version advanced
@@ -354,8 +360,10 @@ class Exchange:
         rank: a join with no step since the last one is an epoch with no data (on every
         rank, one more averaging step); a rank that joins once more than a neighbour
         that went on to free() is told so when its wait for that neighbour times out."""
-        if not self._turn.acquire(False):
+        me, outer = threading.get_ident(), self._inside
+        if outer is not None and outer != me:
             raise other_thread("join")
+        self._inside = me
         try:
             self._alive()
             refusal = self._policy.join_refusal()
@@ -370,7 +378,7 @@ class Exchange:
                         min(pace, self.timeout / 4), self.timeout, self.rank,
                         settle=self.settle if self._win is not None else None)
         finally:
-            self._turn.release()
+            self._inside = outer
 
     def _leave_out_joined(self, version: int) -> None:
         """Take the ranks that joined out of the average of step `version`

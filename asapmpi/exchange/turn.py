@@ -3,10 +3,14 @@
 An Exchange belongs to one thread: its steps call MPI, which asapmpi initializes for
 one thread at a time, and two steps at once would send versions out of order (the
 neighbours then find torn or unexpected versions and blame the protocol).  Its step(),
-send(), receive() and join() hold a reentrant lock, taken without waiting: a second
-thread that calls in while another is inside is refused in one line before it touches
-anything, and the same thread may call in again (join's shadow steps are steps).  The
-lock costs a C call on the way in and out.
+send(), receive() and join() note the thread inside (Exchange._inside, its
+threading.get_ident()) and put back what was there on the way out: a second thread that
+calls in while another is inside is refused in one line before it touches anything, and
+the same thread may call in again (join's shadow steps are steps).  No lock: an RLock
+taken without waiting and released cost about 3% of a step at 8 ranks on 2 cores
+(hop:backup=1, 64 KB: 134.9 against 130.6 us, medians of 5 alternated runs).  Two threads
+calling in at the same instant can both pass the check between its read and its write
+(the GIL switches between bytecodes); the check is a diagnosis of a misuse, not a lock.
 """
 from __future__ import annotations
 
