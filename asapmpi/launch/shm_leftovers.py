@@ -129,4 +129,7 @@ def sweep_at_start(world_rank: int, directory: str = SHM_DIR, min_age: float = 6
     first = local_rank()
     if (first if first is not None else world_rank) != 0:
         return []
-    return clean(stale_files(directory, min_age))
+    try:
+        return clean(stale_files(directory, min_age))
+    except OSError:
+        return []          # best effort: a sweep never stops an Exchange from starting
