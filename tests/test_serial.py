@@ -1,4 +1,6 @@
 """Serial tests: layout, graphs, weights, configuration, errors, one-rank Exchange."""
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -97,6 +99,32 @@ def test_single_rank_exchange_is_identity_and_frees():
     with pytest.raises(FreedError):
         ex.step()
     ex.free()  # twice is fine
+
+
+@pytest.mark.parametrize("steps", [33, 81])
+def test_the_derived_timeout_follows_the_median_and_longest_steps(steps, monkeypatch):
+    # the adaptive timeout (timeout=None) is refreshed every STEPS_MEASURED steps from
+    # the last 64 step times: factor x their median, at least 3 x their longest, within
+    # [timeout_min, timeout].  Checked against NumPy's median of the same times, before
+    # and after the 64 kept are full (the refresh sorts them in Python: the hot path;
+    # its counts are even, so the odd case is checked on _median itself)
+    from asapmpi.exchange.exchange import STEPS_MEASURED
+    monkeypatch.setattr(asapmpi.rc, "timeout_min", 1e-9)
+    monkeypatch.setattr(asapmpi.rc, "timeout_factor", 7.0)
+    with asapmpi.Exchange(np.zeros(8), comm=MPI.COMM_SELF) as ex:
+        for i in range(steps):
+            time.sleep(0.0005 * (i % 5))    # step times spread over 0-2 ms
+            ex.step()
+        timed = ex._timed
+        assert timed == steps - 1 and timed % STEPS_MEASURED == 0
+        times = np.asarray(ex._step_seconds)
+        assert len(times) == min(timed, 64)
+        expected = min(max(7.0 * np.median(times), 3.0 * times.max()), ex.timeout)
+        assert ex.current_timeout == pytest.approx(expected, rel=1e-12)
+    odd = [3.0, 1.0, 2.0]
+    from asapmpi.exchange.exchange import _median
+    assert _median(sorted(odd)) == np.median(odd)
+    assert _median(sorted(odd + [10.0])) == np.median(odd + [10.0])
 
 
 @pytest.mark.parametrize("buf, message", [

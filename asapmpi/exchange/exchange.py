@@ -4,9 +4,9 @@ decided elsewhere in this package: checks.py (each rank's own input), agreement.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import deque
+from threading import get_ident
 from typing import Any, Callable, Deque, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -32,6 +32,14 @@ from .turn import other_thread
 
 #: steps timed before the default timeout follows the measured step times
 STEPS_MEASURED = 16
+
+
+def _median(ordered) -> float:
+    """The median of a sorted, non-empty sequence (as np.median: the mean of the middle
+    two of an even count)."""
+    n = len(ordered)
+    middle = n // 2
+    return float(ordered[middle]) if n % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
 
 class Exchange:
@@ -269,7 +277,7 @@ class Exchange:
         """Send the buffer to the out-neighbours and reduce the in-neighbours' into it.
         Returns the array holding the result: `ex.buffer` (with double_buffer, not the
         array computed on before)."""
-        me, outer = threading.get_ident(), self._inside
+        me, outer = get_ident(), self._inside
         if outer is not None and outer != me:
             raise other_thread("step")
         self._inside = me
@@ -291,7 +299,7 @@ class Exchange:
         """The first half of step(): publish the buffer.  Until receive() the buffer may
         be read (gradients computed on it: Hop's parallel computation graph) but not
         written."""
-        me, outer = threading.get_ident(), self._inside
+        me, outer = get_ident(), self._inside
         if outer is not None and outer != me:
             raise other_thread("send")
         self._inside = me
@@ -317,7 +325,7 @@ class Exchange:
     def receive(self):
         """The second half of step(): wait for the neighbours, reduce into the buffer.
         Returns `ex.buffer`, as step()."""
-        me, outer = threading.get_ident(), self._inside
+        me, outer = get_ident(), self._inside
         if outer is not None and outer != me:
             raise other_thread("receive")
         self._inside = me
@@ -360,7 +368,7 @@ class Exchange:
         rank: a join with no step since the last one is an epoch with no data (on every
         rank, one more averaging step); a rank that joins once more than a neighbour
         that went on to free() is told so when its wait for that neighbour times out."""
-        me, outer = threading.get_ident(), self._inside
+        me, outer = get_ident(), self._inside
         if outer is not None and outer != me:
             raise other_thread("join")
         self._inside = me
@@ -372,8 +380,7 @@ class Exchange:
             if step is None:
                 step = self._shadow_step
             # a joined rank keeps the pace of its own training steps (non-lockstep policies)
-            pace = float(np.median(np.asarray(self._step_seconds))) if self._step_seconds \
-                else 0.0
+            pace = _median(sorted(self._step_seconds)) if self._step_seconds else 0.0
             return join(self._joiner, self._entered, step, self._policy.lockstep,
                         min(pace, self.timeout / 4), self.timeout, self.rank,
                         settle=self.settle if self._win is not None else None)
@@ -418,14 +425,14 @@ class Exchange:
         if self._adaptive and self._last_start is not None:
             self._step_seconds.append(now - self._last_start)
             self._timed += 1
-            # a median per step would cost an allocation on the hot path: refresh the
-            # derived timeout every STEPS_MEASURED iterations
+            # refresh the derived timeout every STEPS_MEASURED iterations, from one sort
+            # of at most 64 floats in Python (np.median's array and partition cost about
+            # 15 us, a microsecond a step amortized: a sixth of a one-rank step)
             if self._timed % STEPS_MEASURED == 0:
                 # a typical iteration times the factor, but never less than a few of the
                 # longest recent ones (evaluations, checkpoints, ElasticBSP supersteps)
-                times = np.asarray(self._step_seconds)
-                derived = max(rc.timeout_factor * float(np.median(times)),
-                              3.0 * float(times.max()))
+                times = sorted(self._step_seconds)
+                derived = max(rc.timeout_factor * _median(times), 3.0 * times[-1])
                 self._ctx.timeout = min(max(derived, rc.timeout_min), self.timeout)
         self._last_start = now
 
