@@ -87,7 +87,7 @@ def test_sweep_runs_on_both_paths_and_its_json_parses(tmp_path):
         ["T1", "T2", "T3", "T4"] + [t[0] for t in bench.TARGETS[3:]]
     assert {t["verdict"] for t in report["targets"]} == {"not measured"}
     assert "network, 3 ranks: ratios" in proc.stdout and "Targets" in proc.stdout
-    assert "network, 3 ranks: the MPI's own exchange of each policy's graph" in proc.stdout
+    assert "network, 3 ranks: the MPI's own exchange of each policy's messages" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -122,6 +122,22 @@ def test_elastic_is_timed_per_superstep_on_its_star(tmp_path):
     # on their star, whatever the graph: their floor is the star's own exchange
     assert all(r["floor_graph"] == "star" and r["x_exchange"] > 0
                and r["exchange_x_allreduce"] > 0 for r in rows), rows
+
+
+@pytest.mark.mpi
+def test_gossip_is_timed_beside_a_sendrecv_with_a_random_peer(tmp_path):
+    # gossip pulls one buffer from a random peer per step: its floor is a Sendrecv per
+    # rank with a peer drawn alike on every rank (the loops meet, the job ends)
+    out = tmp_path / "reduce.json"
+    proc = asapmpi("bench", "reduce", "--sizes", "4K", "--ranks", "3", "--paths", "net",
+                   "--graphs", "ring", "--policies", "gossip", "--repeats", "3",
+                   "--min-time", "0.002", "--no-gloo", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["floor_graph"] == "random pairs" and row["exchange"] > 0, row
+    low, high = row["x_exchange_range"]
+    assert 0 < low <= row["x_exchange"] <= high, row
+    assert "gossip" in proc.stdout.split("timed beside the step; the spread")[1]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -232,6 +248,9 @@ def test_the_exchange_floor_is_paired_per_repeat():
         "step": [3.0, 3.0, 3.0], "allreduce": [2.0, 2.0, 2.0], "exchange": [4.0, 4.0, 4.0]})
     steps["gossip"]["paired"] = {"step": [3.0, 3.0, 3.0], "allreduce": [2.0, 2.0, 2.0]}
     report = bench.analyze([job])
+    # every ratio to the floor with its spread: the lowest and highest per repeat
+    assert report["rows"][0]["x_exchange_range"] == [1.0, 3.0]
+    assert report["rows"][0]["exchange_x_allreduce_range"] == [0.5, 2.0]
     rows = {r["policy"]: r for r in report["rows"]}
     assert rows["notify_ack"]["x_exchange"] == pytest.approx(2.0)
     assert rows["notify_ack"]["exchange_x_allreduce"] == pytest.approx(0.5)
@@ -239,7 +258,7 @@ def test_the_exchange_floor_is_paired_per_repeat():
     assert rows["backup_ps"]["floor_graph"] == "star"
     assert rows["backup_ps"]["x_exchange"] == pytest.approx(0.75)
     assert rows["backup_ps"]["exchange_x_allreduce"] == pytest.approx(2.0)
-    # gossip pulls from a random peer: no exchange is its floor
+    # a gossip step timed without its pair exchange beside it: no floor
     assert rows["gossip"]["x_exchange"] is None and rows["gossip"]["floor_graph"] is None
     assert rows["gossip"]["graph_exchange"] == pytest.approx(1.5)   # timed on its own
     targets = {t["name"]: t for t in report["targets"]}
@@ -249,12 +268,14 @@ def test_the_exchange_floor_is_paired_per_repeat():
         "root-expander: 0.50x" in text
     assert "backup_ps: step / MPI_Allreduce; the MPI's own exchange of the star: 2.00x" \
         in text
-    # the floor table: a line per policy with a floor, gossip none
-    floor = text.split("the MPI's own exchange of each policy's graph")[1]
+    # the floor table: a line per policy with a floor (here gossip had none beside it),
+    # each ratio with its spread
+    floor = text.split("timed beside the step; the spread")[1]
     floor = floor.split("Targets")[0]
     assert "gossip" not in floor
     assert [line.split()[3:5] for line in floor.splitlines() if "KB" in line] == \
         [["notify_ack", "root-expander"], ["backup_ps", "star"]]
+    assert "0.50x (0.50-2.00)" in floor and "2.00x (1.00-3.00)" in floor, floor
     # the time table's exchange column is the root expander's beside notify_ack's loops
     # (median 2), not the one timed on its own (1.5)
     times = text.split("seconds per call")[1].split("ratios")[0]

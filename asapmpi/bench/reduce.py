@@ -29,7 +29,11 @@ allreduce column is then the median of the loops that took turns with the policy
                take turns with its exchange as with the Allreduce.  backup_ps's and
                elastic's is a round of their star: the server receives every worker's
                buffer, then sends to every worker (its parameters need them all).
-               gossip (a pull from a random peer) has none.
+               gossip's (a pull from a random peer per step) is a Sendrecv with a
+               peer: every rank receives one buffer and sends one, the pairs a
+               rotation by an offset drawn per call (the floor of one pull each).
+               Each ratio to it is shown with its run-to-run spread: the lowest and
+               highest of the per-repeat ratios.
   bound        the memory-bandwidth bound of a step on shared memory: the bytes any
                averaging step must move, reading the d_in in-neighbours' updates and
                the rank's own buffer and writing the buffer back ((d_in + 2) * SIZE),
@@ -70,7 +74,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigError
 from ..outputs import output_file
 from .common import format_time, parse_sizes, positive, publish, render_table, size_label
-from .runs import FIXED_GRAPH_POLICIES, policy_of, policy_specs, split_spec
+from .runs import OWN_GRAPH_POLICIES, policy_of, policy_specs, split_spec
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 DEFAULT_RANKS = "2,4,8"
@@ -182,8 +186,8 @@ def check(args: argparse.Namespace) -> None:
                 raise ConfigError(f"graph {name!r} is not strongly connected on {n} ranks; "
                                   f"drop it from --graphs or change --ranks")
             for run in args.policies:
-                if split_spec(run)[0] in FIXED_GRAPH_POLICIES:
-                    continue            # timed on their own star, not on this graph
+                if split_spec(run)[0] in OWN_GRAPH_POLICIES:
+                    continue            # timed on their own graph, not on this one
                 try:
                     policy_of(run).validate(g, 0)
                 except ConfigError as exc:
@@ -274,18 +278,22 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
-def exchange_ratios(step: Dict[str, Any]) -> Tuple[Optional[float], Optional[float],
-                                                    Optional[float]]:
-    """(seconds of the MPI exchange the step took turns with, step / exchange,
-    exchange / Allreduce): the median of those loops and the medians of the per-repeat
-    ratios; all None where the step had no exchange beside it (gossip)."""
+def exchange_ratios(step: Dict[str, Any]) -> Dict[str, Any]:
+    """The MPI exchange the step took turns with: "exchange" (the median of its loops),
+    "x_exchange" (step / exchange) and "exchange_x_allreduce" (exchange / Allreduce),
+    the medians of the per-repeat ratios, each ratio's "..._range" [lowest, highest]
+    of them (the run-to-run spread); all None where no exchange ran beside the step."""
     paired = step.get("paired", {})
     if "exchange" not in paired:
-        return None, None, None
-    return (statistics.median(paired["exchange"]),
-            statistics.median(s / x for s, x in zip(paired["step"], paired["exchange"])),
-            statistics.median(x / a for x, a in zip(paired["exchange"],
-                                                    paired["allreduce"])))
+        return dict.fromkeys(("exchange", "x_exchange", "exchange_x_allreduce",
+                              "x_exchange_range", "exchange_x_allreduce_range"))
+    per_step = [s / x for s, x in zip(paired["step"], paired["exchange"])]
+    per_allreduce = [x / a for x, a in zip(paired["exchange"], paired["allreduce"])]
+    return {"exchange": statistics.median(paired["exchange"]),
+            "x_exchange": statistics.median(per_step),
+            "exchange_x_allreduce": statistics.median(per_allreduce),
+            "x_exchange_range": [min(per_step), max(per_step)],
+            "exchange_x_allreduce_range": [min(per_allreduce), max(per_allreduce)]}
 
 
 def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -311,8 +319,9 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                             step["paired"], rec["size"], deg["in"],
                             job["memory_bandwidth"]["array_bytes"])
                         x_bound = paired_bound or x_bound
-                    exchange, x_exchange, exchange_x_allreduce = exchange_ratios(step)
-                    floor = step.get("floor_graph") if x_exchange is not None else None
+                    floors = exchange_ratios(step)
+                    floor = step.get("floor_graph") if floors["x_exchange"] is not None \
+                        else None
                     rows.append({
                         "path": job["path"], "ranks": job["ranks"], "size": rec["size"],
                         "family": mpi_family(job.get("mpi_library", "")),
@@ -323,9 +332,7 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                         "x_allreduce": x_allreduce,
                         "x_gloo": _ratio(seconds, rec["gloo"]), "x_bound": x_bound,
                         "x_copy": seconds / copy_bound,
-                        "exchange": exchange, "x_exchange": x_exchange,
-                        "exchange_x_allreduce": exchange_x_allreduce,
-                        "floor_graph": floor,
+                        **floors, "floor_graph": floor,
                         "graph_exchange": rec.get("exchange", {}).get(graph),
                         "bound_verdict": (("PASS" if x_bound <= BOUND_MAX else "FAIL")
                                           if checked else None)})
@@ -423,15 +430,27 @@ def job_tables(report: Dict[str, Any], job: Dict[str, Any]) -> List[str]:
     lines += render_table(f"{job['path']}, {job['ranks']} ranks: ratios (< 1: faster than "
                           f"the reference)", columns, ratios)
     floors = [[size_label(r["size"]), r["graph"], r["policy"], r["floor_graph"],
-               format_time(r["exchange"]), _x(r["exchange_x_allreduce"]), _x(r["x_exchange"])]
+               format_time(r["exchange"]),
+               _spread(r["exchange_x_allreduce"], r.get("exchange_x_allreduce_range")),
+               _spread(r["x_exchange"], r.get("x_exchange_range"))]
               for r in rows if r["x_exchange"] is not None]
     if floors:
         columns = [("size", ""), ("graph", ""), ("policy", ""), ("exchange", "of"),
-                   ("MPI", "exchange"), ("exchange", "/Allreduce"), ("step", "/exchange")]
+                   ("MPI", "exchange"), ("exchange", "/Allreduce (spread)"),
+                   ("step", "/exchange (spread)")]
         lines += render_table(f"{job['path']}, {job['ranks']} ranks: the MPI's own exchange "
-                              f"of each policy's graph (its messages without asapmpi), "
-                              f"timed beside the step", columns, floors)
+                              f"of each policy's messages without asapmpi (gossip: a "
+                              f"Sendrecv with a random peer), timed beside the step; the "
+                              f"spread is the lowest and highest ratio of a repeat",
+                              columns, floors)
     return lines
+
+
+def _spread(value: Optional[float], extent: Optional[Sequence[float]]) -> str:
+    """A median ratio with its spread over the repeats: "1.23x (1.10-1.41)"."""
+    if value is None or not extent:
+        return _x(value)
+    return f"{value:.2f}x ({extent[0]:.2f}-{extent[1]:.2f})"
 
 
 def _time(seconds: Optional[float]) -> str:

@@ -16,7 +16,7 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.timing.
               step on that graph moves, without asapmpi (backup_ps and elastic: a
               round of their star, the server receiving every worker's buffer before
               it sends its own to every worker; gossip, which pulls a random peer per
-              step, has none);
+              step: MPIPairExchange, a Sendrecv with a peer drawn per call);
   steps       Exchange.step() for every graph and policy (elastic: a superstep, the
               server's step() and a worker's steps up to its next exchange with it),
               and each graph's maximum
@@ -51,7 +51,7 @@ from asapmpi.collectives import waitall_watched
 from asapmpi.reduce import graph as make_graph
 
 from .common import rma_path, size_label
-from .runs import FIXED_GRAPH_POLICIES, policy_of, split_spec
+from .runs import FIXED_GRAPH_POLICIES, OWN_GRAPH_POLICIES, policy_of, split_spec
 from .timing import Timer, measure_memory_bandwidth, time_memcpy
 
 
@@ -133,6 +133,38 @@ class MPIExchange:
         self.comm.Free()
 
 
+class MPIPairExchange:
+    """The floor of a gossip step's messages: each call, every rank receives the buffer
+    from one peer and sends its own to another (MPI_Sendrecv), the pairs a rotation by
+    an offset drawn per call from a generator seeded alike on every rank.  A gossip pull
+    moves one buffer into each rank from a random peer; a rotation is the cheapest such
+    pattern (no rank serves two pulls), so step / this is what gossip adds to the one
+    message a pull needs.  Collective as MPIExchange; close() frees it."""
+
+    graph = "random pairs"
+
+    def __init__(self, comm: MPI.Comm, nbytes: int, timeout: float = 60.0, seed: int = 0):
+        self.timeout = timeout
+        self.comm = comm.Dup()
+        self.rank, self.n = comm.Get_rank(), comm.Get_size()
+        self.send = np.zeros(nbytes // 4, dtype=np.float32)
+        self.recv = np.empty_like(self.send)
+        self._offsets = np.random.default_rng(seed)
+
+    def __call__(self) -> None:
+        shift = int(self._offsets.integers(1, self.n))
+        source, dest = (self.rank + shift) % self.n, (self.rank - shift) % self.n
+        # nonblocking halves under the watchdog (a blocking Sendrecv to a dead peer
+        # would hang): the same messages as MPI_Sendrecv
+        requests = [self.comm.Irecv(self.recv, source), self.comm.Isend(self.send, dest)]
+        waitall_watched(requests, self.timeout, "the MPI pair exchange's messages",
+                        sorted({source, dest}))
+
+    def close(self) -> None:
+        """Free the communicator (collective)."""
+        self.comm.Free()
+
+
 def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, policy: str,
                        timeout: float,
                        references: Optional[Dict[str, Callable[[], Any]]] = None
@@ -145,7 +177,7 @@ def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, po
     sync, options = split_spec(policy)
     # double-buffered where the transport allows it (shared memory): what the torch
     # bindings run, and the exchange without a copy per step
-    with Exchange(buf, graph=None if sync in FIXED_GRAPH_POLICIES else graph, sync=sync,
+    with Exchange(buf, graph=None if sync in OWN_GRAPH_POLICIES else graph, sync=sync,
                   comm=comm, timeout=timeout, double_buffer=True, **options) as ex:
         transport = ex.transport + (" double-buffered" if ex.double_buffered else "")
         step = partial(superstep, ex) if sync == "elastic" else ex.step
@@ -179,11 +211,11 @@ def superstep(ex: Exchange) -> None:
 def floor_of(policy: str, graph: str, n: int):
     """(graph, server) whose MPIExchange is the floor of `policy`'s step on `graph`:
     that graph for the policies that average over it (server None), backup_ps's and
-    elastic's own star and server (they run on it whatever the graph), None for gossip
-    (a pull from a random peer per step: no fixed pattern of messages)."""
+    elastic's own star and server (they run on it whatever the graph), and ("random
+    pairs", None) for gossip (a pull from a random peer per step: MPIPairExchange)."""
     sync = split_spec(policy)[0]
     if sync == "gossip":
-        return None
+        return MPIPairExchange.graph, None
     if sync in FIXED_GRAPH_POLICIES:
         pol = policy_of(policy)
         return pol.topology(n), pol.server
@@ -239,8 +271,10 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
             record["steps"][graph] = {}
             for policy in spec["policies"]:
                 floor = floor_of(policy, graph, comm.Get_size())
-                floor_exchange, own = (exchange if floor else None), False
-                if floor and floor[1] is not None:        # a parameter server's round
+                floor_exchange, own = exchange, False
+                if floor[0] == MPIPairExchange.graph:       # gossip's pulls
+                    floor_exchange, own = MPIPairExchange(comm, nbytes, spec["timeout"]), True
+                elif floor[1] is not None:                   # a parameter server's round
                     floor_exchange, own = MPIExchange(
                         comm, floor[0], nbytes, floor[1], spec["timeout"]), True
                 record["steps"][graph][policy] = dict(

@@ -19,6 +19,9 @@ STEP_POLICIES = ("notify_ack", "bsp", "async", "hop", "gossip")
 #: --graphs says.  elastic is timed per superstep (its server runs one per step(), a
 #: worker up to R local steps and then its exchange with the server: reduce_job)
 FIXED_GRAPH_POLICIES = ("backup_ps", "elastic")
+#: policies that run on a graph of their own whatever --graphs says: the stars, and
+#: gossip (any rank may pull from any other: the complete graph)
+OWN_GRAPH_POLICIES = (*FIXED_GRAPH_POLICIES, "gossip")
 
 
 def policy_specs(text: str) -> List[str]:
