@@ -276,3 +276,29 @@ def test_no_broken_policy_is_offered():
     assert sync.policy(made) is made
     with pytest.raises(ConfigError, match="policy object"):
         sync.policy(made, max_gap=2)
+
+
+def _imports_torch(path: Path) -> bool:
+    nodes = _cython_imports(path) if path.suffix == ".pyx" else \
+        list(ast.walk(ast.parse(path.read_text(), filename=str(path))))
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name == "torch" or name.startswith("torch.") for name in names):
+            return True
+    return False
+
+
+def test_torch_is_imported_only_by_its_bindings_and_the_harness():
+    # the core and every user-facing module outside asapmpi.torch run without torch
+    # (setup.py: only the bindings import it); the benchmark harness times gloo and
+    # device jobs beside the exchange, an optional extra
+    allowed = ("asapmpi.torch", "asapmpi.bench")
+    importing = sorted(m for m, path in MODULES.items()
+                       if _imports_torch(path) and not m.startswith(allowed))
+    assert importing == [], importing
+    assert _imports_torch(MODULES["asapmpi.torch.optimizer"])     # the check sees imports

@@ -197,13 +197,53 @@ def test_doctor_passes_and_reports_the_path(tmp_path, network):
     assert report["window memory model"]["detail"] == "MPI_WIN_UNIFIED"
     path = report["RMA path"]["detail"]
     assert path.startswith("network (forced") if network else path.startswith("shared")
-    # device buffers: what torch sees, what the MPI says of device pointers, the path
+    # device buffers: what the CUDA driver sees, what the MPI says of device pointers,
+    # the path
     assert report["MPI CUDA support"]["detail"].startswith(("yes", "no", "not reported"))
     staged = report["device buffer path"]["detail"]
-    if report["CUDA devices"]["detail"].startswith(("none", "torch is not")):
+    if report["CUDA devices"]["detail"].startswith("none"):
         assert staged.startswith("none: device buffers need a CUDA device")
     else:
         assert staged.startswith("staged through pinned host memory")
+
+
+class _FakeDriver:
+    """The CUDA driver's four calls as ctypes sees them: two devices, or a failing init."""
+
+    def __init__(self, init=0, names=(b"H100 80GB", b"A100")):
+        self.init, self.names = init, names
+
+    def cuInit(self, flags):
+        return self.init
+
+    def cuDeviceGetCount(self, count):
+        count._obj.value = len(self.names)
+        return 0
+
+    def cuDeviceGet(self, device, ordinal):
+        device._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetName(self, buf, size, device):
+        buf.value = self.names[device.value]
+        return 0
+
+
+def test_doctor_asks_the_cuda_driver_not_torch(monkeypatch):
+    # the core never imports torch (asapmpi.torch's): the devices come from the driver
+    import ctypes
+
+    from asapmpi.device import support
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeDriver())
+    assert support.cuda_devices() == (True, "2: cuda:0 H100 80GB, cuda:1 A100")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeDriver(init=100))
+    assert support.cuda_devices() == (False, "none (cuInit failed: CUresult 100)")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeDriver(names=()))
+    assert support.cuda_devices()[0] is False
+    monkeypatch.undo()
+    assert support.cuda_devices("/nonexistent/libcuda.so.1") == (
+        False, "none (no CUDA driver: /nonexistent/libcuda.so.1 cannot be loaded)")
 
 
 def test_doctor_fails_when_the_smoke_test_fails(tmp_path, monkeypatch, capsys):

@@ -124,7 +124,7 @@ def test_the_derived_timeout_follows_the_median_and_longest_steps(steps, monkeyp
     odd = [3.0, 1.0, 2.0]
     from asapmpi.exchange.exchange import _median
     assert _median(sorted(odd)) == np.median(odd)
-    assert _median(sorted(odd + [10.0])) == np.median(odd + [10.0])
+    assert _median(sorted([*odd, 10.0])) == np.median([*odd, 10.0])
 
 
 @pytest.mark.parametrize("buf, message", [

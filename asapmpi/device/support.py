@@ -1,4 +1,4 @@
-"""What this host offers device buffers, for `asapmpi doctor`: the CUDA devices torch sees,
+"""What this host offers device buffers, for `asapmpi doctor`: the CUDA devices the driver sees,
 whether the MPI library says it can take device pointers (MPIX_Query_cuda_support, an
 extension of Open MPI and MPICH), and the path an Exchange takes for a device buffer."""
 from __future__ import annotations
@@ -8,17 +8,34 @@ from typing import List, Optional, Tuple
 
 from ..rc import rc
 
+#: the CUDA driver's library (the NVIDIA driver installs it; no toolkit or torch needed)
+CUDA_DRIVER = "libcuda.so.1"
 
-def cuda_devices() -> Tuple[bool, str]:
-    """(torch sees a CUDA device, what it sees), without failing where torch is absent."""
+
+def cuda_devices(library: str = CUDA_DRIVER) -> Tuple[bool, str]:
+    """(the CUDA driver sees a device, what it sees), asked of the driver itself
+    (cuInit, cuDeviceGetCount, cuDeviceGetName through ctypes): the core imports no
+    torch (it is asapmpi.torch's), and a host without the driver is told so."""
     try:
-        import torch
-    except ImportError:
-        return False, "torch is not installed (pip install '.[torch]')"
-    if not torch.cuda.is_available():
-        return False, f"none (torch {torch.__version__}: torch.cuda.is_available() is False)"
-    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return True, f"{len(names)}: " + ", ".join(f"cuda:{i} {n}" for i, n in enumerate(names))
+        cuda = ctypes.CDLL(library)
+    except OSError:
+        return False, f"none (no CUDA driver: {library} cannot be loaded)"
+    status = cuda.cuInit(0)
+    if status != 0:
+        return False, f"none (cuInit failed: CUresult {status})"
+    count = ctypes.c_int(0)
+    status = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if status != 0 or count.value == 0:
+        return False, f"none (cuDeviceGetCount: {count.value} devices, CUresult {status})"
+    names = []
+    for i in range(count.value):
+        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+        if cuda.cuDeviceGet(ctypes.byref(device), i) == 0 and \
+                cuda.cuDeviceGetName(name, len(name), device) == 0:
+            names.append(f"cuda:{i} {name.value.decode(errors='replace')}")
+        else:
+            names.append(f"cuda:{i} (name not reported)")
+    return True, f"{count.value}: " + ", ".join(names)
 
 
 def _loaded_mpi_library() -> Optional[str]:
