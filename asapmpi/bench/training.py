@@ -167,7 +167,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenarios", type=_list(str, "--scenarios"),
                         default=list(SCENARIOS), help=f"of {','.join(SCENARIOS)}")
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="runs as in `asapmpi train --compare` (default "
+                        help="runs as in `asapmpi train --compare`, trainer options "
+                             "included (allreduce:outer=diloco:local_steps=20: local "
+                             "steps with an outer optimizer, docs/LOWCOMM.md) (default "
                              f"{DEFAULT_POLICIES})")
     parser.add_argument("--seeds", type=_list(int, "--seeds"), default=[0, 1, 2],
                         help="seeds of the runs (default 0,1,2)")

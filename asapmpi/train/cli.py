@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..extras import check as check_extras
 from ..launch.slowdown import add_arguments as slowdown_arguments
+from ..outer import METHODS as OUTER_METHODS
 from ..outputs import file_problem, output_file, output_folder
 from ..reduce.graphs import GRAPHS
 from .config import (
@@ -72,6 +73,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="re-balance every K own steps (default 20)")
     parser.add_argument("--period", type=int, default=1,
                         help="exchange every PERIOD optimizer steps (default 1)")
+    outer = parser.add_argument_group(
+        "local steps and an outer optimizer (docs/LOWCOMM.md)",
+        "with --compare, write them in a run: allreduce:outer=diloco:local_steps=20")
+    outer.add_argument("--outer", choices=OUTER_METHODS,
+                       help="diloco: every --local-steps steps the exchange mixes the "
+                            "weights, then an outer Nesterov step on the mixed "
+                            "pseudo-gradient (allreduce: DiLoCo; gossip or a sparse "
+                            "graph: NoLoCo-like)")
+    outer.add_argument("--local-steps", type=int, metavar="H",
+                       help="inner steps per round with --outer (it is the period)")
+    outer.add_argument("--outer-lr", type=float,
+                       help="the outer learning rate (default 0.7)")
+    outer.add_argument("--outer-momentum", type=float,
+                       help="the outer Nesterov momentum, in [0, 1) (default 0.9)")
     parser.add_argument("--mode", default="serial", choices=MODES,
                         help="Hop 3.2 computation graph: serial (default) or parallel "
                              "(send before computing)")
@@ -154,7 +169,9 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         threads=args.threads, device=args.device, dtype=args.dtype, width=args.width,
         kill_rank=args.kill_rank, kill_at=args.kill_at,
         kill_in=args.kill_in, kill_signal=args.kill_signal,
-        **{"balance": args.balance, "balance_every": args.balance_every, **trainer})
+        **{"balance": args.balance, "balance_every": args.balance_every,
+           "outer": args.outer, "local_steps": args.local_steps,
+           "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, **trainer})
     from .data import _LOADERS
 
     for flag, name in (("--data", args.data), ("--test-data", args.test_data)):

@@ -12,6 +12,9 @@ from ..errors import ConfigError
 from ..loadbalance import DEFAULT_EVERY, check_every
 from ..loadbalance import check as check_balance
 from ..options import Option, Options
+from ..outer import OPTIONS as OUTER_OPTIONS
+from ..outer import policy_refusal
+from ..outer import resolve as resolve_outer
 from ..reduce.graphs import GRAPHS
 from ..sync import POLICIES
 from ..sync import policy as make_policy
@@ -43,12 +46,14 @@ TRAINABLE = tuple(sorted(POLICIES))
 
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
-#: and its Exchange never see them (load balancing: asapmpi.loadbalance), declared and
+#: and its Exchange never see them (load balancing: asapmpi.loadbalance; the outer
+#: optimizer: asapmpi.outer, "allreduce:outer=diloco:local_steps=20"), declared and
 #: parsed as a policy's are (asapmpi.options)
 TRAINER = Options(
     Option("balance", bool, False, "load balancing of minibatch sizes (LB-BSP)"),
     Option("balance_every", int, DEFAULT_EVERY, "own steps between re-balances", low=1),
     Option("transport", str, "auto", "the Exchange's transport", choices=TRANSPORTS),
+    *OUTER_OPTIONS,
 )
 TRAINER_OPTIONS = tuple(o.name for o in TRAINER)
 
@@ -155,6 +160,13 @@ class TrainConfig:
     #: the Exchange's transport (transport=FAMILY in a run spec): "auto" measures the
     #: candidates at creation and takes the faster (Exchange's docstring)
     transport: str = "auto"
+    #: local steps with an outer optimizer (--outer diloco --local-steps H, or
+    #: outer=diloco:local_steps=H in a run spec; asapmpi.outer, docs/LOWCOMM.md): the
+    #: exchange every H steps, then an outer Nesterov step.  Resolved, period is H
+    outer: Optional[str] = None
+    local_steps: Optional[int] = None
+    outer_lr: Optional[float] = None
+    outer_momentum: Optional[float] = None
 
     def resolved(self) -> "TrainConfig":
         """Defaults of the chosen demo filled in, every field checked (ConfigError)."""
@@ -168,8 +180,19 @@ class TrainConfig:
                       batch_size=d["batch_size"] if self.batch_size is None
                       else self.batch_size,
                       label=self.label or self.sync)
+        settings, _ = cfg._outer()
+        if settings is not None:
+            cfg = replace(cfg, period=settings.local_steps, local_steps=settings.local_steps,
+                          outer_lr=settings.lr, outer_momentum=settings.momentum)
         cfg.check()
         return cfg
+
+    def _outer(self):
+        # --period's default (1) cannot be told from a --period 1 given: only another
+        # period counts as given (it must then equal --local-steps)
+        return resolve_outer(self.outer, self.local_steps,
+                             None if self.period == 1 else self.period, self.outer_lr,
+                             self.outer_momentum, "asapmpi train")
 
     def check(self) -> None:
         """Refuse bad values with a message that says what to change."""
@@ -209,6 +232,9 @@ class TrainConfig:
             raise ConfigError("checkpoints need every rank to pass the same iterations, "
                               "but hop's skip_trigger lets ranks jump over them; drop "
                               "--checkpoint-every/--resume or skip_trigger")
+        if self._outer()[0] is not None and policy_refusal(POLICIES[self.sync], self.sync):
+            raise ConfigError(f"--outer {self.outer}: "
+                              f"{policy_refusal(POLICIES[self.sync], self.sync)}")
         if self.sync in ("backup_ps", "elastic") and (self.mode != "serial"
                                                        or self.period != 1):
             raise ConfigError(f"{self.sync} runs the serial computation graph and decides "

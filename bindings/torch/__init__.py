@@ -17,7 +17,8 @@ from .optimizer import (  # noqa: E402
     DecentralizedOptimizer,
     broadcast_parameters,
 )
+from .outer import OuterOptimizer  # noqa: E402
 from .sampler import ShardSampler  # noqa: E402
 
 __all__ = ["BUFFERS", "LOCKSTEP", "MODES", "DecentralizedOptimizer", "FlatParameters",
-           "PackedTensors", "ShardSampler", "broadcast_parameters"]
+           "OuterOptimizer", "PackedTensors", "ShardSampler", "broadcast_parameters"]

@@ -175,6 +175,13 @@ class FlatParameters:
         self._views = {id(self.array): self._views[id(self.array)]}
 
     @property
+    def params_numel(self) -> int:
+        """Elements of the parameters' part of the flat buffer (they come first, the
+        mixed buffers after them), padding between them included."""
+        start, count = self.spans[len(self.params) - 1]
+        return start + count
+
+    @property
     def numel(self) -> int:
         """Elements in the flat buffer (padding included)."""
         return int(self.tensor.numel())

@@ -78,7 +78,9 @@ class DecentralizedTrainer(transformers.Trainer):
     """A transformers.Trainer whose ranks mix their replicas through asapmpi (module
     docstring).  sync, graph: as DecentralizedOptimizer; comm: the communicator
     (default MPI.COMM_WORLD); exchange_options: more DecentralizedOptimizer and
-    Exchange options (period=, timeout=, buffers=, master_weights=, ...);
+    Exchange options (period=, timeout=, buffers=, master_weights=, and local steps
+    with an outer optimizer: outer="diloco", local_steps=, outer_lr=, outer_momentum=;
+    docs/LOWCOMM.md);
     average_at_end: average the replicas when train() ends.  The other arguments are
     the Trainer's."""
 

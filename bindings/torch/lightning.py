@@ -61,7 +61,9 @@ class DecentralizedStrategy(ParallelStrategy):
     DecentralizedOptimizer; comm: the communicator (default MPI.COMM_WORLD); device:
     this rank's device ("cpu", or a CUDA device); exchange_options: more
     DecentralizedOptimizer and Exchange options (period=, timeout=, buffers=,
-    master_weights=, ...); average_at_end: average the replicas when fitting ends."""
+    master_weights=, and local steps with an outer optimizer: outer="diloco",
+    local_steps=, outer_lr=, outer_momentum=; docs/LOWCOMM.md); average_at_end: average
+    the replicas when fitting ends."""
 
     strategy_name = "asapmpi"
 

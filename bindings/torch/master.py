@@ -92,8 +92,7 @@ class MasterWeights:
         self.flat = flat
         # the parameters come first in the flat buffer, the mixed buffers after them
         # (those stay 16-bit: the forward pass writes them, no optimizer does)
-        last_start, last_count = flat.spans[len(flat.params) - 1]
-        self.count = last_start + last_count
+        self.count = flat.params_numel
         #: the masters, laid out as the parameters' part of the flat buffer
         self.tensor = torch.empty(self.count, dtype=torch.float32, device=flat.device)
         #: the masters rounded to the parameters' dtype by the last push: what the

@@ -37,6 +37,17 @@ Two computation graphs (Hop section 3.2):
 - parallel: Send at the start of an iteration, Compute on the same parameters, then Rec,
   Reduce, and Appl the gradients to the reduced parameters: the neighbours' transfers
   overlap the compute, at the price of gradients computed on pre-reduce parameters.
+
+Local steps with an outer optimizer (DiLoCo; NoLoCo-like over gossip and sparse graphs),
+docs/LOWCOMM.md:
+
+    opt = DecentralizedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                 sync="allreduce", outer="diloco", local_steps=50,
+                                 outer_lr=0.7, outer_momentum=0.9, model=model)
+
+The wrapped optimizer takes 50 local steps; then the exchange mixes the weights (as
+period=50 does) and an outer Nesterov step moves the round's start weights along the
+mixed pseudo-gradient (bindings/torch/outer.py); the next round starts there.
 """
 from __future__ import annotations
 
@@ -50,9 +61,12 @@ from mpi4py import MPI
 
 import asapmpi
 from asapmpi.errors import ConfigError
+from asapmpi.outer import policy_refusal
+from asapmpi.outer import resolve as resolve_outer
 
 from .flat import FlatParameters, PackedTensors, common_device, host_bcast
 from .master import MasterWeights, wants_masters
+from .outer import OuterOptimizer
 from .paramset import ParameterSet
 
 MODES = ("serial", "parallel")
@@ -122,7 +136,18 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     graph, sync, weights, timeout, checksum, policy options: as asapmpi.Exchange.
         sync="backup_ps": the server rank only averages (its optimizer never steps);
         the workers' steps are averaged at the server.
-    period: mix every `period` optimizer steps (1 = every step).
+    period: mix every `period` optimizer steps (default 1: every step).
+    outer: "diloco" for local steps with an outer optimizer (module docstring,
+        docs/LOWCOMM.md): every `local_steps` steps the exchange mixes the weights,
+        then a Nesterov step (`outer_lr`, default 0.7; `outer_momentum`, default 0.9)
+        on the mixed pseudo-gradient (the round's start weights minus the mixed ones)
+        gives the next round's start.  Over allreduce this is DiLoCo; over gossip,
+        one peer or an expander graph it is NoLoCo-like (the mixing keeps the replicas
+        together, the outer step acts on the neighbours' mean pseudo-gradient).  Not
+        with elastic or backup_ps (a server rank that only averages).  `self.outer`
+        holds its state (OuterOptimizer), state_dict() keeps it.
+    local_steps: the inner steps per round (H) with outer; it is the period (pass
+        period= alone or the same value).
     mode: "serial" or "parallel" (module docstring).
     broadcast: start every rank from rank 0's parameters and buffers (default True).
     comm: the communicator (default COMM_WORLD).
@@ -149,16 +174,22 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, graph=None,
-                 sync: str = "notify_ack", *, period: int = 1, mode: str = "serial",
-                 broadcast: bool = True, comm: Optional[MPI.Comm] = None,
-                 model: Optional[torch.nn.Module] = None, buffers: str = "mix",
-                 master_weights: Optional[bool] = None, **exchange_options):
+                 sync: str = "notify_ack", *, period: Optional[int] = None,
+                 mode: str = "serial", broadcast: bool = True,
+                 comm: Optional[MPI.Comm] = None, model: Optional[torch.nn.Module] = None,
+                 buffers: str = "mix", master_weights: Optional[bool] = None,
+                 outer: Optional[str] = None, local_steps: Optional[int] = None,
+                 outer_lr: Optional[float] = None, outer_momentum: Optional[float] = None,
+                 **exchange_options):
         if isinstance(optimizer, DecentralizedOptimizer):
             raise ConfigError("optimizer is a DecentralizedOptimizer already; wrap the "
                               "plain torch.optim optimizer once")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, got "
                               f"{type(optimizer).__name__}")
+        outer_settings, period = resolve_outer(outer, local_steps, period, outer_lr,
+                                               outer_momentum, "DecentralizedOptimizer")
+        period = 1 if period is None else period
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ConfigError(f"period must be an integer >= 1, got {period!r}")
         if mode not in MODES:
@@ -189,6 +220,9 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                                   f"buffers='mix' or 'local', or sync in {LOCKSTEP}")
             common_device(self.frozen, "frozen parameters")
             policy = asapmpi.sync.POLICIES.get(name) if isinstance(name, str) else None
+            refusal = policy_refusal(policy, sync) if outer_settings else None
+            if refusal:
+                raise ConfigError(f"outer={outer!r}: {refusal}")
             if getattr(policy, "global_iterations", False) and (period, mode) != (1, "serial"):
                 raise ConfigError(f"sync={sync!r} decides itself when each worker "
                                   f"synchronizes: use period=1 and mode='serial'")
@@ -200,15 +234,16 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             problem = str(exc)
         # one rank's bad parameters or a period that differs across ranks must fail on
         # every rank, before the Exchange's own collective checks could wait for it
-        seen = self.comm.allgather((problem, period, mode, buffers, layout))
+        outer_key = outer_settings.key() if outer_settings else None
+        seen = self.comm.allgather((problem, period, mode, buffers, outer_key, layout))
         for r, (p, *_) in enumerate(seen):
             if p:
                 raise ConfigError(p if r == self.comm.Get_rank() else f"rank {r}: {p}")
-        if len({(per, m, b) for _, per, m, b, _ in seen}) > 1:
-            shown = ", ".join(f"rank {r}: period={per} mode={m} buffers={b}"
-                              for r, (_, per, m, b, _) in enumerate(seen))
-            raise ConfigError(f"every rank must pass the same period, mode and buffers; "
-                              f"got {shown}")
+        if len({tuple(row[1:5]) for row in seen}) > 1:
+            shown = ", ".join(f"rank {r}: period={per} mode={m} buffers={b} outer={o}"
+                              for r, (_, per, m, b, o, _) in enumerate(seen))
+            raise ConfigError(f"every rank must pass the same period, mode, buffers and "
+                              f"outer settings; got {shown}")
         if len({repr(lay) for *_, lay in seen}) > 1:
             raise ConfigError("the ranks' models differ in their frozen parameters or "
                               "non-mixed buffers; build the same model on every rank")
@@ -239,6 +274,12 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             self.exchange.keep_float32_mix(self._server_sums)
         elif masters:
             self.master = MasterWeights(optimizer, self.flat, self.exchange)
+        #: the outer optimizer (outer=), or None
+        self.outer = None if outer_settings is None else OuterOptimizer(
+            outer_settings, self.flat.params_numel, self.flat.dtype, self.flat.device)
+        # the first round's start is taken at the first step (the weights may still be
+        # written after wrapping: pretrained weights loaded into the model)
+        self._round_pending = self.outer is not None
         self.iteration = 0
         self._sent = False
         self._bytes_before_send = 0
@@ -290,6 +331,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         """One optimizer step (iteration + 1); on every `period`-th, the exchange too.
         Returns what the wrapped optimizer's step returned (the closure's loss)."""
         target = self.iteration + 1
+        if self._round_pending:
+            self._begin_rounds()
         if self._tensors is not None:
             self._tensors.check()       # an integer compare unless torch registered more
         if target % CHECK_EVERY == 1:
@@ -353,11 +396,33 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             self.master.push()
         return loss
 
+    def _weights(self) -> torch.Tensor:
+        # what the wrapped optimizer updates: the float32 masters, or the parameters'
+        # part of the flat buffer the model lives in now
+        if self.master is not None:
+            return self.master.tensor
+        return self.flat.tensor[:self.flat.params_numel]
+
+    def _begin_rounds(self) -> None:
+        # the outer optimizer's first round starts from the weights as they are now
+        if self.master is not None:
+            # a write since wrapping reaches the masters first; push() makes the next
+            # absorb find nothing (the parameters already hold these values)
+            self.master.absorb()
+            self.master.push()
+        self.outer.begin(self._weights())
+        self._round_pending = False
+
     def _mixed(self) -> None:
         if self.master is not None:
             # at once, not at the next update: a checkpoint between the two holds the
             # mix in its masters (the float32 sums are this step's only)
             self.master.absorb(mixed=True)
+        if self.outer is not None:
+            # on the masters with master weights, so that the parameters get the result
+            # rounded by push() as after any update
+            self.outer.step(self._weights())
+        if self.master is not None:
             self.master.push()
         if self.broadcast_each_mix:
             self.side.bcast(self._side_comm)
@@ -379,8 +444,9 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> Dict[str, Any]:
-        """The wrapped optimizer's state_dict plus the iteration and the exchange state
-        (the parameters themselves are the model's: save model.state_dict() too)."""
+        """The wrapped optimizer's state_dict plus the iteration, the exchange state and
+        (with outer=) the outer optimizer's (its tensors as CPU copies); the parameters
+        themselves are the model's: save model.state_dict() too."""
         exchange = self.exchange.state_dict()
         if self._sent:
             # parallel mode: Send(k+1) is out already; a resumed run sends it again
@@ -390,6 +456,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                  "iteration": self.iteration, "period": self.period, "mode": self.mode}
         if self.master is not None:
             state["master"] = self.master.state_dict()
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -398,6 +466,12 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             if key not in state:
                 raise ConfigError(f"optimizer state has no {key!r}; pass what "
                                   f"DecentralizedOptimizer.state_dict() returned")
+        if (self.outer is not None) != ("outer" in state):
+            raise ConfigError(f"the checkpoint was written "
+                              f"{'with' if 'outer' in state else 'without'} an outer "
+                              f"optimizer, this optimizer has "
+                              f"{'one' if self.outer is not None else 'none'}; pass the "
+                              f"same outer= as when it was written")
         if (state["period"], state["mode"]) != (self.period, self.mode):
             raise ConfigError(f"the checkpoint was written with period={state['period']}, "
                               f"mode={state['mode']!r}; this optimizer has "
@@ -407,6 +481,9 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                               f"{'on' if 'master' in state else 'off'}, this optimizer has "
                               f"them {'on' if self.master is not None else 'off'}; pass the "
                               f"same master_weights")
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
+            self._round_pending = not self.outer.started
         self.exchange.load_state_dict(state["exchange"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.master is not None:
@@ -423,7 +500,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         ends first keeps stepping with no gradients of its own (its replica follows the
         training ranks' mix and leaves theirs, its optimizer state untouched) until
         every rank's loop has ended, then every rank steps on to one final version
-        (Exchange.join).  Nothing happens while an
+        (Exchange.join).  With outer=, its outer steps go on at every round's end with
+        the mixed pseudo-gradient, as everyone's.  Nothing happens while an
         exception leaves the block (the job is ending)."""
         yield
         self.join_now()
@@ -445,7 +523,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         (the float32 masters too): one MPI_Allreduce of the flat buffer, waited for by
         polling.  Collective, between steps: at the end of training, so that every rank
         holds the consensus model that decentralized SGD's guarantees are about.
-        Returns the largest difference this rank's values had from the mean."""
+        Returns the largest difference this rank's values had from the mean.  The
+        outer optimizer's state (outer=) is left alone: this ends training."""
         from .. import collectives
 
         gap = 0.0
@@ -485,6 +564,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             self.free()
 
     def __repr__(self):
+        outer = "" if self.outer is None else f", outer={self.outer!r}"
         return (f"DecentralizedOptimizer({type(self.optimizer).__name__}, "
-                f"sync={self.exchange.sync!r}, mode={self.mode!r}, period={self.period}, "
-                f"iteration {self.iteration})")
+                f"sync={self.exchange.sync!r}, mode={self.mode!r}, period={self.period}"
+                f"{outer}, iteration {self.iteration})")

@@ -210,7 +210,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     opt = DecentralizedOptimizer(
         make_optimizer(cfg, model), None if fixed else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
-        transport=cfg.transport, **cfg.policy_options)
+        transport=cfg.transport, outer=cfg.outer, local_steps=cfg.local_steps,
+        outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum, **cfg.policy_options)
     ckpts = CheckpointDir(cfg.checkpoint_root(), rank, cfg.keep)
     log, elapsed, resumed_loop = MetricsLog(), 0.0, None
     if cfg.resume:
@@ -498,6 +499,9 @@ class _Loop:
             trainer = self.opt.state_dict()
             if "master" in trainer:
                 trainer["master"] = trainer["master"].numpy()
+            if "outer" in trainer:
+                trainer["outer"] = {k: v.numpy() if torch.is_tensor(v) else v
+                                    for k, v in trainer["outer"].items()}
             tree = {"model": state.module_state(self.model),
                     "optimizer": state.optimizer_state(trainer.pop("optimizer")),
                     "trainer": trainer,
