@@ -20,8 +20,12 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("shm_cleaned")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_a_stall_times_out_notify_ack_naming_the_rank_and_the_iteration():
-    results = run("test_faults:slow_rank_stall", 4, "shm", timeout=120, sync="notify_ack")
+def test_a_stall_times_out_notify_ack_naming_the_rank_and_the_iteration(tmp_path):
+    # rank 1 stalls until the others timed out (flags in tmp_path), not for a time a
+    # loaded host could let a late rank's wait outlast
+    results = run("test_faults:slow_rank_stall", 4, "shm", timeout=120, sync="notify_ack",
+                  out=str(tmp_path))
+    assert results[1]["told"], results
     # complete graph: every other rank waits for rank 1's notify (window words) or
     # update (messages: what transport="auto" measured faster) of version 11 (rank 1
     # itself, once awake, times out on the acks of the ranks that gave up)
@@ -197,10 +201,12 @@ def test_a_rank_killed_in_a_training_run_s_start_or_end_collective_ends_the_job(
     assert named or _launcher_ended_it(proc), proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-def test_a_timed_out_barrier_is_completed_by_the_next_one():
+def test_a_timed_out_barrier_is_completed_by_the_next_one(tmp_path):
     # MPI allows neither cancelling nor freeing a nonblocking collective: the request
     # of a barrier that timed out must be kept and completed, not leaked
-    results = run("test_faults:late_barrier_completes", 3, "shm", timeout=120)
+    results = run("test_faults:late_barrier_completes", 3, "shm", timeout=120,
+                  out=str(tmp_path))
+    assert results[2]["told"], results
     for rank in (0, 1):
         assert "the barrier of version 1" in results[rank]["timed_out"], results[rank]
         assert results[rank]["pending_after_timeout"] is True
@@ -228,26 +234,35 @@ def test_a_rank_killed_with_shared_segments_leaves_nothing_in_dev_shm(where):
 # tests/mpi/run.py runs each on every rank as "test_faults:NAME"
 
 def slow_rank_stall(comm, sync, options=None, stall_at=10, stall_s=1.5, iter_s=0.05,
-                    iters=40, timeout=1.0, n=1000):
-    """Rank 1 stalls `stall_s` seconds before step stall_at + 1 (alive, just slow); the
-    others compute `iter_s` per step.  Returns the timeout error this rank saw, if any
-    (no collective free after one: the job ends)."""
-    rank = comm.Get_rank()
+                    iters=40, timeout=1.0, n=1000, out=None, cap_s=60.0):
+    """Rank 1 stalls before step stall_at + 1 (alive, just slow): `stall_s` seconds, or
+    with `out` until every other rank timed out (a flag each in `out`, at most cap_s
+    seconds); the others compute `iter_s` per step.  Returns the timeout error this
+    rank saw, if any (no collective free after one: the job ends)."""
+    from scenarios import raise_flag, wait_for_flags  # tests/mpi, on the ranks' path
+
+    rank, size = comm.Get_rank(), comm.Get_size()
     buf = np.zeros(n)
     ex = asapmpi.Exchange(buf, graph="complete", sync=sync, comm=comm, timeout=timeout,
                           **(options or {}))
-    error = None
+    error, told = None, None
     try:
         while ex.version < iters:
             time.sleep(iter_s)
             if rank == 1 and ex.version == stall_at:
-                time.sleep(stall_s)
+                if out is None:
+                    time.sleep(stall_s)
+                else:
+                    told = wait_for_flags(out, [f"stall-timed-out-{r}" for r in range(size)
+                                                if r != 1], cap_s)
             ex.step()
     except NeighbourTimeoutError as exc:
         error = str(exc)
+        if out is not None and rank != 1:
+            raise_flag(out, f"stall-timed-out-{rank}")
     if error is None:
         ex.free()
-    return {"error": error, "version": ex.version}
+    return {"error": error, "version": ex.version, "told": told}
 
 
 def adaptive_timeout(comm, out, env_min=0.5, cap_s=30.0, warm=40, n=1000):
@@ -298,26 +313,31 @@ def bsp_dead_rank(comm, n=1000):
     return {}
 
 
-def late_barrier_completes(comm, n=100):
-    """Rank 2 reaches a window barrier 1.5 s late: the others time out after 0.5 s and
-    keep the request; the next barrier first completes it, then runs its own, and free()
-    finds nothing pending.  Returns what each rank saw."""
+def late_barrier_completes(comm, out, n=100, cap_s=60.0):
+    """Rank 2 reaches a window barrier only once the others timed out in it (after
+    0.5 s; a flag in `out` each, at most cap_s seconds): they keep the request; the next
+    barrier first completes it, then runs its own, and free() finds nothing pending.
+    Returns what each rank saw."""
+    from scenarios import raise_flag, wait_for_flags  # tests/mpi, on the ranks' path
+
     buf = np.zeros(n)
     ex = asapmpi.Exchange(buf, graph="ring", sync="bsp", comm=comm, timeout=10.0)
     win = ex.window
-    timed_out = None
+    timed_out, told = None, None
     if comm.Get_rank() == 2:
-        time.sleep(1.5)
+        # late by an ordering, not by a sleep a loaded host could outlast
+        told = wait_for_flags(out, ["barrier-timed-out-0", "barrier-timed-out-1"], cap_s)
     try:
         win.barrier(0.5, 1)
     except NeighbourTimeoutError as exc:
         timed_out = str(exc)
+        raise_flag(out, f"barrier-timed-out-{comm.Get_rank()}")
     pending_after_timeout = win.late_collective
     win.barrier(10.0, 2)
     pending_after_next = win.late_collective
     ex.free()
     return {"timed_out": timed_out, "pending_after_timeout": pending_after_timeout,
-            "pending_after_next": pending_after_next}
+            "pending_after_next": pending_after_next, "told": told}
 
 
 def killed_with_segments(comm, where, steps=20, n=16384):
