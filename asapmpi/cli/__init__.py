@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..bench import stragglers as bench_stragglers
     from ..bench import training as bench_training
     from ..bench import zipline as bench_zipline
+    from ..launch import restart
     from ..modelcheck import cli as modelcheck_cli
     from ..train import cli as train_cli
     from . import demo, doctor
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     # training may run for hours: no job limit unless asked (neighbour waits time out)
     p_train.set_defaults(job_timeout=0)
     train_cli.add_arguments(p_train)
+    restart.add_arguments(p_train)
 
     p_doctor = sub.add_parser("doctor", help="check the installation: MPI library and "
                                              "ABI, RMA path, progress, a 2-rank smoke test")
@@ -195,6 +197,8 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         runs = train_cli.configs(args)
         if not inside_mpi_job():
             train_cli.check_resume(runs, args.ranks)
+            if args.restarts:
+                return train_cli.run_restarting(args, argv, runs)
     elif args.command == "demo":
         from . import demo
 
@@ -209,6 +213,11 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         bench_stragglers.check(args, args.ranks)
     if not inside_mpi_job():
         return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
+    from mpi4py import MPI
+
+    from ..launch.faults import register_rank
+
+    register_rank(MPI.COMM_WORLD.Get_rank())     # for a restarting launcher
     try:
         return _run_command(args)
     except ConfigError:

@@ -26,6 +26,8 @@ from typing import List, Optional, Sequence
 from ..errors import ConfigError
 from ..launch.hostfile import check_hosts
 from ..launch.ranks import find_mpiexec
+from ..launch.restart import add_arguments as restart_arguments
+from ..launch.restart import check_restarts
 from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..launchers import command, flavour
 
@@ -52,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     slow = slowdown_arguments(p)          # passed to the job as ASAPMPI_SLOWDOWN
     slow.add_argument("--slow-seed", type=int, default=0)
+    restart_arguments(p)
     p.add_argument("program", nargs=argparse.REMAINDER,
                    help="-- then the program and its arguments")
 
@@ -82,6 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             outside = [r for r in args.slow_ranks if not 0 <= r < args.ranks]
             if outside:
                 raise ConfigError(f"--slow-ranks {outside} are outside 0..{args.ranks - 1}")
+        check_restarts(args.restarts, args.restart_ranks)
         try:
             mpi_args = shlex.split(args.mpi_args)
         except ValueError as exc:
@@ -105,7 +109,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.dry_run:
         return 0
     sys.stderr.flush()
+    if args.restarts:
+        return _run_restarting(args, kind, mpiexec, program, mpi_args, env)
     # become mpiexec: Ctrl-C and signals reach the process manager directly, which
     # cleans up its ranks (a Python parent would kill it mid-cleanup)
     os.execvpe(cmd[0], cmd, {**os.environ, **env})
     return 1    # not reached
+
+
+def _run_restarting(args: argparse.Namespace, kind: str, mpiexec: str, program: List[str],
+                    mpi_args: List[str], env: dict) -> int:
+    """--restarts: stay the job's parent (it dies with this process; Ctrl-C ends it at
+    once), relaunch it after a failure with ASAPMPI_RESTART and ASAPMPI_RESTART_LOST set
+    (asapmpi.launch.restart): the program resumes from its own checkpoints (asapmpi
+    train does by itself)."""
+    from ..launch.restart import run_watched, supervise
+
+    def launch(size: int, extra: dict):
+        cmd, more = command(kind, mpiexec, size, program, args.hosts, args.job_timeout,
+                            args.network)
+        cmd[3:3] = mpi_args
+        return run_watched(cmd, {**os.environ, **env, **more, **extra})
+
+    def prepare(size: int, failed: List[int]) -> str:
+        if args.slowdown != "none":
+            outside = [r for r in args.slow_ranks if not 0 <= r < size]
+            if outside:
+                raise ConfigError(f"--slow-ranks {outside} are outside 0..{size - 1}")
+        return "the program resumes from its own newest checkpoint (ASAPMPI_RESTART set)"
+
+    try:
+        return supervise("asapmpi-run", args.ranks, args.restarts, args.restart_ranks,
+                         launch, prepare)
+    except KeyboardInterrupt:
+        # the job was killed with the interrupt (run_watched); one line, as asapmpi's own
+        print("asapmpi-run: interrupted", file=sys.stderr)
+        return 130

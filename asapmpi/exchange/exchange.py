@@ -510,18 +510,24 @@ class Exchange:
                 "graph": self.graph.name, "edges": [list(e) for e in self.graph.edges()],
                 "bytes_sent": self.bytes_sent, "wait_seconds": self.wait_seconds}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], regroup: bool = False) -> None:
         """Continue from a state_dict() of an earlier run of the same configuration.
         Every rank of a job must load the same step count, before its first step: the
-        new window starts empty, so the ranks restart its versions together."""
+        new window starts empty, so the ranks restart its versions together.  With
+        `regroup` the state may come from a job of another size or graph (a restart on
+        the ranks left after a failure, asapmpi.train.resume_plan): only the policy and
+        its options must match; the step count and the traffic so far carry over."""
         if self._window_version or self._sending:
             raise ConfigError("load_state_dict() must come before the first step()")
         if "version" not in state:
             raise ConfigError("exchange state has no 'version'; pass what "
                               "Exchange.state_dict() returned")
-        for key, mine in (("sync", self.sync), ("size", self.size),
-                          ("options", dict(self._policy.options())),
-                          ("edges", [list(e) for e in self.graph.edges()])):
+        same = (("sync", self.sync), ("size", self.size),
+                ("options", dict(self._policy.options())),
+                ("edges", [list(e) for e in self.graph.edges()]))
+        for key, mine in same:
+            if regroup and key in ("size", "edges"):
+                continue
             if key not in state:
                 raise ConfigError(f"exchange state has no {key!r}; pass what "
                                   f"Exchange.state_dict() returned")

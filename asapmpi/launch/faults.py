@@ -133,10 +133,31 @@ def abort_job(exc: BaseException, code: int = 1) -> None:
     abort_world(INTERRUPTED_EXIT if isinstance(exc, KeyboardInterrupt) else code)
 
 
+def register_rank(rank: int) -> None:
+    """Under a launcher that restarts failed jobs (ASAPMPI_FAULT_DIR set: asapmpi-run
+    --restarts), write this process's rank to a file named by its pid: hydra names a
+    rank that died only by its pid, and the restart needs its rank.  Best effort."""
+    folder = os.environ.get("ASAPMPI_FAULT_DIR")
+    if not folder:
+        return
+    path = os.path.join(folder, str(os.getpid()))
+    try:
+        # whole or absent: the launcher reads the folder while ranks write to it
+        with open(f"{path}.tmp", "w") as f:
+            f.write(f"{rank}\n")
+        os.replace(f"{path}.tmp", path)
+    except OSError:
+        pass        # another host's folder: the launcher falls back on other evidence
+
+
 def install_abort_hook() -> None:
-    """Make an uncaught exception end the whole MPI job (idempotent)."""
+    """Make an uncaught exception end the whole MPI job (idempotent); register this
+    rank's pid for a restarting launcher (register_rank)."""
     if _state["installed"]:
         return
+    from mpi4py import MPI
+
+    register_rank(MPI.COMM_WORLD.Get_rank())
     previous = sys.excepthook
 
     def hook(kind, exc, tb):

@@ -66,13 +66,10 @@ def _prctl():
         return None
 
 
-def call_job(cmd: List[str], env: Mapping[str, str]) -> int:
-    """subprocess.call(cmd), but the job dies with this process: the child (mpiexec, or
-    a script that execs it) gets SIGKILL if this process is killed, even by SIGKILL or
-    the out-of-memory killer, which leave it no time to clean up, and mpiexec's death
-    ends its ranks (hydra's proxies and Open MPI's daemons kill them).  Without it a
-    killed benchmark's job runs on to its end.  Ctrl-C or SIGTERM here end the job as
-    subprocess.call does (SIGKILL to the child) and propagate."""
+def child_setup():
+    """The preexec_fn that makes a child die with this process: it gets SIGKILL when
+    this process ends, even by SIGKILL or the out-of-memory killer (prctl
+    PR_SET_PDEATHSIG); a child whose parent died before that exits at once."""
     prctl = _prctl()
     parent = os.getpid()
 
@@ -81,7 +78,17 @@ def call_job(cmd: List[str], env: Mapping[str, str]) -> int:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:              # the parent died before prctl
             os._exit(1)
-    return subprocess.call(cmd, env=env, preexec_fn=die_with_parent)
+    return die_with_parent
+
+
+def call_job(cmd: List[str], env: Mapping[str, str]) -> int:
+    """subprocess.call(cmd), but the job dies with this process: the child (mpiexec, or
+    a script that execs it) gets SIGKILL if this process is killed, even by SIGKILL or
+    the out-of-memory killer, which leave it no time to clean up, and mpiexec's death
+    ends its ranks (hydra's proxies and Open MPI's daemons kill them).  Without it a
+    killed benchmark's job runs on to its end.  Ctrl-C or SIGTERM here end the job as
+    subprocess.call does (SIGKILL to the child) and propagate."""
+    return subprocess.call(cmd, env=env, preexec_fn=child_setup())
 
 
 def relaunch(ranks: int, argv: List[str], network: Optional[str] = None,

@@ -63,11 +63,26 @@ def _read(group: h5py.Group) -> Any:
 
 
 def save_tree(path: str, tree: Dict[str, Any]) -> None:
-    """Write `tree` to the HDF5 file `path` atomically (temporary file, then rename)."""
+    """Write `tree` to the HDF5 file `path` atomically: a temporary file, fsync, rename,
+    fsync of the folder.  A process killed at any point leaves either the whole file
+    under its name or none (a restart after a failure must never read half a
+    checkpoint); the fsyncs make that hold across a crash of the host too."""
     tmp = f"{path}.tmp{os.getpid()}"
     with h5py.File(tmp, "w") as f:
         _write(f, tree)
+    _fsync(tmp, os.O_RDONLY)
     os.replace(tmp, path)
+    _fsync(os.path.dirname(path) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass        # a file system without fsync of folders (some network ones)
+    finally:
+        os.close(fd)
 
 
 def load_tree(path: str) -> Dict[str, Any]:
@@ -143,6 +158,25 @@ class CheckpointDir:
                 found += bool(_NAME.match(name))
                 os.remove(os.path.join(self.folder, name))
         return found
+
+    def drop_after(self, iteration: int) -> List[int]:
+        """Delete this rank's checkpoints newer than `iteration` (a resume from
+        `iteration` abandons them: a later restart must not mix them with the resumed
+        run's); return their iterations."""
+        newer = [it for it in self.iterations() if it > iteration]
+        for it in newer:
+            os.remove(self.path(it))
+        return newer
+
+    def readable(self, iteration: int) -> bool:
+        """True when this rank's checkpoint at `iteration` opens and has the key list
+        save_tree writes last into its root (a file under its final name is whole unless
+        something other than save_tree wrote it, or the disk failed)."""
+        try:
+            with h5py.File(self.path(iteration), "r") as f:
+                return _KEYS in f.attrs
+        except OSError:
+            return False
 
     def load(self, iteration: int) -> Dict[str, Any]:
         """This rank's checkpoint at `iteration`."""

@@ -13,12 +13,14 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import List
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..extras import check as check_extras
+from ..launch.restart import check_restarts, lost_from_environment, restart_attempt
 from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..outer import METHODS as OUTER_METHODS
 from ..outputs import file_problem, output_file, output_folder
@@ -197,26 +199,92 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got "
                           f"{args.timeout}")
+    check_restarts(args.restarts, args.restart_ranks)
+    if args.restarts and not args.checkpoint_every:
+        raise ConfigError("--restarts resumes from the newest checkpoint: add "
+                          "--checkpoint-every K (else a restart starts from iteration 0)")
+    if restart_attempt():
+        # a relaunch after a failure (asapmpi.launch.restart): it resumes, and the fault
+        # injected into the first attempt is not injected again
+        base = replace(base, resume=True, kill_rank=None, kill_at=None, kill_in=None)
     return runs_from(base, args.compare)
 
 
 def check_resume(runs: List[TrainConfig], ranks: int) -> None:
     """Before any rank starts: refuse --resume from a checkpoint another configuration
-    wrote (the ranks check again, for checkpoints only their hosts can see)."""
-    from .checkpoint import CheckpointDir, common_iteration, load_entry
+    wrote, or checkpoints the ranks cannot agree on (the ranks check again, for
+    checkpoints only their hosts can see)."""
+    from .checkpoint import CheckpointDir, load_entry
+    from .resume_plan import plan_resume
 
     for cfg in runs:
         if not cfg.resume:
             continue
         root = cfg.checkpoint_root()
-        start = common_iteration(root, ranks, cfg.keep)
-        if start is None:
+        plan = plan_resume(root, ranks, cfg.keep, lost_from_environment())
+        if plan is None:
             continue
-        path = CheckpointDir(root, 0).path(start)
+        path = CheckpointDir(root, plan.sources[0]).path(plan.iteration)
         mismatch = cfg.resume_mismatch(load_entry(path, "config"))
         if mismatch:
             raise ConfigError(f"cannot resume from {path}: the checkpoint at iteration "
-                              f"{start} under {root} {mismatch}")
+                              f"{plan.iteration} under {root} {mismatch}")
+
+
+def check_size(runs: List[TrainConfig], ranks: int) -> str:
+    """Before a job on `ranks` ranks (a restart on fewer): ConfigError in one line when a
+    run's graph family does not exist at that size or its policy does not fit the
+    graph there; else the graphs, for the log ("root-expander")."""
+    from ..exchange.agreement import check_connected
+    from ..reduce.graphs import graph
+    from ..sync import POLICIES
+    from ..sync import policy as make_policy
+
+    names = []
+    for cfg in runs:
+        kind = POLICIES[cfg.sync]
+        if not kind.uses_window or hasattr(kind, "topology"):
+            names.append(f"{cfg.sync}'s own")      # allreduce, parameter servers, gossip
+            continue
+        try:
+            g = graph(cfg.graph, ranks)
+            check_connected(g)
+            make_policy(cfg.sync, **cfg.policy_options).validate(g, 0)
+        except ConfigError as exc:
+            raise ConfigError(f"run {cfg.label!r} on {ranks} ranks: {exc}; choose another "
+                              f"--graph or --restart-ranks same") from None
+        names.append(cfg.graph)
+    return ", ".join(sorted(set(names)))
+
+
+def run_restarting(args: argparse.Namespace, argv: List[str],
+                   runs: List[TrainConfig]) -> int:
+    """The launcher's side of --restarts: run the job, and after a failure relaunch it
+    from the newest checkpoints (asapmpi.launch.restart.supervise)."""
+    from ..launch.ranks import launch_command
+    from ..launch.restart import run_watched, supervise
+    from .resume_plan import plan_resume
+
+    program = [sys.executable, "-m", "asapmpi", *argv]
+
+    def launch(size: int, env: dict):
+        cmd, whole = launch_command(size, program, args.network, args.job_timeout)
+        return run_watched(cmd, {**whole, **env})
+
+    def prepare(size: int, failed: List[int]) -> str:
+        graphs = check_size(runs, size)
+        where = []
+        for cfg in runs:
+            plan = plan_resume(cfg.checkpoint_root(), size, cfg.keep, failed)
+            if plan is None:
+                where.append(f"{cfg.label!r} from iteration 0 (no checkpoint)")
+            elif plan.iteration < cfg.iters:
+                where.append(f"{cfg.label!r} from iteration {plan.iteration}")
+        return (f"graph {graphs}; resuming " + ("; ".join(where) or "the finished runs")
+                + (" (data re-split over the new size)" if size != args.ranks else ""))
+
+    return supervise("asapmpi train", args.ranks, args.restarts, args.restart_ranks,
+                     launch, prepare)
 
 
 def _torch_trainer():

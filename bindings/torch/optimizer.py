@@ -460,8 +460,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             state["outer"] = self.outer.state_dict()
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from state_dict(); before the first step, on every rank alike."""
+    def load_state_dict(self, state: Mapping[str, Any], regroup: bool = False) -> None:
+        """Continue from state_dict(); before the first step, on every rank alike.  With
+        `regroup` the state may be another rank's, of a job of another size or graph
+        (Exchange.load_state_dict)."""
         for key in ("optimizer", "exchange", "iteration", "period", "mode"):
             if key not in state:
                 raise ConfigError(f"optimizer state has no {key!r}; pass what "
@@ -484,7 +486,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         if self.outer is not None:
             self.outer.load_state_dict(state["outer"])
             self._round_pending = not self.outer.started
-        self.exchange.load_state_dict(state["exchange"])
+        self.exchange.load_state_dict(state["exchange"], regroup=regroup)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.master is not None:
             self.master.load_state_dict(state["master"])

@@ -13,7 +13,7 @@ import resource
 import signal
 import statistics
 import time
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from asapmpi.loadbalance import Balancer, SpeedBoard
 from asapmpi.rc import rc
 from asapmpi.sync import POLICIES
 from asapmpi.train import data as datasets
+from asapmpi.train import resume_plan
 from asapmpi.train.checkpoint import CheckpointDir
 from asapmpi.train.config import TrainConfig
 from asapmpi.train.progress import ProgressBar
@@ -222,6 +223,10 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
             resumed_loop = tree["loop"]
     else:
         removed = ckpts.clear()
+        if rank == 0:
+            # an older job of more ranks left folders this one does not write: a later
+            # resume would count them as ranks of this run
+            _remove_beyond(ckpts.root, size, cfg.keep)
         if removed and rank == 0:
             print(f"asapmpi: starting {cfg.label!r} afresh (no --resume): removed the old "
                   f"checkpoints under {ckpts.root}", flush=True)
@@ -328,32 +333,96 @@ def _agree(comm: MPI.Comm, problem: Optional[str], timeout: float, what: str) ->
 
 def _load_checkpoint(cfg: TrainConfig, ckpts: CheckpointDir, comm: MPI.Comm, model,
                      opt: DecentralizedOptimizer, timeout: float) -> Optional[dict]:
-    """Collective: restore every rank from the newest iteration all of them saved, or
-    return None (nothing common: start afresh).  A checkpoint that cannot be read or was
-    written by another configuration is a ConfigError on every rank."""
-    start = ckpts.latest_common(comm, timeout)
-    if start is None:
-        if comm.Get_rank() == 0:
-            print(f"asapmpi: no checkpoint of {cfg.label!r} under {ckpts.root} that every "
-                  f"rank has; starting from iteration 0", flush=True)
+    """Collective: restore every rank from the newest iteration the ranks saved, each
+    from the replica the resume plan gives it (asapmpi.train.resume_plan: its own, or
+    another rank's when the job that wrote them had another size or lost ranks: a
+    restart after a failure), or return None (nothing saved: start afresh).  A
+    checkpoint that cannot be read or was written by another configuration is a
+    ConfigError on every rank."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    root = ckpts.root
+    # each rank lists its own folder (no shared file system needed when nothing moves);
+    # rank 0 also the folders of old ranks beyond this job's size (a shrink)
+    mine = (os.path.isdir(ckpts.folder), resume_plan.saved_iterations(root, rank, cfg.keep))
+    beyond = {r: resume_plan.saved_iterations(root, r, cfg.keep)
+              for r in resume_plan.rank_folders(root) if r >= size} if rank == 0 else {}
+    every = collectives.allgather(comm, (mine, beyond), timeout,
+                                  "the agreement on a checkpoint to resume from")
+    saved = {r: its for r, ((has, its), _) in enumerate(every) if has}
+    saved.update(every[0][1])
+    # the same inputs on every rank: the same plan, or the same ConfigError
+    plan = resume_plan.plan(saved, size, lost_ranks(), root)
+    if plan is None:
+        if rank == 0:
+            print(f"asapmpi: no checkpoint of {cfg.label!r} under {root}; starting from "
+                  f"iteration 0", flush=True)
         return None
+    source = CheckpointDir(root, plan.sources[rank], cfg.keep)
     problem, tree = None, None
     try:
-        tree = ckpts.load(start)
+        tree = source.load(plan.iteration)
         mismatch = cfg.resume_mismatch(tree["config"])
         if mismatch:
-            raise ConfigError(f"the checkpoint at iteration {start} under {ckpts.root} "
+            raise ConfigError(f"the checkpoint at iteration {plan.iteration} under {root} "
                               f"{mismatch}")
         state.load_module_state(model, tree["model"])
         opt.load_state_dict({**tree["trainer"],
-                             "optimizer": state.load_optimizer_state(tree["optimizer"])})
+                             "optimizer": state.load_optimizer_state(tree["optimizer"])},
+                            regroup=plan.regrouped)
         state.set_rng_state(tree["rng"]["torch"])
     except (ConfigError, KeyError, RuntimeError, ValueError) as exc:
-        problem = f"cannot resume from {ckpts.path(start)}: {exc}"
+        problem = f"cannot resume from {source.path(plan.iteration)}: {exc}"
+        if plan.regrouped and not os.path.exists(source.path(plan.iteration)):
+            problem += ("; a resume on other ranks reads other ranks' checkpoints: put "
+                        "--out on a file system every rank sees")
+    # also the barrier after which no rank reads another's folder any more
     _agree(comm, problem, timeout, "the check of every rank's checkpoint")
-    if comm.Get_rank() == 0:
-        print(f"asapmpi: {cfg.label!r} resumes from iteration {start}", flush=True)
+    # what a resumed run abandons: checkpoints newer than its start, which a later
+    # restart must not mix with the resumed run's
+    ckpts.drop_after(plan.iteration)
+    if plan.regrouped:
+        # the folders become this job's: every rank saves the replica it took as its
+        # own (with this exchange's size and graph), then the old ranks beyond this
+        # job's size go; a failure in between leaves whole replicas either way
+        tree = {**tree, **_trainer_tree(opt)}
+        ckpts.save(plan.iteration, tree)
+        collectives.barrier(comm, timeout, "the saves of the regrouped replicas")
+        if rank == 0:
+            _remove_beyond(root, size, cfg.keep)
+    if rank == 0:
+        print(f"asapmpi: {cfg.label!r} resumes from iteration {plan.iteration}"
+              + (f" ({plan.describe()})" if plan.regrouped else ""), flush=True)
     return tree
+
+
+def lost_ranks() -> List[int]:
+    """The ranks of the job before a restart that asapmpi-run's --restarts found failed
+    (ASAPMPI_RESTART_LOST), or none."""
+    from asapmpi.launch.restart import lost_from_environment
+
+    return lost_from_environment()
+
+
+def _remove_beyond(root: str, size: int, keep: int) -> None:
+    """Remove the checkpoints of old ranks >= `size` (and their folders, when empty)."""
+    for r in resume_plan.rank_folders(root):
+        if r >= size:
+            old = CheckpointDir(root, r, keep)
+            old.clear()
+            with contextlib.suppress(OSError):
+                os.rmdir(old.folder)
+
+
+def _trainer_tree(opt: DecentralizedOptimizer) -> dict:
+    """The optimizer's part of a checkpoint tree: "trainer" and "optimizer"."""
+    trainer = opt.state_dict()
+    if "master" in trainer:
+        trainer["master"] = trainer["master"].numpy()
+    if "outer" in trainer:
+        trainer["outer"] = {k: v.numpy() if torch.is_tensor(v) else v
+                            for k, v in trainer["outer"].items()}
+    return {"optimizer": state.optimizer_state(trainer.pop("optimizer")),
+            "trainer": trainer}
 
 
 class _Loop:
@@ -496,15 +565,8 @@ class _Loop:
     def checkpoint(self) -> None:
         """This rank's model, optimizer and exchange state, iteration, RNG and metrics."""
         def work():
-            trainer = self.opt.state_dict()
-            if "master" in trainer:
-                trainer["master"] = trainer["master"].numpy()
-            if "outer" in trainer:
-                trainer["outer"] = {k: v.numpy() if torch.is_tensor(v) else v
-                                    for k, v in trainer["outer"].items()}
             tree = {"model": state.module_state(self.model),
-                    "optimizer": state.optimizer_state(trainer.pop("optimizer")),
-                    "trainer": trainer,
+                    **_trainer_tree(self.opt),
                     "rng": {"torch": state.rng_state()},
                     "metrics": self.log.arrays(),
                     "loop": self.loop_state(),
