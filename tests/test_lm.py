@@ -175,6 +175,35 @@ def test_bench_smooths_loss_toward_lower_values():
     assert "final_loss" in metrics_of(LOSS) and WORKLOADS["lm"].model == "lm"
 
 
+def _loss_summary(ttt, loss, worst):
+    return {"smoothed_time_to_target_s": ttt, "smoothed_final_loss": loss,
+            "final_test_loss_max": worst, "iters_per_s": 10.0,
+            "bytes_sent_per_rank": 4e6, "wait_fraction": 0.1, "peak_rss_bytes": [2**20]}
+
+
+def test_bench_judges_loss_runs_by_percent_of_allreduces_loss():
+    from asapmpi.bench import training
+
+    runs = [{"scenario": "straggler-host", "seed": seed, "repeat": 0, "label": label,
+             "summary": _loss_summary(*values)}
+            for label, per_seed in {"allreduce": [(20.0, 2.00, 2.01), (22.0, 2.00, 2.02)],
+                                    "gossip": [(8.0, 2.01, 2.05), (9.0, 2.03, 2.06)]}.items()
+            for seed, values in enumerate(per_seed)]
+    table = training.analyze(runs, ["straggler-host"], ["allreduce", "gossip"], LOSS)
+    row = table["straggler-host"]["gossip"]
+    assert row["final_loss"]["median"] == pytest.approx(2.02)
+    assert row["worst_replica_loss"]["max"] == 2.06
+    # 0.5% and 1.5% higher than allreduce's loss: the worst seed (1) is 1.5% worse
+    assert row["worst_seed"]["loss_gap"] == pytest.approx(-1.5)
+    assert row["worst_seed"]["loss_gap_seed"] == 1
+    (best,) = [t for t in training.targets(table, 5, True, LOSS)
+               if "best policy" in t["target"]]
+    assert "held-out loss within 1%" in best["target"]
+    assert best["verdict"] == "FAIL" and "-1.50 %" in best["measured"]
+    text = training.scenario_table(table["straggler-host"], LOSS)
+    assert "final loss" in text and "2.020" in text
+
+
 # -------------------------------------------------------------------------------- model
 
 torch = pytest.importorskip("torch")
