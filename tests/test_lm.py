@@ -292,3 +292,13 @@ def test_train_lm_refuses_bad_sizes_before_starting(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "not a multiple of --heads" in proc.stderr
     assert proc.stderr.count("asapmpi: error") == 1 and "Traceback" not in proc.stderr
+
+
+def test_the_lm_rate_warms_up_then_follows_the_cosine():
+    from asapmpi.torch.trainer import learning_rate
+
+    cfg = TrainConfig(model="lm", iters=200, lr=0.01).resolved()
+    # warm-up over the first 5% (10 iterations), then the MLP's cosine to 0
+    assert [learning_rate(cfg, k) for k in (0, 4, 9)] == pytest.approx([0.001, 0.005, 0.01])
+    assert learning_rate(cfg, 100) == pytest.approx(0.005)
+    assert learning_rate(cfg, 200) == pytest.approx(0.0)
