@@ -56,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     ranks_options(p_demo)
     demo.add_arguments(p_demo)
 
-    p_train = sub.add_parser("train", help="train an SVM or a CNN across ranks; report "
-                                           "accuracy, time, bytes; --compare policies")
+    p_train = sub.add_parser("train", help="train an SVM, a CNN, an MLP or a character "
+                                           "language model across ranks; report accuracy "
+                                           "(lm: held-out loss), time, bytes; --compare "
+                                           "policies")
     ranks_options(p_train)
     # training may run for hours: no job limit unless asked (neighbour waits time out)
     p_train.set_defaults(job_timeout=0)
@@ -111,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "descriptors, /dev/shm and step time over "
                                                "many steps, one job per policy")
     bench_soak.add_arguments(p_soak)
-    p_training = bench_sub.add_parser("training", help="time to target accuracy per policy "
+    p_training = bench_sub.add_parser("training", help="time to target accuracy (lm: "
+                                                       "held-out loss) per policy "
                                                        "under stragglers and narrow links, "
                                                        "on emulated hosts with shaped links")
     bench_training.add_arguments(p_training)

@@ -1,8 +1,9 @@
-"""`asapmpi train svm|cnn|mlp`: the training demos from the command line.
+"""`asapmpi train svm|cnn|mlp|lm`: the training demos from the command line.
 
     asapmpi train svm -n 8 --sync notify_ack --graph root-expander
     asapmpi train svm -n 8 --compare allreduce,bsp,async,notify_ack,hop:backup=1
     asapmpi train cnn -n 4 --sync hop --hop max_gap=3 --hop backup=1 --json s.json
+    asapmpi train lm -n 8 --sync allreduce --outer diloco --local-steps 20
 
 Rank 0 shows a progress bar, then a summary (a table with --compare); every run's
 per-rank metrics go to OUT/metrics.h5, the convergence plot to OUT/convergence.png.
@@ -36,6 +37,7 @@ from .config import (
     runs_from,
     split_options,
 )
+from .metric import metric_of, of_summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,14 +45,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", choices=MODELS, help="svm: linear SVM with log loss; "
                                                       "cnn: a small CNN on 8x8 digits; "
                                                       "mlp: two wide hidden layers "
-                                                      "(compute-bound, 5 MB at width 512)")
+                                                      "(compute-bound, 5 MB at width 512); "
+                                                      "lm: a small character-level "
+                                                      "transformer on the standard "
+                                                      "library's sources, judged by "
+                                                      "held-out loss")
     parser.add_argument("--data", help="svm: 'synthetic-svm' (default, 2000 features), "
                                        "'synthetic-rcv1' (a million features, a 4 MB "
                                        "model: run --iters 3000 or so) or a LIBSVM file "
                                        "(RCV1, webspam, splice-site; .bz2/.gz/.xz read "
                                        "as is); mlp: the same, up to 8192 features; "
                                        "cnn: 'digits' (default, ships with "
-                                       "scikit-learn) or 'synthetic-images'.  Each rank "
+                                       "scikit-learn) or 'synthetic-images'; lm: 'stdlib' "
+                                       "(this Python's own .py sources: --data-option "
+                                       "max_bytes=4194304 heldout=0.1 eval_windows=128 "
+                                       "seed=0 root=DIR).  Each rank "
                                        "generates or reads only its own shard")
     parser.add_argument("--test-data", help="a LIBSVM test file (default: hold out 20%%)")
     parser.add_argument("--data-option", dest="data_options", action="append", default=[],
@@ -93,23 +102,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Hop 3.2 computation graph: serial (default) or parallel "
                              "(send before computing)")
     parser.add_argument("--iters", type=int, default=400, help="iterations (default 400)")
-    parser.add_argument("--batch-size", type=int, help="per rank (default 32; mlp 256)")
-    parser.add_argument("--width", type=int, default=512,
-                        help="mlp: units of each hidden layer (default 512)")
+    parser.add_argument("--batch-size", type=int, help="per rank (default 32; mlp 256; "
+                                                       "lm 32 windows)")
+    parser.add_argument("--width", type=int,
+                        help="mlp: units of each hidden layer (default 512); lm: the "
+                             f"embedding width (default {DEFAULTS['lm']['width']})")
+    parser.add_argument("--layers", type=int, help="lm: transformer blocks (default "
+                                                   f"{DEFAULTS['lm']['layers']})")
+    parser.add_argument("--heads", type=int, help="lm: attention heads, dividing --width "
+                                                  f"(default {DEFAULTS['lm']['heads']})")
+    parser.add_argument("--context", type=int, help="lm: characters per window (default "
+                                                    f"{DEFAULTS['lm']['context']})")
     parser.add_argument("--lr", type=float, help="learning rate (svm: eta0 of Bottou's "
                                                  f"schedule, default {DEFAULTS['svm']['lr']}; "
                                                  f"cnn: default {DEFAULTS['cnn']['lr']}; "
-                                                 f"mlp: {DEFAULTS['mlp']['lr']})")
+                                                 f"mlp: {DEFAULTS['mlp']['lr']}; "
+                                                 f"lm: {DEFAULTS['lm']['lr']})")
     parser.add_argument("--lam", type=float, default=1e-4,
                         help="svm: L2 regularization lambda (default 1e-4)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS,
-                        help="sgd (svm default), momentum (cnn, mlp default) or adam")
+                        help="sgd (svm default), momentum (cnn, mlp default) or adam "
+                             "(lm default)")
     parser.add_argument("--eval-every", type=int, default=20,
-                        help="evaluate test accuracy every N iterations (default 20)")
+                        help="evaluate test accuracy (lm: held-out loss) every N "
+                             "iterations (default 20)")
     parser.add_argument("--target", type=float,
                         help="target test accuracy for time-to-target (svm "
                              f"{DEFAULTS['svm']['target']}, cnn {DEFAULTS['cnn']['target']}, "
-                             f"mlp {DEFAULTS['mlp']['target']})")
+                             f"mlp {DEFAULTS['mlp']['target']}); lm: a held-out loss in "
+                             f"nats per character, lower is better "
+                             f"({DEFAULTS['lm']['target']})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, help="seconds any wait on a neighbour "
                                                       "may take")
@@ -169,6 +191,7 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         slowdown=args.slowdown, slow_factor=args.slow_factor,
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
         threads=args.threads, device=args.device, dtype=args.dtype, width=args.width,
+        layers=args.layers, heads=args.heads, context=args.context,
         kill_rank=args.kill_rank, kill_at=args.kill_at,
         kill_in=args.kill_in, kill_signal=args.kill_signal,
         **{"balance": args.balance, "balance_every": args.balance_every,
@@ -319,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
     h5 = args.h5 or os.path.join(args.out, "metrics.h5")
     png = args.png or os.path.join(args.out, "convergence.png")
     report.write_h5(h5, results)
-    report.plot(png, results, f"{args.model}: test accuracy, {comm.Get_size()} ranks")
+    report.plot(png, results, f"{args.model}: {metric_of(args.model).title}, "
+                              f"{comm.Get_size()} ranks")
     if args.json:
         doc = summaries[0] if len(summaries) == 1 else {"runs": summaries}
         with open(args.json, "w", encoding="utf-8") as f:
@@ -357,6 +381,13 @@ def _say_one(s: dict) -> None:
     _say_balance(s)
     reached = "not reached" if s["time_to_target_s"] is None else \
         f"{s['time_to_target_s']:.2f} s"
+    m = of_summary(s)
+    if not m.higher_is_better:
+        print(f"{s['label']}: held-out loss {m.text(s['final_test_loss'])} after "
+              f"{s['iterations']} iterations, {s['wall_time_s']:.2f} s, "
+              f"{s['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank; "
+              f"target {m.target_text(s['target_loss'])}: {reached}", flush=True)
+        return
     print(f"{s['label']}: test accuracy {100 * s['final_test_accuracy']:.2f}% after "
           f"{s['iterations']} iterations, {s['wall_time_s']:.2f} s, "
           f"{s['bytes_sent_per_rank'] / 1e6:.2f} MB sent per rank; "

@@ -7,9 +7,9 @@ Data is loaded per rank, not per job: ``load(name, rank, size)`` gives the train
 of ``rank``'s shard only, and the whole test set.  The synthetic sparse problems generate
 just the blocks of rows of the shard, and a plain LIBSVM training file with a test file
 is parsed just in the rank's byte range, so a rank's memory is O(its shard + the model).
-The other data (digits, synthetic images, compressed LIBSVM files and those whose test
-set is held out of the training file) is loaded whole, and the rank keeps its strided
-shard().
+The other data (digits, synthetic images, the standard library's text, compressed LIBSVM
+files and those whose test set is held out of the training file) is loaded whole, and
+the rank keeps its strided shard().
 
 Every generator here is deterministic: it draws only from generators seeded by the seed
 (``np.random.default_rng(seed)``, or ``default_rng([seed, ...])`` for a stream or block
@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import inspect
 import io
 import lzma
 import os
+import platform
+import sys
 import threading
 import zlib
 from dataclasses import dataclass, replace
@@ -41,8 +44,8 @@ sparse = require("scipy.sparse", "train", "asapmpi's training data")
 
 __all__ = [
     "Dataset", "batch_indices", "conform", "digits", "is_sparse", "load", "load_libsvm",
-    "load_libsvm_split", "shard", "shard_summary", "synthetic_images", "synthetic_rcv1",
-    "synthetic_svm",
+    "load_libsvm_split", "shard", "shard_summary", "stdlib_text", "synthetic_images",
+    "synthetic_rcv1", "synthetic_svm", "text_files",
 ]
 
 
@@ -61,9 +64,12 @@ def is_sparse(x: Features) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test split: features (dense float32 or CSR) and int64 labels 0..n_classes-1.
+    """A train/test split: features (dense float32 or CSR) and int64 labels 0..n_classes-1;
+    or, for a language model (stdlib_text), windows of bytes (uint8, (n, context)) and
+    the bytes that follow each position (uint8, (n, context)), n_classes the 256 bytes.
 
-    ``shape`` is the shape of one example, e.g. ``(n_features,)`` or ``(1, 8, 8)``.
+    ``shape`` is the shape of one example, e.g. ``(n_features,)``, ``(1, 8, 8)`` or
+    ``(context,)``.
     The training part may be one shard of a larger set: ``shard`` is (rank, size) and
     ``train_rows_total`` the rows of all shards together (None while unknown to a rank
     alone: a LIBSVM file read by byte ranges, until conform()).  ``label_values`` are the
@@ -80,6 +86,8 @@ class Dataset:
     shard: tuple = (0, 1)
     train_rows_total: Optional[int] = None
     label_values: Optional[tuple] = None
+    #: what the data is, for the run's summary (stdlib_text: its files, bytes, digest)
+    about: Optional[dict] = None
 
     def __post_init__(self):
         for part in ("train", "test"):
@@ -416,6 +424,9 @@ _CALIBRATION_ROWS = 8191
 # only meet these keys at rank _TAG.
 _TAG = 0x53564D00
 _HIDDEN, _CALIBRATION, _TRAIN, _TEST = 1, 2, 3, 4
+# The held-out sample of stdlib_text: default_rng([seed, _TEXT_TAG]), apart from the
+# split's default_rng(seed)
+_TEXT_TAG = 0x54455854
 _NNZ_PER_ROW = 40     # synthetic-svm's default: the 2% of its 2000 features it had
 
 
@@ -729,6 +740,142 @@ def synthetic_images(n_train: int = 4096, n_test: int = 1024, seed: int = 0) -> 
 
 
 # ------------------------------------------------------------------------------------------
+# Text: the interpreter's own standard library sources, bytes as characters
+# ------------------------------------------------------------------------------------------
+
+#: folders of the standard library's tree that hold no standard library (installed
+#: packages, in some layouts inside it) or no sources
+_NOT_STDLIB = frozenset({"site-packages", "dist-packages", "__pycache__"})
+#: the byte values: the language model's vocabulary (no vocabulary file)
+VOCABULARY = 256
+
+
+def stdlib_root() -> str:
+    """The folder of the running interpreter's standard library sources."""
+    import sysconfig
+
+    return sysconfig.get_paths()["stdlib"]
+
+
+def _missing_sources(root: str) -> ConfigError:
+    """The refusal when `root` holds no .py files: what to install, or pass instead."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return ConfigError(
+        f"no Python sources (.py files) under {root}: this Python's standard library "
+        f"sources were stripped; install them (Debian/Ubuntu: apt install "
+        f"libpython{version}-stdlib; or a full CPython from python.org, pyenv, uv or "
+        f"conda) or pass --data-option root=DIR, a folder of .py files")
+
+
+def text_files(root: str) -> list:
+    """The .py files under `root` as relative POSIX paths in byte order (the same list
+    on every machine with the same tree), leaving out installed packages
+    (site-packages, dist-packages) and caches; ConfigError when there is none."""
+    root = os.fspath(root)
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        # pruned in place (os.walk then skips them); the walk's own order does not
+        # matter: the list is sorted below
+        subfolders[:] = [d for d in subfolders if d not in _NOT_STDLIB]
+        found += [os.path.relpath(os.path.join(folder, f), root).replace(os.sep, "/")
+                  for f in files if f.endswith(".py")]
+    if not found:
+        raise _missing_sources(root)
+    return sorted(found, key=lambda rel: rel.encode("utf-8", "surrogateescape"))
+
+
+def _read_corpus(root: str, files: list, max_bytes: int) -> list:
+    """[(relative path, bytes)] of the files in order until `max_bytes` in all: whole
+    files, the last one cut at the cap."""
+    out, total = [], 0
+    for rel in files:
+        if total >= max_bytes:
+            break
+        try:
+            with open(os.path.join(root, rel), "rb") as handle:
+                content = handle.read(max_bytes - total)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {os.path.join(root, rel)}: {exc.strerror}; "
+                              f"check the folder's permissions or pass --data-option "
+                              f"root=DIR") from exc
+        if content:
+            out.append((rel, content))
+            total += len(content)
+    return out
+
+
+def _windows(text: bytes, context: int) -> tuple:
+    """(inputs, next bytes): the text cut into windows of `context` bytes one after
+    another, each paired with the same window shifted by one byte (so every byte but
+    the first is predicted once), as uint8 arrays (n, context)."""
+    n = (len(text) - 1) // context
+    data = np.frombuffer(text, dtype=np.uint8)
+    return (data[:n * context].reshape(n, context),
+            data[1:n * context + 1].reshape(n, context))
+
+
+def stdlib_text(context: int = 64, max_bytes: int = 4 << 20, heldout: float = 0.1,
+                eval_windows: int = 128, seed: int = 0, root: Optional[str] = None,
+                rank: int = 0, size: int = 1) -> Dataset:
+    """A character-level language modelling corpus that ships with the interpreter: the
+    .py files of its standard library (``sysconfig.get_paths()["stdlib"]``, or of the
+    folder `root`), read as bytes (the vocabulary is the 256 byte values: no vocabulary
+    file, nothing to download).
+
+    The corpus is the files in byte order of their relative paths (text_files: no
+    site-packages), whole, until `max_bytes` (default 4 MiB; the last file cut there).
+    A fraction `heldout` of those files, drawn with `seed` (a data option, not the run's
+    --seed, so every run of a study evaluates on the same text), is held out: training
+    and held-out text never share a file.  Each part is cut into windows of `context`
+    bytes (x_train (n, context) uint8, y_train the next bytes, uint8); the held-out
+    sample is `eval_windows` of the held-out windows drawn with `seed`, the same for
+    every rank and run.  The training windows are sharded by rank (strided, disjoint).
+
+    Which corpus: the files of one Python release (3.11.7, 3.12.3, ...) as installed;
+    minor releases add and remove modules (3.11 and 3.12 differ from the first files
+    on), patch releases change a few files, and distributions may patch some (Debian's
+    sysconfig), so compare runs by the ``about`` digest (sha256 of the corpus), which
+    the training summary reports.  Without the sources (stripped by some
+    distributions) it refuses in one line, naming what to install.
+    """
+    _check_rank(rank, size)
+    _check_positive(context=context, max_bytes=max_bytes, eval_windows=eval_windows)
+    if context < 2:
+        raise ConfigError(f"context={context}: pass at least 2 characters")
+    if not 0.0 < heldout < 1.0:
+        raise ConfigError(f"heldout={heldout}: pass a fraction of the files between 0 "
+                          f"and 1")
+    root = os.path.abspath(os.fspath(root) if root is not None else stdlib_root())
+    if not os.path.isdir(root):
+        raise _missing_sources(root)
+    corpus = _read_corpus(root, text_files(root), max_bytes)
+    n_held = round(len(corpus) * heldout)
+    if not 0 < n_held < len(corpus):
+        raise ConfigError(f"heldout={heldout} of the corpus's {len(corpus)} files leaves "
+                          f"no training or no held-out file; change heldout or raise "
+                          f"max_bytes")
+    held = set(np.random.default_rng(_seed(seed)).permutation(len(corpus))[:n_held]
+               .tolist())
+    train_text = b"".join(c for i, (_, c) in enumerate(corpus) if i not in held)
+    test_text = b"".join(c for i, (_, c) in enumerate(corpus) if i in held)
+    x_train, y_train = _windows(train_text, context)
+    x_test, y_test = _windows(test_text, context)
+    if len(x_test) == 0:
+        raise ConfigError(f"the held-out files hold {len(test_text)} bytes, less than one "
+                          f"window of context={context}; raise heldout or max_bytes")
+    pick = np.sort(np.random.default_rng([_seed(seed), _TEXT_TAG]).permutation(
+        len(x_test))[:eval_windows])
+    digest = hashlib.sha256(b"".join(c for _, c in corpus)).hexdigest()
+    about = {"root": root, "python": platform.python_version(), "files": len(corpus),
+             "heldout_files": n_held, "bytes": len(train_text) + len(test_text),
+             "train_bytes": len(train_text), "heldout_bytes": len(test_text),
+             "eval_chars": len(pick) * context, "sha256": digest}
+    ds = Dataset(x_train, y_train, x_test[pick], y_test[pick], n_classes=VOCABULARY,
+                 name="stdlib", shape=(context,), about=about)
+    return ds if size == 1 else _strided(ds, rank, size)
+
+
+# ------------------------------------------------------------------------------------------
 # Sharding and minibatches
 # ------------------------------------------------------------------------------------------
 
@@ -864,6 +1011,7 @@ _LOADERS: dict = {
     "digits": digits,
     "synthetic-images": synthetic_images,
     "synthetic-rcv1": synthetic_rcv1,
+    "stdlib": stdlib_text,
 }
 #: what the loaders take that is not an option of the data set
 _SHARD_ARGUMENTS = ("rank", "size")
@@ -897,8 +1045,8 @@ def _strided(ds: Dataset, rank: int, size: int) -> Dataset:
 def load(name: str, rank: int = 0, size: int = 1, **options) -> Dataset:
     """The data set ``name``, with only ``rank``'s shard of ``size`` of its training
     rows (and the whole test set): "synthetic-svm", "digits", "synthetic-images",
-    "synthetic-rcv1", or the path of a LIBSVM file (options: test_path, test_fraction,
-    seed, n_features).
+    "synthetic-rcv1", "stdlib" (text for the language model: stdlib_text), or the path
+    of a LIBSVM file (options: test_path, test_fraction, seed, n_features).
 
     The synthetic sparse problems and LIBSVM files with a plain training file and a
     test file load only the shard (contiguous rows; see synthetic_svm and

@@ -1,5 +1,6 @@
-"""The demo models: a linear SVM with log loss (Bottou's SVM-SGD), a small CNN and a wide
-MLP (the compute-bound workload of the straggler benchmarks)."""
+"""The demo models: a linear SVM with log loss (Bottou's SVM-SGD), a small CNN, a wide
+MLP (the compute-bound workload of the straggler benchmarks) and a small character-level
+transformer language model (the workload of low-communication training, docs/LOWCOMM.md)."""
 from __future__ import annotations
 
 import torch
@@ -88,9 +89,57 @@ class WideMLP(_Classifier):
         return self.out(F.relu(self.hidden2(x)))
 
 
-def build(kind: str, shape, n_classes: int, width: int = 512) -> nn.Module:
-    """The demo model for `kind` ("svm", "cnn" or "mlp") and one example's `shape`
-    (`width`: the MLP's hidden units)."""
+class CharTransformer(nn.Module):
+    """A decoder-only transformer over bytes: token and learned position embeddings,
+    `layers` pre-norm blocks of causal self-attention (`heads` heads) and a GELU MLP of
+    4 x `width` (torch's TransformerEncoderLayer with a causal mask), a final LayerNorm
+    and the token embedding again as the output layer (tied weights).
+
+    At the defaults of `asapmpi train lm` (vocabulary 256, context 64, width 64, 2
+    layers) it has 120k parameters (0.5 MB), small enough that 8 ranks oversubscribed on
+    2 cores each take a step of 32 windows in well under a second.  Embeddings start at
+    N(0, 0.02) (GPT-2's), so the first scores are near zero and the loss near
+    ln(vocabulary)."""
+
+    def __init__(self, vocabulary: int = 256, context: int = 64, width: int = 64,
+                 layers: int = 2, heads: int = 4):
+        super().__init__()
+        self.context = context
+        self.embed = nn.Embedding(vocabulary, width)
+        self.position = nn.Embedding(context, width)
+        block = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width,
+                                           dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        # the nested-tensor path is for padding masks, and warns with norm_first
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        for table in (self.embed, self.position):
+            nn.init.normal_(table.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Scores of the next byte at every position, shape (batch, length, vocabulary),
+        for x of byte values, shape (batch, length), length <= context."""
+        length = x.shape[1]
+        h = self.embed(x) + self.position.weight[:length]
+        # made per call, not a buffer: a buffer would be exchanged with the parameters
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=h.device,
+                                                              dtype=h.dtype)
+        h = self.blocks(h, mask=mask, is_causal=True)
+        return self.norm(h) @ self.embed.weight.t()
+
+    @staticmethod
+    def loss(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy per predicted byte (nats), in float32 at least."""
+        scores = scores.float() if scores.element_size() < 4 else scores
+        return F.cross_entropy(scores.flatten(0, 1), targets.flatten())
+
+
+def build(kind: str, shape, n_classes: int, width: int = 512, layers: int = 2,
+          heads: int = 4) -> nn.Module:
+    """The demo model for `kind` ("svm", "cnn", "mlp" or "lm") and one example's `shape`
+    (`width`: the MLP's hidden units, the language model's embedding width; `layers`
+    and `heads`: the language model's; for "lm" `shape` is (context,) and `n_classes`
+    the vocabulary)."""
     if kind == "svm":
         if n_classes != 2:
             raise ValueError("the SVM demo is binary")
@@ -99,4 +148,6 @@ def build(kind: str, shape, n_classes: int, width: int = 512) -> nn.Module:
         return SmallCNN(int(shape[0]), int(shape[-1]), n_classes)
     if kind == "mlp":
         return WideMLP(int(torch.tensor(shape).prod()), n_classes, width)
+    if kind == "lm":
+        return CharTransformer(n_classes, int(shape[0]), width, layers, heads)
     raise ValueError(f"unknown model {kind!r}")

@@ -1,4 +1,4 @@
-"""The training loop of the demos (`asapmpi train svm|cnn|mlp`), one run on every rank of
+"""The training loop of the demos (`asapmpi train svm|cnn|mlp|lm`), one run on every rank of
 `comm`: data sharded by rank, a DecentralizedOptimizer, periodic evaluation, progress,
 checkpoints, resume, slowdown injection, load balancing (--balance: per-rank batch sizes
 and samples-weighted gradients, asapmpi.loadbalance); returns the gathered metrics on
@@ -30,6 +30,7 @@ from asapmpi.train import data as datasets
 from asapmpi.train import resume_plan
 from asapmpi.train.checkpoint import CheckpointDir
 from asapmpi.train.config import TrainConfig
+from asapmpi.train.metric import metric_of
 from asapmpi.train.progress import ProgressBar
 from asapmpi.train.report import MetricsLog, RunResult
 
@@ -38,6 +39,8 @@ from .optimizer import DecentralizedOptimizer
 
 #: sparse data with more columns than this is fed to the model as sparse tensors
 SPARSE_COLUMNS = 8192
+#: the language model's warm-up: this fraction of --iters
+LM_WARMUP = 0.05
 
 
 def place_on_host(comm: MPI.Comm) -> tuple:
@@ -73,10 +76,16 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
 def learning_rate(cfg: TrainConfig, iteration: int) -> float:
     """SVM: Bottou's schedule eta0 / (1 + lambda eta0 t); MLP: cosine from lr to 0 over
     --iters (at a constant rate decentralized replicas kept disagreeing by several points
-    at the end of the run, while allreduce's one model kept improving); CNN: constant."""
+    at the end of the run, while allreduce's one model kept improving); LM: a linear
+    warm-up over the first LM_WARMUP of the run (Adam's first steps on a transformer
+    are its largest), then the same cosine; CNN: constant."""
     if cfg.model == "svm":
         return cfg.lr / (1.0 + cfg.lam * cfg.lr * iteration)
-    if cfg.model == "mlp":
+    if cfg.model == "lm":
+        warmup = max(1, round(LM_WARMUP * cfg.iters))
+        if iteration < warmup:
+            return cfg.lr * (iteration + 1) / warmup
+    if cfg.model in ("mlp", "lm"):
         return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * min(iteration, cfg.iters) / cfg.iters))
     return cfg.lr
 
@@ -97,6 +106,8 @@ class _Data:
         options = dict(cfg.data_options)
         if cfg.test_data:
             options["test_path"] = cfg.test_data
+        if cfg.model == "lm":
+            options["context"] = cfg.context      # the windows are the model's context
         self.ds = datasets.load(cfg.data, rank=rank, size=size, **options)
         if cfg.model == "svm" and self.ds.n_classes != 2:
             raise ConfigError(f"the SVM demo is binary but {cfg.data} has "
@@ -105,6 +116,8 @@ class _Data:
             raise ConfigError(f"the MLP demo takes dense batches of at most {SPARSE_COLUMNS} "
                               f"features, but {cfg.data} has {self.ds.n_features}; use "
                               f"`asapmpi train svm` or --data-option n_features=2000")
+        #: text windows (the language model): byte values, fed as int64 indices
+        self.text = cfg.model == "lm"
         if cfg.model == "cnn" and len(self.ds.shape) != 3:
             raise ConfigError(f"the CNN demo needs images (C, H, W), but {cfg.data} has "
                               f"examples of shape {self.ds.shape}; use `asapmpi train svm`")
@@ -125,10 +138,16 @@ class _Data:
         self.x_test = self._dense(self.ds.x_test, np.arange(len(self.ds.y_test))).to(self.device)
         self.y_test = torch.from_numpy(np.asarray(self.ds.y_test,
                                                   dtype=np.int64)).to(self.device)
+        # in slices of this many windows, so that a larger --data-option eval_windows
+        # does not hold all its activations at once
+        self.eval_slice = 256
 
     def _dense(self, x, index) -> torch.Tensor:
         """Examples `index` as a tensor: dense, or sparse (COO) for wide sparse data,
-        whose dense batches would cost more than the model (RCV1: 47k columns)."""
+        whose dense batches would cost more than the model (RCV1: 47k columns), or the
+        bytes of text windows as int64 indices."""
+        if self.text:
+            return torch.from_numpy(np.asarray(x[index], dtype=np.int64))
         if _sparse_batches(x):
             if self.dtype != torch.float32:
                 raise ConfigError(f"--dtype {str(self.dtype)[6:]} needs dense examples, and "
@@ -173,6 +192,18 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model.predict(model(x)) == y).double().mean())
 
 
+def heldout_loss(model, x: torch.Tensor, y: torch.Tensor, slice_size: int = 256) -> float:
+    """The language model's mean cross-entropy per character (nats) on the held-out
+    windows x (inputs) and y (next bytes), computed in slices of windows and summed in
+    float64, so the value does not depend on the slicing beyond float32 rounding."""
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(x), slice_size):
+            xs, ys = x[start:start + slice_size], y[start:start + slice_size]
+            total += float(model.loss(model(xs), ys)) * ys.numel()
+    return total / y.numel()
+
+
 def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
           progress: bool = True) -> Optional[RunResult]:
     """Run `cfg` on every rank of `comm` (collective).  Rank 0 returns the RunResult with
@@ -203,8 +234,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     _agree(comm, problem, max(timeout, rc.timeout_startup), "the check of every rank's data")
     # every rank passed the check: any ConfigError of the agreement is the same on all
     data.agree(comm, max(timeout, rc.timeout_startup))
-    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes, cfg.width).to(
-        data.device, data.dtype)
+    model = models.build(cfg.model, data.ds.shape, data.ds.n_classes, cfg.width,
+                         cfg.layers, cfg.heads).to(data.device, data.dtype)
     # policies that average over everybody or fix their own topology take no graph
     policy = POLICIES[cfg.sync]
     fixed = not policy.uses_window or hasattr(policy, "topology")
@@ -214,7 +245,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
         transport=cfg.transport, outer=cfg.outer, local_steps=cfg.local_steps,
         outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum, **cfg.policy_options)
     ckpts = CheckpointDir(cfg.checkpoint_root(), rank, cfg.keep)
-    log, elapsed, resumed_loop = MetricsLog(), 0.0, None
+    log, elapsed, resumed_loop = MetricsLog(metric_of(cfg.model)), 0.0, None
     if cfg.resume:
         tree = _load_checkpoint(cfg, ckpts, comm, model, opt, timeout)
         if tree is not None:
@@ -231,7 +262,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
             print(f"asapmpi: starting {cfg.label!r} afresh (no --resume): removed the old "
                   f"checkpoints under {ckpts.root}", flush=True)
 
-    bar = ProgressBar(cfg.iters, cfg.label) if progress and rank == 0 else None
+    bar = ProgressBar(cfg.iters, cfg.label, metric=metric_of(cfg.model)) \
+        if progress and rank == 0 else None
     with _balancer(cfg, comm, opt, data, timeout) as balancer:
         loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar, balancer)
         loop.budget = budget
@@ -262,13 +294,16 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
              "policy_report": opt.exchange.report,
              "hosts": [host for host, _ in places],
              "peak_rss_bytes": [peak for _, peak in places]}
+    if data.ds.about is not None:
+        extra["corpus"] = data.ds.about           # which text, to compare runs by
     if balances:
         extra.update({"batch_sizes": [b["batch_size"] for b in balances],
                       "mean_batch_sizes": [b["mean_batch_size"] for b in balances],
                       "rebalances": [b["rebalances"] for b in balances],
                       "paces_s": [b["pace_s"] for b in balances],
                       "global_batch": balancer.global_batch})
-    return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target, extra=extra)
+    return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target, extra=extra,
+                     metric=metric_of(cfg.model).key)
 
 
 class _NoBalancer:
@@ -546,9 +581,12 @@ class _Loop:
         self.t0 += time.perf_counter() - start
 
     def evaluate(self, mark: int) -> None:
-        """Test accuracy of this replica; a metrics row; the progress bar."""
+        """Test accuracy (lm: held-out loss) of this replica; a metrics row; the
+        progress bar."""
         def work():
-            acc = _accuracy(self.model, self.data.x_test, self.data.y_test)
+            data = self.data
+            acc = heldout_loss(self.model, data.x_test, data.y_test, data.eval_slice) \
+                if data.text else _accuracy(self.model, data.x_test, data.y_test)
             t, it = self.now(), self.opt.iteration
             it0, t_prev = self.last_eval
             rate = (it - it0) / (t - t_prev) if t > t_prev else 0.0
