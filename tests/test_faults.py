@@ -153,6 +153,13 @@ def _launcher_ended_it(proc) -> bool:
     return "signal 9" in out or "unable to forward PMI response" in out
 
 
+#: the start-up deadline of the training runs below: the start case's is the deadline
+#: under test, the end case's is never reached.  Not 3 s: a loaded host starts the ranks
+#: seconds apart (importing torch), and a rank that came 3 s after another was named
+#: instead of the stopped one (Open MPI, load 9 on 2 cores)
+STARTUP_DEADLINE = {"start": "15", "end": "60"}
+
+
 @pytest.mark.parametrize("where, what", [("start", "the start of the run"),
                                          ("end", "the final gather of metrics")])
 def test_a_rank_silent_in_a_training_run_s_start_or_end_collective_is_named(tmp_path, where,
@@ -164,7 +171,7 @@ def test_a_rank_silent_in_a_training_run_s_start_or_end_collective_is_named(tmp_
                                "40", "--timeout", "3", "--kill-rank", "2", "--kill-in", where,
                                "--kill-signal", "stop", "--no-progress", "--out", tmp_path],
                            timeout=120)
-    env["ASAPMPI_TIMEOUT_STARTUP"] = "3"
+    env["ASAPMPI_TIMEOUT_STARTUP"] = STARTUP_DEADLINE[where]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
                           check=False)
@@ -173,8 +180,9 @@ def test_a_rank_silent_in_a_training_run_s_start_or_end_collective_is_named(tmp_
     named = [line for line in proc.stderr.splitlines()
              if f"waiting for {what} from rank 2;" in line]
     assert named, proc.stdout[-2000:] + proc.stderr[-3000:]
-    # 3 s deadline (+2 s for rank 0's verdict) after the survivors' own start-up
-    assert elapsed < 60, elapsed
+    # the deadline (+2 s for rank 0's verdict) after the survivors' own start-up: a
+    # hang limit, not a timing
+    assert elapsed < 120, elapsed
 
 
 @pytest.mark.parametrize("where", ["start", "end"])
@@ -188,11 +196,11 @@ def test_a_rank_killed_in_a_training_run_s_start_or_end_collective_ends_the_job(
                                "40", "--timeout", "3", "--kill-rank", "2", "--kill-in", where,
                                "--no-progress", "--out", tmp_path], timeout=120,
                            keep_going=True)
-    env["ASAPMPI_TIMEOUT_STARTUP"] = "3"
+    env["ASAPMPI_TIMEOUT_STARTUP"] = STARTUP_DEADLINE[where]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
                           check=False)
-    assert proc.returncode != 0 and time.monotonic() - start < 60
+    assert proc.returncode != 0 and time.monotonic() - start < 120
     named = [line for line in proc.stderr.splitlines()
              if line.startswith("asapmpi: rank") and "waiting for" in line]
     assert all("from rank 2;" in line for line in named), named
