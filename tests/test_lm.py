@@ -17,6 +17,8 @@ from asapmpi.train.config import TrainConfig
 from asapmpi.train.metric import ACCURACY, LOSS, bits_per_char, metric_of
 from asapmpi.train.report import MetricsLog, RunResult, table
 
+from mpilaunch import above_the_core
+
 # a small corpus for the data tests: 1 MB of the standard library is read in a blink
 SMALL = {"max_bytes": 1 << 20}
 
@@ -269,6 +271,7 @@ TINY = ["--width", "32", "--layers", "1", "--heads", "2", "--context", "32",
 
 
 @pytest.mark.mpi
+@above_the_core     # the trainer: logic above the core, MPICH only
 @pytest.mark.parametrize("extra", [[], ["--outer", "diloco", "--local-steps", "10"]])
 def test_train_lm_end_to_end_reports_loss_and_bits(tmp_path, extra):
     proc = _train("-n", "2", "--sync", "allreduce", "--iters", "40", *TINY, *extra,
@@ -287,6 +290,7 @@ def test_train_lm_end_to_end_reports_loss_and_bits(tmp_path, extra):
 
 
 @pytest.mark.mpi
+@above_the_core     # the trainer: logic above the core, MPICH only
 def test_train_lm_refuses_bad_sizes_before_starting(tmp_path):
     proc = _train("-n", "2", "--width", "30", "--heads", "4", "--out", str(tmp_path))
     assert proc.returncode == 2, proc.stdout + proc.stderr

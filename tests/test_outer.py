@@ -244,6 +244,7 @@ def test_bench_training_passes_outer_runs_to_the_trainer():
 # ---------------------------------------------------------------------- multi-rank
 
 @pytest.mark.mpi
+@above_the_core     # the optimizer wrapper: logic above the core, MPICH only
 def test_diloco_over_allreduce_and_the_plain_period_on_two_ranks():
     res = run("test_outer:rounds", 2, "shm", timeout=180)
     # DiLoCo: the start of every round is the same on both ranks, bit for bit, and is
@@ -266,6 +267,7 @@ def test_diloco_over_allreduce_and_the_plain_period_on_two_ranks():
 
 
 @pytest.mark.mpi
+@above_the_core     # the optimizer wrapper: logic above the core, MPICH only
 def test_a_resumed_run_continues_exactly_on_two_ranks(tmp_path):
     for r in run("test_outer:resumed", 2, "shm", timeout=180, folder=str(tmp_path)):
         for dtype, (whole, resumed) in r["params"].items():
@@ -280,6 +282,7 @@ def joined_job():
 
 
 @pytest.mark.mpi
+@above_the_core     # the optimizer wrapper: logic above the core, MPICH only
 def test_join_keeps_the_outer_state_of_a_rank_that_ran_out_of_data(joined_job):
     res = joined_job
     allreduce = [r["allreduce"] for r in res]
@@ -300,6 +303,7 @@ def test_join_keeps_the_outer_state_of_a_rank_that_ran_out_of_data(joined_job):
 
 
 @pytest.mark.mpi
+@above_the_core     # the optimizer wrapper: logic above the core, MPICH only
 def test_ranks_with_different_outer_settings_are_refused_alike(joined_job):
     for r in (r["refusals"] for r in joined_job):
         assert "every rank must pass the same period, mode, buffers and outer settings" \

@@ -16,6 +16,8 @@ from asapmpi.launch.restart import JobReport, lost_from_environment, supervise
 from asapmpi.train.checkpoint import CheckpointDir, load_tree
 from asapmpi.train.resume_plan import ResumePlan, plan, plan_resume
 
+from mpilaunch import above_the_core
+
 # ------------------------------------------------------------------ the plan (serial)
 
 
@@ -175,6 +177,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.mpi
+@above_the_core     # the trainer: logic above the core, MPICH only
 def test_a_rank_killed_at_40_percent_restarts_on_the_three_left(tmp_path, uninterrupted):
     proc, summary = _train(tmp_path, "shrink", 4, "--kill-rank", "1", "--kill-at", "60",
                            "--restarts", "1", "--restart-ranks", "shrink")
@@ -207,6 +210,7 @@ def test_a_rank_killed_at_40_percent_restarts_on_the_three_left(tmp_path, uninte
 
 
 @pytest.mark.mpi
+@above_the_core     # the trainer: logic above the core, MPICH only
 def test_a_same_size_restart_finishes_on_four(tmp_path, uninterrupted):
     proc, summary = _train(tmp_path, "same", 4, "--kill-rank", "2", "--kill-at", "60",
                            "--restarts", "2")
