@@ -1,6 +1,7 @@
-"""`asapmpi bench soak`: every policy steps 100,000 times on 4 ranks (40,000 on Open MPI)
-with flat memory, descriptors and /dev/shm (the issue's targets, asserted on what the
-run measured); the growth verdict is checked on made-up figures."""
+"""`asapmpi bench soak`: every policy steps 40,000 times on 4 ranks with flat memory,
+descriptors and /dev/shm (asserted on what the run measured; the 100,000-step figures
+are the benchmark's, docs/BENCHMARKS.md); the growth verdict is checked on made-up
+figures."""
 import json
 import os
 import subprocess
@@ -10,8 +11,6 @@ import numpy as np
 import pytest
 
 from asapmpi.bench import soak
-
-from mpilaunch import STACK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,14 +62,15 @@ def test_the_verdict_fails_a_run_that_grows():
     assert "FAIL" in soak.format_report(report)
 
 
-#: steps per policy: the target's 100,000 on the embedded MPICH; on Open MPI (twice as
-#: slow a step here, 93 s for the seven policies) 40,000, its growth still judged per
-#: 100,000 steps after the warm-up
-STEPS = 100_000 if STACK == "mpich" else 40_000
+#: steps per policy: a warm-up of 10,000 (the trace rings fill) and 30,000 measured, the
+#: growth judged per 100,000 steps: a leak of the target's size (10 bytes a step) grows
+#: 0.3 MB over them, 75 pages.  The benchmark's own default is 100,000 (110 s of the
+#: suite on MPICH for 40 s more evidence of the same slope)
+STEPS = 40_000
 
 
 @pytest.mark.mpi
-def test_every_policy_stays_flat_over_100000_steps(tmp_path):
+def test_every_policy_stays_flat_over_40000_steps(tmp_path):
     out, png = tmp_path / "soak.json", tmp_path / "soak.png"
     env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)
