@@ -302,3 +302,17 @@ def test_torch_is_imported_only_by_its_bindings_and_the_harness():
                        if _imports_torch(path) and not m.startswith(allowed))
     assert importing == [], importing
     assert _imports_torch(MODULES["asapmpi.torch.optimizer"])     # the check sees imports
+
+
+def test_the_bindings_import_no_emulated_host():
+    # the user-facing bindings train on any launcher's ranks: the emulated hosts' cgroups
+    # (asapmpi.launch.budget) are the benchmark's, handed to the trainer by the CLI
+    # (train(clock_budget=...)), never imported by it
+    graph = import_graph()
+    reach = sorted(m for m, targets in graph.items() if m.startswith("asapmpi.torch")
+                   and "asapmpi.launch.budget" in targets)
+    assert reach == [], reach
+    assert "asapmpi.launch.budget" in graph["asapmpi.train.cli"]     # the check sees it
+    # load balancing is a trainer option: it lives with the trainer's options
+    assert "asapmpi.train.loadbalance" in graph["asapmpi.torch.trainer"]
+    assert "asapmpi.loadbalance" not in MODULES

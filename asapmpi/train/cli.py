@@ -325,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
     """Run every configuration on this job's ranks; rank 0 reports."""
     from mpi4py import MPI
 
+    from ..launch.budget import ClockBudget
     from . import report
 
     runs = configs(args)
@@ -332,7 +333,9 @@ def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     results = []
     for cfg in runs:
-        result = trainer.train(cfg, comm, progress=not args.no_progress)
+        # bench training's emulated hosts: each rank's share of its host's CPU quota
+        result = trainer.train(cfg, comm, progress=not args.no_progress,
+                               clock_budget=ClockBudget.from_environment)
         if result is not None:
             results.append(result)
             _say_one(result.summary())

@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
-from ..loadbalance import DEFAULT_EVERY, check_every
-from ..loadbalance import check as check_balance
 from ..options import Option, Options
 from ..outer import OPTIONS as OUTER_OPTIONS
 from ..outer import policy_refusal
@@ -20,6 +18,8 @@ from ..sync import POLICIES
 from ..sync import policy as make_policy
 from ..sync.spec import parse_options
 from ..transports import TRANSPORTS
+from .loadbalance import DEFAULT_EVERY, check_every
+from .loadbalance import check as check_balance
 from .metric import metric_of
 
 MODELS = ("svm", "cnn", "mlp", "lm")
@@ -58,7 +58,7 @@ TRAINABLE = tuple(sorted(POLICIES))
 
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
-#: and its Exchange never see them (load balancing: asapmpi.loadbalance; the outer
+#: and its Exchange never see them (load balancing: asapmpi.train.loadbalance; the outer
 #: optimizer: asapmpi.outer, "allreduce:outer=diloco:local_steps=20"), declared and
 #: parsed as a policy's are (asapmpi.options)
 TRAINER = Options(
@@ -171,7 +171,7 @@ class TrainConfig:
     kill_in: Optional[str] = None
     kill_signal: str = "kill"
     #: load balancing (LB-BSP): per-rank batch sizes from measured paces, re-balanced
-    #: every `balance_every` own steps (asapmpi.loadbalance); a trainer option on every
+    #: every `balance_every` own steps (asapmpi.train.loadbalance); a trainer option on every
     #: policy, never passed to the policy
     balance: bool = False
     balance_every: int = 20

@@ -1,7 +1,7 @@
 """The training loop of the demos (`asapmpi train svm|cnn|mlp|lm`), one run on every rank of
 `comm`: data sharded by rank, a DecentralizedOptimizer, periodic evaluation, progress,
 checkpoints, resume, slowdown injection, load balancing (--balance: per-rank batch sizes
-and samples-weighted gradients, asapmpi.loadbalance); returns the gathered metrics on
+and samples-weighted gradients, asapmpi.train.loadbalance); returns the gathered metrics on
 rank 0."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import resource
 import signal
 import statistics
 import time
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import torch
@@ -21,15 +21,14 @@ from mpi4py import MPI
 
 from asapmpi import collectives
 from asapmpi.errors import AsapError, ConfigError
-from asapmpi.launch.budget import ClockBudget
 from asapmpi.launch.slowdown import from_environment, from_options, hold
-from asapmpi.loadbalance import Balancer, SpeedBoard
 from asapmpi.rc import rc
 from asapmpi.sync import POLICIES
 from asapmpi.train import data as datasets
 from asapmpi.train import resume_plan
 from asapmpi.train.checkpoint import CheckpointDir
 from asapmpi.train.config import TrainConfig
+from asapmpi.train.loadbalance import Balancer, SpeedBoard
 from asapmpi.train.metric import metric_of
 from asapmpi.train.progress import ProgressBar
 from asapmpi.train.report import MetricsLog, RunResult
@@ -204,10 +203,17 @@ def heldout_loss(model, x: torch.Tensor, y: torch.Tensor, slice_size: int = 256)
     return total / y.numel()
 
 
-def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
-          progress: bool = True) -> Optional[RunResult]:
+def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = True,
+          clock_budget: Optional[Callable[[], Any]] = None) -> Optional[RunResult]:
     """Run `cfg` on every rank of `comm` (collective).  Rank 0 returns the RunResult with
-    every rank's metrics; the others return None."""
+    every rank's metrics; the others return None.
+
+    `clock_budget`, when given, makes this rank's CPU budget or None (raising AsapError
+    for a bad set-up, agreed on like bad data): an object with ``split(index_on_host,
+    ranks_on_host)``, ``enter()``, ``leave()`` and ``paused()`` that the loop enters while
+    its clock runs.  `asapmpi train` passes the emulated hosts' cgroups
+    (asapmpi.launch.budget.ClockBudget.from_environment); the trainer itself knows no
+    emulation."""
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     # every collective of the run has a deadline: a rank that died or hangs outside MPI
@@ -220,7 +226,7 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None,
     torch.manual_seed(cfg.seed)
     problem = None
     try:
-        budget = ClockBudget.from_environment()       # bench training's emulated hosts
+        budget = clock_budget() if clock_budget is not None else None
         if budget:
             budget.split(host_index, host_ranks)
         data = _Data(cfg, rank, size)
@@ -473,10 +479,10 @@ class _Loop:
         # times their median, so the hold follows a batch size that load balancing moves)
         self.computes = collections.deque(maxlen=64)
         self.steps = opt.iteration                    # optimizer steps this rank took
-        self.balancer = balancer or None              # asapmpi.loadbalance.Balancer
+        self.balancer = balancer or None              # asapmpi.train.loadbalance.Balancer
         self.cursor = self.steps * cfg.batch_size     # examples drawn so far (balance)
         # the emulated host's CPU budget, entered while the clock runs (None: the process
-        # stays where it was started; asapmpi.launch.budget)
+        # stays where it was started; train's clock_budget)
         self.budget = None
 
     def loop_state(self) -> dict:
@@ -557,7 +563,7 @@ class _Loop:
         opt.zero_grad()
         loss = model.loss(model(x), y)
         # samples-weighted averaging: this rank's mean gradient counts b_i / B in the
-        # replicas' average, not 1 / n (asapmpi.loadbalance)
+        # replicas' average, not 1 / n (asapmpi.train.loadbalance)
         (loss * balancer.loss_scale if balancer else loss).backward()
         self.computes.append((time.perf_counter() - started) / len(y))
         factor = self.slow.factor_for(self.rank, iteration + 1)

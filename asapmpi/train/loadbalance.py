@@ -42,8 +42,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .board import Board
-from .errors import ConfigError
+from ..board import Board
+from ..errors import ConfigError
 
 #: own steps before the first published pace (the first steps pay for lazy setup)
 WARMUP_STEPS = 5
@@ -156,7 +156,7 @@ class SpeedBoard(Board):
     create and to free."""
 
     def __init__(self, comm, active: bool, timeout: float):
-        from . import collectives
+        from .. import collectives
 
         self.active = [bool(a) for a in collectives.allgather(
             comm, bool(active), timeout, "the ranks that balance their batches")]
