@@ -58,6 +58,8 @@ CASES = [
     (["train", "svm", "--compare", "allreduce:balance=maybe"],
      "train option balance must be true or false"),
     (["train", "svm", "--lr", "inf"], "--lr must be a finite number"),
+    (["train", "svm", "--compare", "notify_ack:dtype=int8"],
+     "train option dtype must be one of 'float32', 'bfloat16', 'float16', got 'int8'"),
     (["train", "cnn", "--period", "0"], "--period must be an integer >= 1"),
     (["doctor", "--json", "/no/such/dir/r.json"], "/no/such/dir"),
     (["nonsense"], "invalid choice: 'nonsense'"),

@@ -340,20 +340,30 @@ def test_the_million_feature_workload_runs_with_its_own_defaults(tmp_path):
     assert s["final_test_accuracy"] > 0.5
 
 
+def test_a_run_of_compare_takes_its_own_dtype():
+    from asapmpi.cli import build_parser
+    from asapmpi.train import cli as train_cli
+
+    args = build_parser().parse_args(["train", "mlp", "--dtype", "float16", "--compare",
+                                      "notify_ack,notify_ack:dtype=bfloat16"])
+    assert [r.dtype for r in train_cli.configs(args)] == ["float16", "bfloat16"]
+
+
 @above_the_core
 def test_16_bit_models_train_as_far_as_float32(tmp_path):
     # notify_ack reads exactly the neighbours' versions: each run is deterministic, and
     # they differ only by the 16-bit rounding of the weights (exchanged as they are,
-    # reduced in float32, the optimizer stepping on float32 master weights)
-    finals = {}
-    for dtype in ("float32", "float16", "bfloat16"):
-        out = tmp_path / dtype
-        out.mkdir()
-        proc = train("mlp", "-n", "2", "--iters", "200", "--dtype", dtype, "--out", str(out),
-                     "--json", str(out / "s.json"))
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        finals[dtype] = json.loads((out / "s.json").read_text())
-    wide = finals["float32"]
-    for half in (finals["float16"], finals["bfloat16"]):
+    # reduced in float32, the optimizer stepping on float32 master weights); the three
+    # as runs of one job (dtype is a run option), so they share its start and its data
+    proc = train("mlp", "-n", "2", "--iters", "200", "--out", str(tmp_path), "--json",
+                 str(tmp_path / "s.json"), "--compare",
+                 "notify_ack,notify_ack:dtype=float16,notify_ack:dtype=bfloat16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["label"]: r for r in json.loads((tmp_path / "s.json").read_text())["runs"]}
+    wide = runs["notify_ack"]
+    for label in ("notify_ack:dtype=float16", "notify_ack:dtype=bfloat16"):
+        half = runs[label]
+        # the run option took: 2-byte parameters (padding aside, half the bytes)
+        assert half["model_bytes"] <= wide["model_bytes"] // 2 + 64, (half, wide)
         assert half["final_loss"] < wide["final_loss"] * 1.02, (half, wide)
         assert half["final_test_accuracy"] > wide["final_test_accuracy"] - 0.02, (half, wide)

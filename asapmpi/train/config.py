@@ -59,12 +59,14 @@ TRAINABLE = tuple(sorted(POLICIES))
 
 #: options of a run spec that belong to the trainer, not to the policy: the policy object
 #: and its Exchange never see them (load balancing: asapmpi.train.loadbalance; the outer
-#: optimizer: asapmpi.outer, "allreduce:outer=diloco:local_steps=20"), declared and
-#: parsed as a policy's are (asapmpi.options)
+#: optimizer: asapmpi.outer, "allreduce:outer=diloco:local_steps=20"; the parameters'
+#: element type, "notify_ack:dtype=bfloat16"), declared and parsed as a policy's are
+#: (asapmpi.options)
 TRAINER = Options(
     Option("balance", bool, False, "load balancing of minibatch sizes (LB-BSP)"),
     Option("balance_every", int, DEFAULT_EVERY, "own steps between re-balances", low=1),
     Option("transport", str, "auto", "the Exchange's transport", choices=TRANSPORTS),
+    Option("dtype", str, "float32", "the parameters' element type", choices=DTYPES),
     *OUTER_OPTIONS,
 )
 TRAINER_OPTIONS = tuple(o.name for o in TRAINER)
