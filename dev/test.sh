@@ -23,7 +23,8 @@ fi
 # so on two cores they take little longer together than the longer one alone.  Open
 # MPI's output is shown once both are done, so that the log reads in order.
 OMPI_LOG="$(mktemp -d "${TMPDIR:-/tmp}/asapmpi-setup.XXXXXX")"
-trap 'rm -rf "$OMPI_LOG"' EXIT
+# an interrupted run leaves no set-up running behind it
+trap 'jobs -pr | xargs -r kill 2>/dev/null; rm -rf "$OMPI_LOG"' EXIT
 bash "$ROOT/dev/setup-openmpi.sh" >"$OMPI_LOG/out" 2>"$OMPI_LOG/err" &
 OMPI_SETUP=$!
 mpich_setup=0
