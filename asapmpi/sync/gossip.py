@@ -153,6 +153,9 @@ class Gossip(Policy):
         self._uncounted_seconds = 0.0
         self.pulls = self.table("pulls")       # version, peer, got, seconds
         self.pushes = self.table("pushes")     # version, peer, models mixed, seconds
+        #: models mixed so far (a pull mixes one; pushes what arrived): the trace's
+        #: tables are bounded, this count is not
+        self.mixed = 0
 
     # ------------------------------------------------------------------ one iteration
 
@@ -228,6 +231,7 @@ class Gossip(Policy):
             np.add(array, peer_model, out=array)
             array *= 0.5
         self.pulls.append((version, peer, got, took))
+        self.mixed += 1
 
     @staticmethod
     def _peers(win, ctx: StepContext) -> List[int]:
@@ -280,6 +284,7 @@ class Gossip(Policy):
                             self._table[k] = update_time(self._table[k], float(theirs[k]),
                                                          self.threshold)
         win.release(1 << 62)
+        self.mixed += mixed
         took = time.monotonic() - start
         self._uncounted_seconds += took
         self.pushes.append((version, getattr(self, "_pushed_to", -1), mixed, took))
