@@ -33,7 +33,9 @@ allreduce column is then the median of the loops that took turns with the policy
                peer: every rank receives one buffer and sends one, the pairs a
                rotation by an offset drawn per call (the floor of one pull each).
                Each ratio to it is shown with its run-to-run spread: the lowest and
-               highest of the per-repeat ratios.
+               highest of the per-repeat ratios.  "mixed per step": gossip's models
+               mixed per rank and step (a pull mixes one; a push what arrived: a step
+               fast because its models waited or were replaced shows it here).
   bound        the memory-bandwidth bound of a step on shared memory: the bytes any
                averaging step must move, reading the d_in in-neighbours' updates and
                the rank's own buffer and writing the buffer back ((d_in + 2) * SIZE),
