@@ -285,13 +285,15 @@ def gossip_pushes(comm, iters=60, n=20000, stop_early=-1, **options):
     win = ex.window
     counts = {"pushed": win.pushed, "arrived": win.arrived, "replaced": win.replaced} \
         if win.pushes else {}
-    pushes = ex.trace.get("pushes", np.zeros((0, 4)))
+    pushes = ex.trace.get("pushes", np.zeros((0, 5)))
     values = comm.allgather(float(buf[0]))
+    table = ex.policy._table        # the warm-up's times, ns (INF_NS: never measured)
     transport, report = ex.transport, ex.transport_report
     ex.free()
     return {"torn": torn, "pushes": pushes.tolist(), "values": values, "wall_s": wall,
             "wait_s": waited, "transport": transport, "report": report,
-            "leftovers": slotwin.leftovers(), **counts}
+            "leftovers": slotwin.leftovers(), "comm_s": ex.policy.report["comm_s"],
+            "table_ns": None if table is None else table.tolist(), **counts}
 
 
 @pytest.mark.mpi
@@ -312,6 +314,27 @@ def test_pushed_models_are_whole_and_replicas_converge(path):
     assert max(values) - min(values) < 0.25 * 3
     # a model arrives once (the rest of what was in flight, free() drained)
     assert sum(r["arrived"] for r in results) <= sum(r["pushed"] for r in results)
+
+
+@pytest.mark.mpi
+def test_pushes_warm_up_measures_narrow_peers_slow_and_narrow_links_are_slow():
+    # the pull test's links, pushed: the sender sleeps out its own link's transfer
+    narrow_seconds = 20000 * 4 * 8 / 40e6               # 16 ms to or from a narrow rank
+    results = run("test_gossip:gossip_pushes", 4, "shm", timeout=120, iters=30, every=1,
+                  warmup=1000, wide_mbps=2000.0, narrow_mbps=40.0, narrow=[2, 3],
+                  transport="messages")
+    for rank, res in enumerate(results):
+        pushes = np.array(res["pushes"])
+        involves = np.isin(pushes[:, 1], [2, 3]) | (rank in (2, 3))
+        assert np.all(pushes[involves, 3] >= 0.95 * narrow_seconds)
+        if rank in (0, 1):
+            # what the warm-up's choice reads: narrow peers at their emulated time or
+            # more (measured, or merged from the tables the senders pushed along)
+            table = np.array(res["table_ns"])
+            known = [p for p in (2, 3) if table[p] < INF_NS]
+            assert known and all(table[p] >= 0.95 * narrow_seconds * 1e9 for p in known)
+    comm = results[0]["comm_s"]
+    assert min(comm[2], comm[3]) >= 0.95 * narrow_seconds
 
 
 @pytest.mark.mpi

@@ -152,7 +152,8 @@ class Gossip(Policy):
         self._comm_seconds = 0.0
         self._uncounted_seconds = 0.0
         self.pulls = self.table("pulls")       # version, peer, got, seconds
-        self.pushes = self.table("pushes")     # version, peer, models mixed, seconds
+        # version, peer pushed to, models mixed, seconds of the push, of the mix
+        self.pushes = self.table("pushes")
         #: models mixed so far (a pull mixes one; pushes what arrived): the trace's
         #: tables are bounded, this count is not
         self.mixed = 0
@@ -259,7 +260,7 @@ class Gossip(Policy):
         latency = win.push_seconds(peer)
         self._table[peer] = update_time(self._table[peer],
                                         (took + max(latency, 0.0)) * 1e9, self.threshold)
-        self._pushed_to = peer
+        self._pushed = (peer, took)
 
     def _mix_pushed(self, win, buf, version: int, ctx: StepContext) -> None:
         """buf = (buf + the newest model of each of the m senders that arrived) /
@@ -287,7 +288,9 @@ class Gossip(Policy):
         self.mixed += mixed
         took = time.monotonic() - start
         self._uncounted_seconds += took
-        self.pushes.append((version, getattr(self, "_pushed_to", -1), mixed, took))
+        peer, pushed = getattr(self, "_pushed", (-1, 0.0))
+        self._pushed = (-1, 0.0)
+        self.pushes.append((version, peer, mixed, pushed, took))
 
     def _dtype(self, win):
         return np.float32 if win.dtype == "float32" else np.float64
@@ -380,7 +383,8 @@ class Gossip(Policy):
     @property
     def trace(self) -> Dict[str, np.ndarray]:
         """Per pull: [iteration, peer, version read, seconds]; per push and mix:
-        [iteration, peer pushed to, models mixed, seconds of the mix]."""
+        [iteration, peer pushed to (-1: none), models mixed, seconds of the push (the
+        emulated link's included), seconds of the mix]."""
         out = {"pulls": self.pulls.array()} if self.pulls.count else {}
         if self.pushes.count:
             out["pushes"] = self.pushes.array()
