@@ -425,7 +425,7 @@ cdef class SlotWindow:
 
     A transport is a subclass (one file each, included below): PutWindow (put.pxi),
     SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow
-    (mailbox.pxi) and NewestWindow (newest.pxi).  It moves updates into the slots
+    (mailbox.pxi), NewestWindow (newest.pxi) and PushWindow (push.pxi).  It moves updates into the slots
     (_send, or its own calls), says where a slot is (_slot), makes its words
     (_make_words), drives its progress (_pump, _progress) and drains what is in flight
     before the window is freed (_drain); the base calls these hooks and nothing else

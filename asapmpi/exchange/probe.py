@@ -46,6 +46,7 @@ from mpi4py import MPI
 
 from .._core import Layout, MessageWindow, PushWindow, PutWindow
 from .._core.slotwin import settle_all
+from ..errors import NeighbourTimeoutError
 from ..reduce.graphs import graph as make_graph
 from ..transports import MessageTransport, PutTransport
 from .construction import open_window
@@ -142,7 +143,8 @@ def _gossip_step(win, layouts, buf, tmp, version: int, rng, timeout: float) -> i
     deadline = time.monotonic() + timeout
     while not win.pull(peer, layouts[peer].off_publish, tmp):
         if time.monotonic() > deadline:     # gossip's own pull raises the same way
-            raise TimeoutError(f"rank {win.rank}: no whole model from rank {peer}")
+            raise NeighbourTimeoutError(win.rank, "a whole published model", [peer], [1],
+                                        [0], timeout)
         time.sleep(1e-4)
     buf += tmp
     buf *= 0.5
