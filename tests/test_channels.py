@@ -16,12 +16,12 @@ SYNC = sorted((ROOT / "asapmpi" / "sync").glob("*.py"))
 #: the flags that named transports (Policy.outbox, .messages, .mailbox, .newest)
 TRANSPORT_FLAGS = {"outbox", "messages", "mailbox", "newest"}
 WINDOW_CLASSES = {"PutWindow", "SharedWindow", "MessageWindow", "MailboxWindow",
-                  "NewestWindow"}
+                  "NewestWindow", "PushWindow"}
 
 #: window class -> the kind of words it carries (asapmpi/_core/words.pxi)
 WORDS_KIND = {"PutWindow": "OneSidedWords", "SharedWindow": "OneSidedWords",
               "MessageWindow": "Words", "MailboxWindow": "MessageWords",
-              "NewestWindow": "MessageWords"}
+              "NewestWindow": "MessageWords", "PushWindow": "Words"}
 
 #: policy -> {family: window class it gives the policy}, in the order offered
 FITS = {
@@ -32,7 +32,7 @@ FITS = {
     "async": {"put": "PutWindow", "messages": "NewestWindow"},
     "backup_ps": {"put": "PutWindow", "messages": "NewestWindow"},
     "elastic": {"put": "PutWindow", "messages": "NewestWindow"},
-    "gossip": {"put": "PutWindow"},
+    "gossip": {"put": "PutWindow", "messages": "PushWindow"},
     "allreduce": {},
 }
 
@@ -138,8 +138,9 @@ def test_a_policy_whose_writers_never_wait_gets_only_channels_that_let_them():
 @pytest.mark.parametrize("name, family, message", [
     ("hop", "shared", "transport='shared' does not fit sync='hop' (it drives its slots and "
                       "window words itself); use transport='put', 'messages' or 'auto'"),
-    ("gossip", "messages", "transport='messages' does not fit sync='gossip' (it pulls a "
-                           "peer's model one-sidedly); use transport='put' or 'auto'"),
+    ("gossip", "shared", "transport='shared' does not fit sync='gossip' (it mixes a "
+                         "peer's model without waiting for the peer); use transport='put', "
+                         "'messages' or 'auto'"),
     ("async", "shared", "does not fit sync='async' (it reads each sender's newest version, "
                         "and its writers never wait for a reader); use transport='put', "
                         "'messages' or 'auto'"),
@@ -181,9 +182,13 @@ def test_every_window_class_has_one_row_and_advertises_what_it_does():
                and issubclass(getattr(_core, name), _core.SlotWindow)
                and getattr(_core, name) is not _core.SlotWindow}
     assert sorted(c.window for c in CHANNELS) == sorted(windows) == sorted(WINDOW_CLASSES)
+    from asapmpi.sync import Reads
+
     for channel in CHANNELS:
         cls = channel.window_class()
-        layout = _core.Layout(1, 1, 1, 64, 0, 0, channel.in_place_read)
+        # a channel that serves gossip alone keeps no receive slots (depth 0)
+        depth = 0 if channel.serves == {Reads.PULL} else 1
+        layout = _core.Layout(1, 1, depth, 64, 0, 0, channel.in_place_read)
         segment = bytearray(layout.segment_bytes)
         options = {"outboxes": (segment, [segment])} if channel.in_place_read else {}
         win = cls(MPI.COMM_SELF, layout, [0], [0], [layout.slot_disp(0)],

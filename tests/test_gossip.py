@@ -1,5 +1,7 @@
-"""sync="gossip": pull gossip with a period, the warm-up's peer choice, the congestion
-condition, and emulated link bandwidth."""
+"""sync="gossip": pull and push gossip with a period, the warm-up's peer choice, the
+congestion condition, and emulated link bandwidth."""
+import time
+
 import numpy as np
 import pytest
 
@@ -43,7 +45,8 @@ def test_link_model_and_options():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("period", [1, 4])
 def test_pulled_models_are_whole_and_disagreement_shrinks(period, path):
-    results = run("gossip_pulls_whole_models", 4, path, timeout=300, every=period)
+    results = run("gossip_pulls_whole_models", 4, path, timeout=300, every=period,
+                  transport="put")
     for res in results:
         assert res["torn"] == 0
         pulls = np.array(res["pulls"])
@@ -61,7 +64,7 @@ def test_pulled_models_are_whole_and_disagreement_shrinks(period, path):
 @pytest.mark.mpi
 def test_warm_up_measures_narrow_peers_slow_and_narrow_links_are_slow():
     opts = {"every": 1, "warmup": 1000, "wide_mbps": 2000.0, "narrow_mbps": 40.0,
-            "narrow": [2, 3]}
+            "narrow": [2, 3], "transport": "put"}
     results = run("gossip_pulls_whole_models", 4, "shm", timeout=300, iters=40, **opts)
     narrow_seconds = 20000 * 4 * 8 / 40e6               # 16 ms per pull from a narrow rank
     for rank, res in enumerate(results):
@@ -146,3 +149,213 @@ def test_a_pull_takes_the_newest_slot_that_verifies():
         assert win.pull(0, first, out) == 0
         win.publish(buf * 3, 13)                                # the first slot again
         assert win.pull(0, first, out) == 13 and np.array_equal(out, buf * 3)
+
+
+# ---------------------------------------------------------------- push gossip (messages)
+
+def _self_push_window(nbytes, words=2):
+    # a push window on one rank, whose only peer is itself (the policy never pushes to
+    # itself; the window allows it, which lets one process test the protocol)
+    from mpi4py import MPI
+
+    from asapmpi import _core
+
+    layout = _core.Layout(1, 1, 0, nbytes, words, 0)
+    return _core.PushWindow(MPI.COMM_SELF, layout, [0], [0], [0], [0], [0], "float64",
+                            flush_timeout=10.0)
+
+
+def _take(win, at_least=1, seconds=10.0):
+    # pump until `at_least` models are held (a self-send completes at a progress call)
+    deadline = time.monotonic() + seconds
+    while True:
+        versions = win.take()
+        if np.count_nonzero(versions) >= at_least or time.monotonic() > deadline:
+            return versions
+        win.release(0)
+        time.sleep(1e-4)
+
+
+def test_a_push_mixes_only_whole_verified_models():
+    from asapmpi.testing.faults import corrupt_taken
+
+    model = np.full(10, 2.0)
+    mine = np.zeros(10)
+    with _self_push_window(model.nbytes) as win:
+        assert win.pushes and list(win.take()) == [0]           # nothing arrived
+        win.push(model, 5, 0, words=[7, 8])
+        versions = _take(win)
+        assert list(versions) == [5] and list(win.taken_words(0)) == [7, 8]
+        assert win.buffers.count("taken from 0") == 1
+        # (w + w_peer) / 2, verified: header == footer == 5 and the checksum
+        assert win.reduce_versions(mine, 0.5, np.array([0.5]), versions, checksum=True) == 1
+        assert np.all(mine == 1.0)
+        win.release(1 << 62)
+        assert win.buffers.count("posted") == 4
+        # two versions before a mix: only the newest is mixed (never a particular one)
+        win.push(model * 2, 6, 0)
+        win.push(model * 3, 7, 0)
+        while win.sends_in_flight or win.waiting_peer >= 0:
+            win.take()
+            win.release(0)
+        versions = _take(win)
+        assert list(versions) == [7]
+        win.reduce_versions(mine, 0.5, np.array([0.5]), versions, checksum=True)
+        assert np.all(mine == 3.5)
+        win.release(1 << 62)
+        # a delivery torn under a whole header and footer: the checksum drops it, and
+        # the buffer is left as it was
+        win.push(model, 8, 0)
+        versions = _take(win)
+        corrupt_taken(win, versions, 0, 8, 12345)
+        before = mine.copy()
+        assert win.reduce_versions(mine, 0.5, np.array([0.5]), versions, checksum=True) == 0
+        assert np.array_equal(mine, before) and win.stats[0, 1] == 1      # torn
+        win.release(1 << 62)
+        # a header that disagrees with its footer: not whole, never read
+        win.push(model, 9, 0)
+        versions = _take(win)
+        corrupt_taken(win, versions, 0, -64, 10)
+        assert win.reduce_versions(mine, 0.5, np.array([0.5]), versions, checksum=True) == 0
+        assert np.array_equal(mine, before)
+        win.release(1 << 62)
+        assert win.pushed == 5 and win.arrived == 5
+
+
+def test_push_refuses_bad_input_in_one_line():
+    from mpi4py import MPI
+
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    with _self_push_window(80) as win:
+        for call, message in [
+                (lambda: win.push(np.zeros(9), 1, 0), "buffer has 72 bytes but the model "
+                                                      "has 80"),
+                (lambda: win.push(np.zeros(10), 1, 3), "push gossip sends to a rank of "
+                                                       "0..0, not 3"),
+                (lambda: win.push(np.zeros(10), 0, 0), "versions start at 1, got 0"),
+                (lambda: win.push(np.zeros(10), 1, 0, words=[1, 2, 3]),
+                 "a model carries at most 2 words, got 3"),
+                (lambda: win.wait_notifies(1, 1.0), "push gossip never waits for a model"),
+                (lambda: win.slot_offset(0, 1), "pool of receive buffers"),
+                (lambda: win.put(np.zeros(10), 1), "does not put()")]:
+            with pytest.raises(ConfigError) as caught:
+                call()
+            assert message in str(caught.value) and "\n" not in str(caught.value)
+    layout = _core.Layout(1, 1, 1, 80, 0, 0)
+    with pytest.raises(ConfigError, match="needs depth 0, got depth=1"):
+        _core.PushWindow(MPI.COMM_SELF, layout, [0], [0], [0], [0], [0], "float64")
+
+
+def test_a_dropped_push_window_leaves_its_requests_with_their_memory():
+    # dropped without free(): its receives are cancelled and its send in flight goes
+    # with its stage to the leftovers, which free them once MPI completed them
+    from asapmpi._core import slotwin
+
+    win = _self_push_window(8000)
+    win.push(np.ones(1000), 1, 0)
+    win.push(np.ones(1000), 2, 0)                       # waits: one in flight per peer
+    assert win.sends_in_flight == [0] or win.waiting_peer in (-1, 0)
+    del win
+    deadline = time.monotonic() + 10
+    while any(t == "push" and n for t, n in slotwin.leftovers()):
+        assert time.monotonic() < deadline, slotwin.leftovers()
+        time.sleep(1e-3)
+
+
+def gossip_pushes(comm, iters=60, n=20000, stop_early=-1, **options):
+    """Every rank starts from a constant vector (its rank) and only gossips by pushes:
+    every mix averages whole models (the buffer stays a constant vector), the replicas
+    converge; rank `stop_early` stops after 10 steps (past the calibration's
+    collective) and waits in free() while the others still push to it; returns the
+    push trace and the channel's counts."""
+    import asapmpi
+    from asapmpi._core import slotwin
+
+    rank = comm.Get_rank()
+    buf = np.full(n, float(rank), dtype=np.float32)
+    ex = asapmpi.Exchange(buf, sync="gossip", comm=comm, timeout=60, **options)
+    torn = 0
+    started = time.perf_counter()
+    for _ in range(10 if rank == stop_early else iters):
+        ex.step()
+        torn += int(buf.max() != buf.min())
+    wall, waited = time.perf_counter() - started, ex.wait_seconds
+    win = ex.window
+    counts = {"pushed": win.pushed, "arrived": win.arrived, "replaced": win.replaced} \
+        if win.pushes else {}
+    pushes = ex.trace.get("pushes", np.zeros((0, 5)))
+    values = comm.allgather(float(buf[0]))
+    table = ex.policy._table        # the warm-up's times, ns (INF_NS: never measured)
+    transport, report = ex.transport, ex.transport_report
+    ex.free()
+    return {"torn": torn, "pushes": pushes.tolist(), "values": values, "wall_s": wall,
+            "wait_s": waited, "transport": transport, "report": report,
+            "leftovers": slotwin.leftovers(), "comm_s": ex.policy.report["comm_s"],
+            "table_ns": None if table is None else table.tolist(), **counts}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+def test_pushed_models_are_whole_and_replicas_converge(path):
+    results = run("test_gossip:gossip_pushes", 4, path, timeout=120, transport="messages")
+    for rank, res in enumerate(results):
+        assert res["transport"] == "messages" and res["torn"] == 0
+        pushes = np.array(res["pushes"])
+        assert len(pushes) == 60 and np.all(pushes[:, 1] != rank)  # a peer each step
+        assert res["pushed"] and res["arrived"] > 0 and res["leftovers"] == []
+        assert 0 <= res["wait_s"] <= res["wall_s"], res
+    # every model mixed was whole: values stay averages of the ranks' starting values
+    # (0..3) and disagreement shrinks (not tighter: under load a descheduled rank mixes
+    # late, as the pull test says)
+    values = results[0]["values"]
+    assert 0 <= min(values) and max(values) <= 3
+    assert max(values) - min(values) < 0.25 * 3
+    # a model arrives once (the rest of what was in flight, free() drained)
+    assert sum(r["arrived"] for r in results) <= sum(r["pushed"] for r in results)
+
+
+@pytest.mark.mpi
+def test_pushes_warm_up_measures_narrow_peers_slow_and_narrow_links_are_slow():
+    # the pull test's links, pushed: the sender sleeps out its own link's transfer
+    narrow_seconds = 20000 * 4 * 8 / 40e6               # 16 ms to or from a narrow rank
+    results = run("test_gossip:gossip_pushes", 4, "shm", timeout=120, iters=30, every=1,
+                  warmup=1000, wide_mbps=2000.0, narrow_mbps=40.0, narrow=[2, 3],
+                  transport="messages")
+    for rank, res in enumerate(results):
+        pushes = np.array(res["pushes"])
+        involves = np.isin(pushes[:, 1], [2, 3]) | (rank in (2, 3))
+        assert np.all(pushes[involves, 3] >= 0.95 * narrow_seconds)
+        if rank in (0, 1):
+            # what the warm-up's choice reads: narrow peers at their emulated time or
+            # more (measured, or merged from the tables the senders pushed along)
+            table = np.array(res["table_ns"])
+            known = [p for p in (2, 3) if table[p] < INF_NS]
+            assert known and all(table[p] >= 0.95 * narrow_seconds * 1e9 for p in known)
+    comm = results[0]["comm_s"]
+    assert min(comm[2], comm[3]) >= 0.95 * narrow_seconds
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+def test_free_takes_the_pushes_still_in_flight(path):
+    # rank 1 stops after 10 steps and waits in free() while the others push to it (and
+    # their models queue behind its full receive pool): free() drains them all
+    results = run("test_gossip:gossip_pushes", 4, path, timeout=120, transport="messages",
+                  iters=30, stop_early=1)
+    for res in results:
+        assert res["torn"] == 0 and res["leftovers"] == []
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+def test_auto_measures_pulls_against_pushes_and_reports_it(path):
+    results = run("test_gossip:gossip_pushes", 4, path, timeout=120, iters=10)
+    report = results[0]["report"]
+    assert all(r["transport"] == results[0]["transport"] for r in results)
+    steps = report["rounds"]["all peers"]
+    assert report["unit"] == "us per model mixed" and report["requested"] == "auto"
+    assert results[0]["transport"] == ("messages" if steps["messages"] < steps["words"]
+                                       else "put"), report
+    assert "pulls" in report["reason"] and "pushes" in report["reason"]

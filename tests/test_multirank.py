@@ -96,9 +96,12 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
                                     else window), report
     assert results[0]["put"]["report"]["reason"] == "asked for"
     assert results[0]["put"]["transport"] == "put"
-    assert results[0]["gossip"]["report"]["reason"] == \
-        "the only transport sync='gossip' has"
-    assert results[0]["gossip"]["transport"] == "put"
+    # gossip: pulls against pushes, timed as gossip steps per model mixed
+    gossip = results[0]["gossip"]
+    steps = gossip["report"]["rounds"]["all peers"]
+    assert gossip["report"]["unit"] == "us per model mixed", gossip
+    assert gossip["transport"] == ("messages" if steps["messages"] < steps["words"]
+                                   else "put"), gossip
     # Hop and async run on window words or on a mailbox of messages: measured like
     # NOTIFY-ACK, with the update on both sides (their slots are always put)
     for sync in ("hop", "async"):
@@ -255,8 +258,9 @@ BAD_INPUT = {
     "transport_policy": "transport='shared' does not fit sync='hop' (it drives its slots "
                         "and window words itself); use transport='put', 'messages' or "
                         "'auto'",
-    "transport_messages": "transport='messages' does not fit sync='gossip' (it pulls a "
-                          "peer's model one-sidedly); use transport='put' or 'auto'",
+    "transport_gossip": "transport='shared' does not fit sync='gossip' (it mixes a peer's "
+                        "model without waiting for the peer); use transport='put', "
+                        "'messages' or 'auto'",
     "transport_differs": "same transport",
 }
 
@@ -641,8 +645,8 @@ def bad_input(comm, case):
         kwargs["transport"] = "pigeon"
     elif case == "transport_policy":
         kwargs.update(sync="hop", transport="shared")
-    elif case == "transport_messages":
-        kwargs.update(sync="gossip", transport="messages", graph=None)
+    elif case == "transport_gossip":
+        kwargs.update(sync="gossip", transport="shared", graph=None)
     elif case == "transport_differs":
         kwargs["transport"] = "put" if rank == 1 else "auto"
     else:

@@ -26,7 +26,7 @@ POLICIES = [
     ("async", ("put", "messages"), False),
     ("backup_ps:backup=1", ("put", "messages"), False),
     ("elastic", ("put", "messages"), False),
-    ("gossip", ("put",), False),
+    ("gossip", ("put", "messages"), False),
     ("allreduce", ("auto",), True),
 ]
 

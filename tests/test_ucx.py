@@ -68,11 +68,23 @@ def test_async_and_elastic_on_messages():
 def test_gossip_pulls_only_whole_models():
     # one MPI_Rget of both published slots, each verified by its checksum, served by the
     # target's progress in osc ucx (docs/PROTOCOL.md 2f)
-    results = run("gossip_pulls_whole_models", 4, "ucx", timeout=300, iters=40)
+    results = run("gossip_pulls_whole_models", 4, "ucx", timeout=300, iters=40,
+                  transport="put")
     for res in results:
         assert res["torn"] == 0
         pulls = res["pulls"]
         assert len(pulls) == 40 and all(version > 0 for _, _, version, _ in pulls)
+
+
+def test_gossip_pushes_only_whole_models_and_free_drains_them():
+    # pushes over UCX's tag matching (docs/PROTOCOL.md 2h); rank 1 stops early and
+    # waits in free() while the others still push to it
+    results = run("test_gossip:gossip_pushes", 4, "ucx", timeout=300, iters=40,
+                  stop_early=1, transport="messages")
+    for res in results:
+        assert res["transport"] == "messages" and res["torn"] == 0
+        assert res["leftovers"] == []
+    assert sum(r["arrived"] for r in results) > 0
 
 
 def test_window_job_prints_no_ucx_error_at_finalize():
@@ -84,7 +96,8 @@ def test_window_job_prints_no_ucx_error_at_finalize():
     # needs a rank late to the teardown: 12 ranks on a few cores, where without the
     # filter about 3 jobs in 4 printed them; three jobs, so that it shows.
     for job in range(3):
-        proc = launch("gossip_pulls_whole_models", 12, "ucx", timeout=300, iters=20)
+        proc = launch("gossip_pulls_whole_models", 12, "ucx", timeout=300, iters=20,
+                      transport="put")
         for res in results(proc, 12, f"gossip on 12 ranks (ucx), job {job}"):
             assert res["torn"] == 0
         noise = [line for line in (proc.stdout + proc.stderr).splitlines()

@@ -19,6 +19,7 @@ from .slotwin import (  # noqa: E402
     MailboxWindow,
     MessageWindow,
     NewestWindow,
+    PushWindow,
     PutWindow,
     SharedWindow,
     SlotStore,
@@ -27,6 +28,7 @@ from .slotwin import (  # noqa: E402
 
 __all__ = [
     "AHEAD", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout", "MailboxWindow",
-    "MessageWindow", "NewestWindow", "PutWindow", "SharedWindow", "SlotStore", "SlotWindow",
+    "MessageWindow", "NewestWindow", "PushWindow", "PutWindow", "SharedWindow", "SlotStore",
+    "SlotWindow",
     "check_mpi_abi", "kernels",
 ]

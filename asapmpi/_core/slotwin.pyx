@@ -425,7 +425,7 @@ cdef class SlotWindow:
 
     A transport is a subclass (one file each, included below): PutWindow (put.pxi),
     SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow
-    (mailbox.pxi) and NewestWindow (newest.pxi).  It moves updates into the slots
+    (mailbox.pxi), NewestWindow (newest.pxi) and PushWindow (push.pxi).  It moves updates into the slots
     (_send, or its own calls), says where a slot is (_slot), makes its words
     (_make_words), drives its progress (_pump, _progress) and drains what is in flight
     before the window is freed (_drain); the base calls these hooks and nothing else
@@ -484,6 +484,10 @@ cdef class SlotWindow:
     # window exists whose progress every MPI call of the process would also drive
     # (Open MPI's osc ucx polls a UCX worker of its own per call while a window lives).
     cdef readonly bint rma
+    # The channel moves gossip's models by the sender's push (push, take, release:
+    # PushWindow) rather than by the reader's pull of what the sender published
+    # (publish, pull: PutWindow).  A capability, read by the gossip policy
+    cdef readonly bint pushes
     cdef Py_ssize_t _max_transfer
     # reduce scratch
     cdef readonly SlotStore store   # the inputs and the verified reduce (slotstore.pxi)
@@ -517,8 +521,8 @@ cdef class SlotWindow:
         cdef MPI_Aint my_size
         if type(self) is SlotWindow:
             raise TypeError("SlotWindow is the transports' common base: create a "
-                            "PutWindow, SharedWindow, MessageWindow, MailboxWindow or "
-                            "NewestWindow")
+                            "PutWindow, SharedWindow, MessageWindow, MailboxWindow, "
+                            "NewestWindow or PushWindow")
         self.n_in = layout.n_in
         self.n_out = layout.n_out
         self.depth = layout.depth
@@ -1783,3 +1787,4 @@ include "shared.pxi"
 include "messages.pxi"
 include "mailbox.pxi"
 include "newest.pxi"
+include "push.pxi"

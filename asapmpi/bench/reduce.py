@@ -33,7 +33,9 @@ allreduce column is then the median of the loops that took turns with the policy
                peer: every rank receives one buffer and sends one, the pairs a
                rotation by an offset drawn per call (the floor of one pull each).
                Each ratio to it is shown with its run-to-run spread: the lowest and
-               highest of the per-repeat ratios.
+               highest of the per-repeat ratios.  "mixed per step": gossip's models
+               mixed per rank and step (a pull mixes one; a push what arrived: a step
+               fast because its models waited or were replaced shows it here).
   bound        the memory-bandwidth bound of a step on shared memory: the bytes any
                averaging step must move, reading the d_in in-neighbours' updates and
                the rank's own buffer and writing the buffer back ((d_in + 2) * SIZE),
@@ -327,6 +329,7 @@ def analyze(jobs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
                         "family": mpi_family(job.get("mpi_library", "")),
                         "graph": graph, "policy": policy, "seconds": seconds,
                         "transport": step["transport"],
+                        "mixed_per_step": step.get("mixed_per_step"),
                         "allreduce": allreduce, "gloo": rec["gloo"],
                         "memcpy": rec["memcpy"], "bound": bound, "copy_bound": copy_bound,
                         "x_allreduce": x_allreduce,
@@ -432,12 +435,14 @@ def job_tables(report: Dict[str, Any], job: Dict[str, Any]) -> List[str]:
     floors = [[size_label(r["size"]), r["graph"], r["policy"], r["floor_graph"],
                format_time(r["exchange"]),
                _spread(r["exchange_x_allreduce"], r.get("exchange_x_allreduce_range")),
-               _spread(r["x_exchange"], r.get("x_exchange_range"))]
+               _spread(r["x_exchange"], r.get("x_exchange_range")),
+               "-" if r.get("mixed_per_step") is None else f"{r['mixed_per_step']:.2f}"]
               for r in rows if r["x_exchange"] is not None]
     if floors:
+        # gossip: models mixed per rank and step (a pull mixes one; pushes what arrived)
         columns = [("size", ""), ("graph", ""), ("policy", ""), ("exchange", "of"),
                    ("MPI", "exchange"), ("exchange", "/Allreduce (spread)"),
-                   ("step", "/exchange (spread)")]
+                   ("step", "/exchange (spread)"), ("mixed", "per step")]
         lines += render_table(f"{job['path']}, {job['ranks']} ranks: the MPI's own exchange "
                               f"of each policy's messages without asapmpi (gossip: a "
                               f"Sendrecv with a random peer), timed beside the step; the "

@@ -193,9 +193,20 @@ def time_exchange_step(timer: Timer, comm: MPI.Comm, nbytes: int, graph: str, po
                           "transport": transport}
         finally:
             timer.settle = None
+        if sync == "gossip":
+            result["mixed_per_step"] = gossip_mixed_per_step(comm, ex)
         ex.settle()
         comm.Barrier()          # nobody frees its window while a neighbour still puts
         return result
+
+
+def gossip_mixed_per_step(comm: MPI.Comm, ex: Exchange) -> float:
+    """Models a gossip rank mixed per step, over all ranks and every step the timer ran
+    (warm-up included): 1 for pulls (every pull mixes one); pushes mix what arrived, so
+    a step that is fast because its models wait or are replaced shows here."""
+    mixed = float(ex.policy.mixed)
+    steps = comm.allreduce(ex.version, op=MPI.SUM)
+    return comm.allreduce(mixed, op=MPI.SUM) / max(steps, 1)
 
 
 def superstep(ex: Exchange) -> None:

@@ -11,6 +11,7 @@ from mpi4py import MPI
 from ..errors import ConfigError
 from ..launchers import network_forced
 from ..reduce.graphs import Graph
+from ..sync.base import Reads
 from ..transports import families, resolve
 from . import probe
 
@@ -66,6 +67,9 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
         report.update(chosen=window, reason=f"an update of {nbytes} bytes is more than "
                                             f"one message carries ({limit})")
         return window, report
+    if policy.reads is Reads.PULL:
+        return _choose_gossip(comm, timeout, slack_ns, nbytes, window, messages_family,
+                              report)
     # both move the update, as the exchange will (a signal's cost does not rank them
     # for a megabyte), except where the window's reduce reads each update in place
     in_place = channel[window].in_place_read
@@ -93,4 +97,22 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
                                         f"messages {messages_us:.0f} us a round",
                   rounds=rounds, unit="us per round", message_bytes=nbytes,
                   window_bytes=8 if in_place else nbytes)
+    return chosen, report
+
+
+def _choose_gossip(comm: MPI.Comm, timeout: float, slack_ns: int, nbytes: int,
+                   window: str, messages_family: str,
+                   report: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """Gossip: pulls (one-sided reads of a peer's published model) against pushes, each
+    timed as gossip steps per model mixed (probe.measure_gossip); a tie keeps the
+    window."""
+    measured = probe.measure_gossip(comm, timeout, slack_ns, nbytes)
+    rounds = {"all peers": {k: round(v * 1e6, 1) for k, v in measured.items()}}
+    pull_us, push_us = rounds["all peers"]["words"], rounds["all peers"]["messages"]
+    chosen = messages_family if push_us < pull_us else window
+    report.update(chosen=chosen, reason=f"measured gossip steps with {nbytes}-byte models: "
+                                        f"pulls {pull_us:.0f} us, pushes {push_us:.0f} us "
+                                        f"per model mixed",
+                  rounds=rounds, unit="us per model mixed", message_bytes=nbytes,
+                  window_bytes=nbytes)
     return chosen, report

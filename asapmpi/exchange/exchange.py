@@ -91,14 +91,16 @@ class Exchange:
         fastest path).  For hop and bsp the window becomes a mailbox: their updates
         and tokens travel as messages that the reader's waits complete into the same
         slots and words (docs/PROTOCOL.md 2d); async, backup_ps and elastic run on a
-        mailbox of newest versions (2e); gossip pulls one-sidedly ("put").  Which
+        mailbox of newest versions (2e); gossip pulls one-sidedly on "put" and pushes
+        each model to the peer its schedule chose on "messages" (2h).  Which
         transports fit a policy follows from what it needs (asapmpi.transports.channels:
         asapmpi.transports.families(policy)); one that does not fit is refused.  "auto"
         (default): by measurement at creation, among those that fit: the window words of
         "shared" (notify_ack, every rank on one host, the network path not forced) or else
         "put", against messages, each timed over the graph's edges per neighbour class
         (same host, other host); messages win when faster (both probes carry the
-        update, except the window words of "shared", which reads in place;
+        update, except the window words of "shared", which reads in place; gossip's
+        probe times gossip steps, a pull's against a push's, per model mixed;
         docs/PROTOCOL.md 2g).  ex.transport_report says what was chosen and why.
     double_buffer: with the shared transport, keep the buffer in two slots of this
         rank's shared memory, computed on in place and reduced from one into the other:
@@ -485,8 +487,10 @@ class Exchange:
         win = self._alive()
         if win is not None:
             # pull gossip moves its bytes with gets: count them on the rank that pulls
-            # (a mailbox's bytes_got are updates it received, sent by others)
-            sent = win.bytes_put + (win.bytes_got if self._policy.publish_slots else 0)
+            # (a mailbox's bytes_got are updates it received, sent by others; pushed
+            # gossip's models are its bytes_put)
+            sent = win.bytes_put + (win.bytes_got if self._policy.publish_slots
+                                    and win.rma else 0)
         else:
             n = self.size
             sent = self._policy.calls * (2 * (n - 1) * self.nbytes // n)

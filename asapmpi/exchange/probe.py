@@ -25,6 +25,15 @@ shared transport (one host), whose reduce reads each update in place, the window
 carry 8 bytes: the shared transport moves no payload, a message moves its bytes
 through MPI into the reader's slot (3x at 1 MB on Open MPI's shared memory, 1.5x at
 64 KB on MPICH's, where messages signal faster).
+
+Gossip (`measure_gossip`) has no NOTIFY-ACK step: its probe times gossip's own steps on
+each channel, a pull (publish, MPI_Rget of a random peer's two published slots,
+verified, averaged) against a push (push to a random peer, take what arrived, the
+verified reduce, release), GOSSIP_STEPS back to back per round, and charges each
+round per model mixed: a push that waits for nobody could otherwise look free while
+its models arrive late or not at all (flow control replaces a model whose channel is
+busy).  A pull mixes one model a step; pushes mix what arrived, so their time per
+round is scaled by (steps x ranks) / models mixed by all ranks in the measured rounds.
 """
 from __future__ import annotations
 
@@ -35,8 +44,10 @@ from typing import Dict
 import numpy as np
 from mpi4py import MPI
 
-from .._core import Layout, MessageWindow, PutWindow
+from .._core import Layout, MessageWindow, PushWindow, PutWindow
 from .._core.slotwin import settle_all
+from ..errors import NeighbourTimeoutError
+from ..reduce.graphs import graph as make_graph
 from ..transports import MessageTransport, PutTransport
 from .construction import open_window
 
@@ -98,3 +109,86 @@ def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
              "messages": max(1.0, update_bytes / sent)}
     return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX) * scale[name]
             for name, ts in times.items()}
+
+
+#: gossip steps per probe round (measure_gossip)
+GOSSIP_STEPS = 4
+
+
+def _gossip_window(comm: MPI.Comm, g, push: bool, timeout: float, slack_ns: int,
+                   nbytes: int):
+    # the gossip exchange's layout: complete graph, no receive slots, two published
+    # slots (a pull's) and the time table's words (what a push carries)
+    layouts = [Layout(g.in_degree(r), g.out_degree(r), 0, nbytes, 1 + g.n, 0 if push else 2,
+                      False) for r in range(g.n)]
+    win = open_window(comm, g, layouts, comm.Get_rank(),
+                      PushWindow if push else PutWindow, "float64", timeout, slack_ns)
+    return win, layouts
+
+
+def _gossip_step(win, layouts, buf, tmp, version: int, rng, timeout: float) -> int:
+    """One gossip step on `win`; returns the models it mixed."""
+    peers = [r for r in range(win.size) if r != win.rank]
+    peer = int(rng.choice(peers))
+    if win.pushes:
+        win.push(buf, version, peer)
+        versions = win.take()
+        m = int(np.count_nonzero(versions))
+        if m:
+            weights = np.where(versions > 0, 1.0 / (1 + m), 0.0)
+            m = win.reduce_versions(buf, 1.0 / (1 + m), weights, versions, checksum=True)
+        win.release(1 << 62)
+        return m
+    win.publish(buf, version)
+    deadline = time.monotonic() + timeout
+    while not win.pull(peer, layouts[peer].off_publish, tmp):
+        if time.monotonic() > deadline:     # gossip's own pull raises the same way
+            raise NeighbourTimeoutError(win.rank, "a whole published model", [peer], [1],
+                                        [0], timeout)
+        time.sleep(1e-4)
+    buf += tmp
+    buf *= 0.5
+    return 1
+
+
+def measure_gossip(comm: MPI.Comm, timeout: float, slack_ns: int = 0,
+                   update_bytes: int = 8) -> Dict[str, float]:
+    """Seconds per model mixed of gossip by pulls ("words": a window's one-sided read)
+    and by pushes ("messages"), each step moving a model of `update_bytes` (up to
+    MESSAGE_PROBE_BYTES, the time scaled above): the median round of GOSSIP_STEPS steps
+    after the warm-up, the slowest rank's, per step, times (steps x ranks) / models
+    mixed.  Collective."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    g = make_graph("complete", n)
+    sent = max(8, min(update_bytes, MESSAGE_PROBE_BYTES)) // 8 * 8
+    rng = np.random.default_rng([7, rank])
+    names = {"words": False, "messages": True}
+    wins = {name: _gossip_window(comm, g, push, timeout, slack_ns, sent)
+            for name, push in names.items()}
+    bufs = {name: np.full(sent // 8, float(rank)) for name in names}
+    tmp = np.empty(sent // 8)
+    times: Dict[str, list] = {name: [] for name in names}
+    mixed = dict.fromkeys(names, 0)
+    version = 0
+    for k in range(1, WARMUP + ROUNDS + 1):
+        for name, (win, layouts) in wins.items():
+            settle_all(timeout)
+            win.barrier(timeout)
+            t0 = time.perf_counter()
+            got = 0
+            for _ in range(GOSSIP_STEPS):
+                version += 1
+                got += _gossip_step(win, layouts, bufs[name], tmp, version, rng, timeout)
+            if k > WARMUP:
+                times[name].append((time.perf_counter() - t0) / GOSSIP_STEPS)
+                mixed[name] += got
+    for win, _ in wins.values():
+        win.free()
+    scale = max(1.0, update_bytes / sent)
+    out = {}
+    for name in names:
+        slowest = comm.allreduce(statistics.median(times[name]), op=MPI.MAX)
+        total = comm.allreduce(mixed[name], op=MPI.SUM)
+        expected = ROUNDS * GOSSIP_STEPS * n
+        out[name] = slowest * scale * expected / max(total, 1)
+    return out

@@ -14,6 +14,8 @@
     newest.py               the mailbox of newest versions (async, backup_ps, elastic),
                             its drain
     gossip_pull.py          gossip's pulls: publish, MPI_Rget, verify, copy
+    gossip_push.py          gossip's pushes: MPI_Issend, a pool of receives, take,
+                            reduce, release, the drain
     join.py                 join: the board's words, the loop, the agreement, the
                             epochs, over NOTIFY-ACK's step dependencies
     graphs.py               the small graphs, by spec ("ring:3", "offsets:6:1,4")

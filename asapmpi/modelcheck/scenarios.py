@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import ConfigError
 from .explorer import SEARCHES, Result, explore
 from .gossip_pull import GossipPullModel
+from .gossip_push import GossipPushModel
 from .graphs import make_graph
 from .hop import HopModel
 from .join import JoinModel
@@ -28,23 +29,24 @@ from .notify_ack_put import NotifyAckPut
 from .notify_ack_shared import NotifyAckShared
 from .onesided import ModelError, OneSidedModel
 
-#: the five protocol variants of issue 15, then the mailboxes, gossip's pulls, the
-#: drain at free() and join (issue 45)
+#: the five protocol variants of issue 15, then the mailboxes, gossip's pulls and
+#: pushes (issue 48), the drain at free() and join (issue 45)
 PROTOCOLS = ("notify-ack-put", "notify-ack-shared", "notify-ack-shared-db",
              "notify-ack-messages", "hop", "hop-messages", "bsp-messages", "newest",
-             "gossip-pull", "drain", "join")
+             "gossip-pull", "gossip-push", "drain", "join")
 NA = ("overlap", "version", "error", "gap", "deadlock")    # NOTIFY-ACK: gap 1 (lockstep)
 MSG = ("overlap", "version", "error", "gap", "ahead", "alias", "deadlock")
 MB = ("overlap", "version", "error", "gap", "stage", "deadlock")     # the mailbox
 NW = ("overlap", "version", "stage", "monotone", "inflight", "deadlock")   # newest
 GP = ("version", "freed", "deadlock")                                # gossip's pulls
+GS = ("overlap", "monotone", "inflight", "freed", "deadlock")        # gossip's pushes
 DR = ("overlap", "version", "error", "gap", "stage", "freed", "deadlock")  # drain
 DN = ("overlap", "version", "stage", "monotone", "inflight", "freed", "deadlock")
 JN = ("agree", "rule", "deadlock")                                   # join
 JD = ("agree", "rule", "dead", "named", "deadlock")          # join, a rank dies
 #: the properties each protocol's scenarios check unless they say otherwise
 DEFAULTS = {"notify-ack-messages": MSG, "hop-messages": MB, "bsp-messages": MB,
-            "newest": NW, "gossip-pull": GP, "drain": DR, "join": JN}
+            "newest": NW, "gossip-pull": GP, "gossip-push": GS, "drain": DR, "join": JN}
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,18 @@ SCENARIOS: List[Scenario] = [
     _s("gossip-pull", "complete:2", 3, "no-checksum", quick=True, prop="version",
        **BROKEN),
     _s("gossip-pull", "complete:2", 3, "retire-free", quick=True, prop="freed", **BROKEN),
+    # ---- gossip's pushes (every sender pushes to rank 0, whose pool has 2 buffers)
+    _s("gossip-push", "complete:2", 3, quick=True, mixes=3),
+    _s("gossip-push", "complete:3", 2, quick=True, mixes=2, note="two senders"),
+    _s("gossip-push", "complete:3", 3, mixes=3),
+    _s("gossip-push", "complete:2", 3, "release-at-take", quick=True, mixes=3,
+       prop="overlap", **BROKEN),
+    _s("gossip-push", "complete:2", 3, "no-guard", quick=True, mixes=3, prop="monotone",
+       note="an older version landing late is mixed after a newer one", **BROKEN),
+    _s("gossip-push", "complete:2", 3, "cancel-uncounted", quick=True, mixes=3,
+       prop="deadlock", **BROKEN),
+    _s("gossip-push", "complete:2", 3, "isend", quick=True, mixes=3, prop="inflight",
+       **BROKEN),
     # ---- free()'s drain and dropped windows (the mailbox)
     _s("drain", "ring:3", 2, quick=True, policy="hop", tail="free"),
     _s("drain", "ring:3", 3, quick=True, policy="bsp", tail="free"),
@@ -461,6 +475,9 @@ def build(sc: Scenario):
                               properties=sc.properties, **opts)
         elif sc.protocol == "gossip-pull":
             model = GossipPullModel(g, sc.iterations, variant=sc.variant,
+                                    properties=sc.properties, **opts)
+        elif sc.protocol == "gossip-push":
+            model = GossipPushModel(g, sc.iterations, variant=sc.variant,
                                     properties=sc.properties, **opts)
         else:
             raise ConfigError(f"unknown protocol {sc.protocol!r}; choose from "

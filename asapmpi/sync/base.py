@@ -29,7 +29,9 @@ class Reads(str, enum.Enum):
     #: each sender's newest whole version, from writers that never wait for a reader
     #: (async, backup_ps, elastic)
     NEWEST = "newest"
-    #: a peer's published model, read one-sidedly while the peer goes on (gossip)
+    #: a peer's newest whole model, mixed without waiting for the peer's step (gossip):
+    #: pulled one-sidedly from what the peer published (a window), or pushed by the
+    #: peer to the rank its schedule chose (messages)
     PULL = "pull"
     #: nothing through a window: MPI collectives (allreduce)
     NOTHING = "nothing"

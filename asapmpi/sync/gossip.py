@@ -1,7 +1,10 @@
-"""Pull-gossip SGD with a communication period and the warm-up of Oguni and Shudo
-("Addressing the Heterogeneity of a Wide Area Network for DNNs", Algorithm 2).
+"""Gossip SGD with a communication period and the warm-up of Oguni and Shudo
+("Addressing the Heterogeneity of a Wide Area Network for DNNs", Algorithm 2), by pulls
+or by pushes, whichever channel the exchange resolved (the window says which it does:
+`win.pushes`; docs/PROTOCOL.md 2f and 2h).
 
-Every rank publishes its model in its own window, into two slots that take turns.
+Pull (a window: one-sided reads).  Every rank publishes its model in its own window,
+into two slots that take turns.
 Every T iterations a rank publishes, picks one peer, pulls the peer's newest published
 model (one MPI_Rget of both slots, polled with back-off: no code of the peer takes
 part, but without RDMA hardware its MPI serves the get in its next MPI call; each slot
@@ -10,13 +13,31 @@ publish was writing is never taken but for a 64-bit collision; retried only if b
 were) and averages:
 w = (w + w_peer) / 2.
 
+Push (messages: where a one-sided read waits on the peer's progress, MPICH's TCP path
+and UCX over TCP, a pull cost 6-10x MPI_Allreduce).  Every T iterations a rank picks
+one peer by the same rule and sends it its model (the channel never waits for the
+receiver: a model the channel cannot send yet waits, and a newer one replaces it); and
+mixes what arrived since its last mix, the newest whole version from each sender (each
+verified by header, footer and checksum), never waiting for any:
+w = (w + sum_s w_s) / (1 + m) over the m senders whose model arrived.  m = 1 is the
+pull's (w + w_peer) / 2; with m > 1 every model counts alike, as each is one peer's
+whole model, where mixing them one after the other would weigh the last at 1/2 and
+the first at 1/2^m by the order MPI delivered them; m = 0 leaves w as it is (a pull
+never waited for a particular version either).  With a uniform choice every rank
+receives one model per period on average (the sum over senders of 1/(K-1)), as a
+puller mixes one.  Ranks that joined (Exchange.join) neither push nor are mixed: a
+model from a rank absent from this step counts as not arrived.
+
 Peer choice: uniformly at random; or, during the first `warmup` iterations, with
 probability inversely proportional to the communication time this rank believes each
-peer has (its time table c_i).  After every pull c_i[j] = UPDATE_TIME(c_i[j], measured);
-during the warm-up the peer's own table, read from its window (one atomic read of all
-its words), is merged entry by entry with UPDATE_TIME (UPDATE_TIMES) and each rank
-publishes its table in its window.  After the warm-up nothing reads the tables (the
-choice is uniform), so no pull pays their round trips.
+peer has (its time table c_i).  After every pull (push) c_i[j] = UPDATE_TIME(c_i[j],
+measured); during the warm-up the peer's own table, read from its window (one atomic
+read of all its words), is merged entry by entry with UPDATE_TIME (UPDATE_TIMES) and
+each rank publishes its table in its window.  Pushed, the table travels with the model
+(the channel's words) during the warm-up, and the receiver merges each sender's: the
+rank that mixes a model merges its sender's table, as a puller does.  After the
+warm-up nothing reads the tables (the choice is uniform), so no pull pays their round
+trips.
 
 UPDATE_TIME(c, new) (the paper's text is garbled; our reading, tested): a much smaller
 time (new < (1 - threshold) c) replaces c; a much larger one (new > (1 + threshold) c)
@@ -35,7 +56,15 @@ Bandwidth emulation (asapmpi.links.LinkModel, options wide_mbps, narrow_mbps, na
 latency_ms): a pull from j takes at least links.seconds(i, j, bytes); the serving
 node's link is reserved in a "busy until" word of its window (MPI_Fetch_and_op: MAX
 to raise it to now, then SUM to take the transfer's time), so pulls from a narrow node
-queue as on a congested link.
+queue as on a congested link.  Pushed, the serving node is the sender itself, and
+only it sends its model: its busy-until is its own clock, no remote word, and the
+sender sleeps out the transfer (links.seconds(i, j, bytes)) before it hands the model
+to MPI, as a puller sleeps out its pull.  The transfer's time lands on the node whose
+model travels; the links are symmetric (seconds(i, j) = seconds(j, i)), so a narrow
+node's pushes, and the pushes to it, cost what its pulls and the pulls from it cost.
+A push's measured time (the time table, E[C]) is that emulated time plus the last
+observed latency of a send to that peer (posting to the pump that saw it complete:
+what the real network took, the receiver's progress included).
 """
 from __future__ import annotations
 
@@ -123,6 +152,11 @@ class Gossip(Policy):
         self._comm_seconds = 0.0
         self._uncounted_seconds = 0.0
         self.pulls = self.table("pulls")       # version, peer, got, seconds
+        # version, peer pushed to, models mixed, seconds of the push, of the mix
+        self.pushes = self.table("pushes")
+        #: models mixed so far (a pull mixes one; pushes what arrived): the trace's
+        #: tables are bounded, this count is not
+        self.mixed = 0
 
     # ------------------------------------------------------------------ one iteration
 
@@ -133,29 +167,38 @@ class Gossip(Policy):
         return self._uncounted_seconds
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """On a communication iteration: publish the model."""
+        """On a communication iteration: publish the model, or push it to a peer."""
         if self._started is None:
             self._started = (time.monotonic(), version)
-        if version % self.period == 0:
-            win.publish(buf, version)
-
-    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
-        """On a communication iteration: pull one peer and average."""
         if version % self.period:
             return
-        n = win.size
+        self._ready(win, buf)
+        if win.pushes:
+            self._push(win, buf, version, ctx)
+        else:
+            win.publish(buf, version)
+
+    def _ready(self, win, buf) -> None:
         if self._table is None:
-            self._table = np.full(n, float(INF_NS))
+            self._table = np.full(win.size, float(INF_NS))
             self._rng = np.random.default_rng([self.seed, win.rank])
             self._tmp = np.empty_like(np.frombuffer(buf, dtype=np.uint8))
+            self._weights = np.zeros(win.n_in)
+
+    def receive(self, win, buf, version: int, ctx: StepContext) -> None:
+        """On a communication iteration: pull one peer and average, or mix what was
+        pushed to this rank."""
+        if version % self.period:
+            return
+        self._ready(win, buf)
         if self.report is None and version - self._started[1] >= self.CALIBRATION_STEPS:
             # every rank passes the same communication iterations: one allgather
             self._congestion(win, ctx, version)
-        peers = [r for r in range(n) if r != win.rank]
-        if ctx.absent:
-            # ranks that joined (Exchange.join) are no one's peers while another trains
-            peers = [r for r in peers if r not in ctx.absent] or peers
-        peer = self._choose(peers, version)
+        if win.pushes:
+            self._mix_pushed(win, buf, version, ctx)
+            return
+        n = win.size
+        peer = self._choose(self._peers(win, ctx), version)
         counted, start = win.wait_seconds, time.monotonic()
         got = self._pull(win, peer, ctx)
         took = time.monotonic() - start
@@ -189,6 +232,65 @@ class Gossip(Policy):
             np.add(array, peer_model, out=array)
             array *= 0.5
         self.pulls.append((version, peer, got, took))
+        self.mixed += 1
+
+    @staticmethod
+    def _peers(win, ctx: StepContext) -> List[int]:
+        peers = [r for r in range(win.size) if r != win.rank]
+        if ctx.absent:
+            # ranks that joined (Exchange.join) are no one's peers while another trains
+            peers = [r for r in peers if r not in ctx.absent] or peers
+        return peers
+
+    def _push(self, win, buf, version: int, ctx: StepContext) -> None:
+        """Send the model to the peer the schedule chose (never waits for it)."""
+        if win.rank in ctx.absent:
+            return              # a joined rank's replica is in nobody's average
+        peer = self._choose(self._peers(win, ctx), version)
+        start = time.monotonic()
+        if self.links.active:
+            # the sender's own link carries its model: only it reserves it
+            time.sleep(self.links.seconds(win.rank, peer, win.nbytes))
+        table = np.minimum(self._table, INF_NS).astype(np.int64) if version <= self.warmup \
+            else None
+        win.push(buf, version, peer, table)
+        took = time.monotonic() - start
+        self._comm_seconds += took
+        self._uncounted_seconds += took
+        latency = win.push_seconds(peer)
+        self._table[peer] = update_time(self._table[peer],
+                                        (took + max(latency, 0.0)) * 1e9, self.threshold)
+        self._pushed = (peer, took)
+
+    def _mix_pushed(self, win, buf, version: int, ctx: StepContext) -> None:
+        """buf = (buf + the newest model of each of the m senders that arrived) /
+        (1 + m), verified; none: buf as it is (module docstring)."""
+        start = time.monotonic()
+        versions = win.take()
+        senders = win.in_ranks
+        for i, s in enumerate(senders):
+            if s in ctx.absent:
+                versions[i] = 0         # a joined rank's model counts as not arrived
+        m = int(np.count_nonzero(versions > 0))
+        mixed = 0
+        if m:
+            self._weights[:] = np.where(versions > 0, 1.0 / (1 + m), 0.0)
+            mixed = win.reduce_versions(buf, 1.0 / (1 + m), self._weights, versions,
+                                        checksum=True)
+            if version <= self.warmup:
+                for i in np.flatnonzero(versions > 0):
+                    theirs = win.taken_words(int(i))[:win.size]
+                    for k in range(win.size):
+                        if k != win.rank and 0 < theirs[k] < INF_NS:
+                            self._table[k] = update_time(self._table[k], float(theirs[k]),
+                                                         self.threshold)
+        win.release(1 << 62)
+        self.mixed += mixed
+        took = time.monotonic() - start
+        self._uncounted_seconds += took
+        peer, pushed = getattr(self, "_pushed", (-1, 0.0))
+        self._pushed = (-1, 0.0)
+        self.pushes.append((version, peer, mixed, pushed, took))
 
     def _dtype(self, win):
         return np.float32 if win.dtype == "float32" else np.float64
@@ -250,15 +352,24 @@ class Gossip(Policy):
 
     def _congestion(self, win, ctx: StepContext, version: int) -> None:
         """E[G] (compute seconds per iteration since the first step) and E[C] (one pull
-        from each peer) of every rank, one allgather, and the paper's eq. (1)-(2)."""
+        from each peer; pushed: each peer's emulated transfer plus the observed latency
+        of a send to it, none sent for the purpose) of every rank, one allgather, and
+        the paper's eq. (1)-(2)."""
         since, first = self._started
         g = (time.monotonic() - since - self._comm_seconds) / (version - first)
         times = []
-        for peer in range(win.size):
-            if peer != win.rank:
-                start = time.monotonic()
-                self._pull_any(win, peer, ctx)
-                times.append(time.monotonic() - start)
+        peers = [p for p in range(win.size) if p != win.rank]
+        if win.pushes:
+            seen = [win.push_seconds(p) for p in peers]
+            known = [t for t in seen if t >= 0]
+            typical = float(np.mean(known)) if known else 0.0
+            times = [self.links.seconds(win.rank, p, win.nbytes) if self.links.active
+                     else 0.0 for p in peers]
+            times = [t + (s if s >= 0 else typical) for t, s in zip(times, seen)]
+        for peer in ([] if win.pushes else peers):
+            start = time.monotonic()
+            self._pull_any(win, peer, ctx)
+            times.append(time.monotonic() - start)
         c = float(np.mean(times))
         every = win.allgather_doubles([g, c], ctx.timeout)       # (K, 2)
         self.report = congestion_report(every[:, 0], every[:, 1], self.period)
@@ -271,8 +382,13 @@ class Gossip(Policy):
 
     @property
     def trace(self) -> Dict[str, np.ndarray]:
-        """Per pull: [iteration, peer, version read, seconds]."""
-        return {"pulls": self.pulls.array()} if self.pulls.count else {}
+        """Per pull: [iteration, peer, version read, seconds]; per push and mix:
+        [iteration, peer pushed to (-1: none), models mixed, seconds of the push (the
+        emulated link's included), seconds of the mix]."""
+        out = {"pulls": self.pulls.array()} if self.pulls.count else {}
+        if self.pushes.count:
+            out["pushes"] = self.pushes.array()
+        return out
 
 
 def congestion_report(g: np.ndarray, c: np.ndarray, period: int) -> Dict[str, object]:

@@ -52,3 +52,19 @@ def torn_write(ex, buf, version: int, payload_words: int = _WORDS_PER_CALL,
         body = first + slot + HEADER_BYTES
         for k in range(0, len(words), _WORDS_PER_CALL):
             win.write_words(target, body + 8 * k, words[k:k + _WORDS_PER_CALL])
+
+
+def corrupt_taken(win, versions, in_index: int, offset: int, value: int) -> None:
+    """Overwrite the int64 at `offset` bytes from the payload of in-neighbour
+    `in_index`'s model that push gossip's take() handed out (`versions`, what take()
+    returned; a negative offset reaches the header), as a torn or corrupted delivery
+    would leave it.  Through the address the window's read_begin() gives for a copy
+    made elsewhere: the core has no fault hook."""
+    import ctypes
+
+    addresses = win.read_begin(np.asarray(versions, dtype=np.int64), 0, 0, exact_each=True)
+    win.read_end()
+    address = int(addresses[in_index])
+    if not address:
+        raise ValueError(f"in-neighbour {in_index} has no taken model")
+    ctypes.c_int64.from_address(address + offset).value = value

@@ -21,10 +21,11 @@ counters, BSP's slots after its barrier) drive the window themselves; on "messag
 their window is a mailbox (asapmpi._core.MailboxWindow, asapmpi/_core/mailbox.pxi)
 whose own put, waits and ack move the messages.  Policies that read each sender's newest
 version (async, backup_ps, elastic) get a mailbox of newest versions there
-(NewestWindow, newest.pxi), whose writers never wait for a reader.
+(NewestWindow, newest.pxi), whose writers never wait for a reader; gossip pushes there
+(PushWindow, push.pxi: each rank sends its model to the peer its schedule chose).
 
 Which of these a policy gets is decided in one place, asapmpi.transports.channels: every
-window class of asapmpi._core (put, shared, messages, mailbox, newest: a SlotWindow
+window class of asapmpi._core (put, shared, messages, mailbox, newest, push: a SlotWindow
 subclass in its own .pxi file, with one hook per job: send an update, where a slot is,
 progress, drain at free) advertises the needs it serves and what it can do, a policy
 declares what it needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain), and

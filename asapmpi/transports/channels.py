@@ -7,7 +7,9 @@ capability flags and c10d's backends answer what they support; a policy only dec
 what it needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain) and never names a
 transport.  Several channels make up a family, the name Exchange(transport=...) takes:
 "messages" gives NOTIFY-ACK its versions, Hop and BSP a mailbox of window words, async,
-backup_ps and elastic a mailbox of newest versions.
+backup_ps and elastic a mailbox of newest versions, gossip pushes (each rank sends its
+model to the peer its schedule chose; the receiver mixes the newest whole versions that
+arrived: a "pull" need served without a one-sided read, docs/PROTOCOL.md 2h).
 
 =============  ========  ===================  ========  =======  =====  ========  ====
 window class   family    serves (Reads)       in-place  remote   runs   needs     one
@@ -19,6 +21,7 @@ SharedWindow   shared    exact                yes       yes      -      -       
 MessageWindow  messages  exact                -         -        -      -         -
 MailboxWindow  messages  words                -         -        -      -         -
 NewestWindow   messages  newest               -         -        yes    -         -
+PushWindow     messages  pull                 -         -        yes    -         -
 =============  ========  ===================  ========  =======  =====  ========  ====
 
 The message channels carry an update of at most MESSAGE_LIMIT bytes (one message), and
@@ -111,6 +114,11 @@ CHANNELS: Tuple[Channel, ...] = (
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
             needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT,
             takes=("retain",)),
+    # gossip's need met by pushes: nobody reads one-sidedly, so nobody waits for the
+    # peer's MPI progress (a pull on MPICH's TCP path cost 6-10x MPI_Allreduce)
+    Channel("PushWindow", "messages", frozenset({Reads.PULL}),
+            in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
+            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT),
 )
 
 #: the families, in the order they are offered (what Exchange(transport=...) takes,
@@ -122,7 +130,7 @@ FAMILIES: Tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CHANNELS))
 _DOES = {Reads.EXACT: "it reads exactly version k from each in-neighbour",
          Reads.WORDS: "it drives its slots and window words itself",
          Reads.NEWEST: "it reads each sender's newest version",
-         Reads.PULL: "it pulls a peer's model one-sidedly",
+         Reads.PULL: "it mixes a peer's model without waiting for the peer",
          Reads.NOTHING: "it uses no window: MPI collectives"}
 
 
