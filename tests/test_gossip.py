@@ -1,5 +1,6 @@
 """sync="gossip": pull and push gossip with a period, the warm-up's peer choice, the
 congestion condition, and emulated link bandwidth."""
+import os
 import time
 
 import numpy as np
@@ -346,6 +347,55 @@ def test_free_takes_the_pushes_still_in_flight(path):
                   iters=30, stop_early=1)
     for res in results:
         assert res["torn"] == 0 and res["leftovers"] == []
+
+
+def push_stall(comm, out, stall_at=10, iters=400, timeout=1.0, cap_s=60.0):
+    """Rank 1 stops calling MPI before step stall_at + 1, until every other rank timed
+    out (flags in `out`); the others step every 50 ms.  Each rank writes what it saw to
+    `out` and the job ends there (os._exit): a rank that gave up on a peer holds sends
+    that MPI_Finalize would wait for (a program ends such a job, as the abort hook
+    does)."""
+    import asapmpi
+    from asapmpi.errors import NeighbourTimeoutError
+
+    from scenarios import raise_flag, wait_for_flags  # tests/mpi, on the ranks' path
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf = np.zeros(1000)
+    ex = asapmpi.Exchange(buf, sync="gossip", comm=comm, timeout=timeout,
+                          transport="messages")
+    seen = "no error"
+    try:
+        while ex.version < iters:
+            if rank == 1 and ex.version == stall_at:
+                seen = "told" if wait_for_flags(
+                    out, [f"timed-out-{r}" for r in range(size) if r != 1], cap_s) \
+                    else "never told"
+                break
+            time.sleep(0.05)
+            ex.step()
+    except NeighbourTimeoutError as exc:
+        seen = str(exc)
+    with open(os.path.join(out, f"seen-{rank}"), "w") as f:
+        f.write(seen)
+    if rank != 1:
+        raise_flag(out, f"timed-out-{rank}")
+        wait_for_flags(out, ["seen-1"], cap_s)
+    os._exit(0)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", PATHS)
+def test_a_push_to_a_stalled_rank_times_out_naming_it(tmp_path, path):
+    # a push is never taken by a rank that stopped calling MPI: the pusher names it
+    # after its timeout (1 s)
+    from mpilaunch import launch
+
+    launch("test_gossip:push_stall", 4, path, timeout=120, out=str(tmp_path))
+    seen = {r: (tmp_path / f"seen-{r}").read_text() for r in range(4)}
+    assert seen[1] == "told", seen
+    for rank in (0, 2, 3):
+        assert "its receive of a pushed model from rank 1;" in seen[rank], seen
 
 
 @pytest.mark.mpi

@@ -499,6 +499,14 @@ cdef class PushWindow(SlotWindow):
             raise ConfigError(f"rank {peer} is outside the communicator (size {self.size})")
         return self.latency[peer]
 
+    def overdue(self, double seconds):
+        """The peers whose send has been in flight (not yet taken by their receive) for
+        longer than `seconds`, sorted: a peer that stopped calling MPI, or died, never
+        takes it (docs/PROTOCOL.md 2h)."""
+        cdef double now = asap_now()
+        return sorted(self.snd_peer[k] for k in range(PUSH_SENDS)
+                      if self.snd_stage[k] >= 0 and now - self.snd_t0[k] > seconds)
+
     @property
     def sends_in_flight(self):
         """The ranks this rank's sends in flight go to (at most one each)."""

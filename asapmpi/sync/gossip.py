@@ -254,6 +254,12 @@ class Gossip(Policy):
         table = np.minimum(self._table, INF_NS).astype(np.int64) if version <= self.warmup \
             else None
         win.push(buf, version, peer, table)
+        # a push never waits, but a peer that has not taken a model for a whole timeout
+        # is dead or stalled: named, as a wait on it would name it
+        late = win.overdue(ctx.timeout)
+        if late:
+            raise NeighbourTimeoutError(win.rank, "its receive of a pushed model", late, [],
+                                        [], ctx.timeout)
         took = time.monotonic() - start
         self._comm_seconds += took
         self._uncounted_seconds += took
