@@ -74,6 +74,13 @@ above_the_core = pytest.mark.skipif(STACK != "mpich",
 openmpi_only = pytest.mark.skipif(STACK != "openmpi", reason="about Open MPI's behaviour")
 
 
+def skip_above_the_core() -> None:
+    """above_the_core, called inside a test whose module the ranks import (its scenario
+    bodies live beside it, so it imports mpilaunch only inside its tests)."""
+    if STACK != "mpich":
+        pytest.skip("logic above the core: tested on MPICH")
+
+
 def job_command(ranks: int, program, path: str = "shm", timeout: float = 0,
                 keep_going: bool = False):
     """The mpiexec command line and whole environment that run `program` on `ranks`

@@ -252,6 +252,9 @@ def test_consistency_benchmark_outputs(tmp_path):
 
 @pytest.mark.mpi
 def test_stragglers_benchmark_and_trace_commands(tmp_path):
+    from mpilaunch import skip_above_the_core
+
+    skip_above_the_core()
     import h5py
 
     traces, js = tmp_path / "traces", tmp_path / "s.json"

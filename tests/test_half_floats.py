@@ -143,6 +143,9 @@ def test_half_float_buffers_mix_to_consensus(dtype, sync):
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", HALVES)
 def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype):
+    from mpilaunch import skip_above_the_core
+
+    skip_above_the_core()
     from mpilaunch import run
 
     res = run("test_half_floats:optimizer_half", 3, "shm", timeout=120, steps=20,
@@ -158,6 +161,9 @@ def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype):
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["serial", "parallel"])
 def test_a_bfloat16_run_with_masters_resumes_bitwise(mode):
+    from mpilaunch import skip_above_the_core
+
+    skip_above_the_core()
     # the state_dict between two steps holds the last mix in its masters: a run resumed
     # from it on 3 ranks ends where the uninterrupted one does, bit for bit
     from mpilaunch import run
@@ -190,10 +196,9 @@ def test_bfloat16_with_float32_masters_trains_as_far_as_float32(tmp_path):
     import sys
 
     pytest.importorskip("torch")
-    from mpilaunch import STACK, job_command
+    from mpilaunch import job_command, skip_above_the_core
 
-    if STACK != "mpich":    # (mpilaunch.above_the_core: not imported by the ranks here)
-        pytest.skip("logic above the core: tested on MPICH")
+    skip_above_the_core()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "losses.json"
     cmd, env = job_command(4, [sys.executable, os.path.join(root, "examples",

@@ -193,6 +193,9 @@ def test_shards_cover_the_data_once_and_differ_by_one_example():
 
 
 def test_the_uneven_shards_example_runs_two_epochs():
+    from mpilaunch import skip_above_the_core
+
+    skip_above_the_core()
     pytest.importorskip("torch")
     import os
     import subprocess
@@ -217,6 +220,9 @@ def test_the_uneven_shards_example_runs_two_epochs():
 
 
 def test_the_optimizer_joins_uneven_shards_and_its_replicas_agree():
+    from mpilaunch import skip_above_the_core
+
+    skip_above_the_core()
     pytest.importorskip("torch")
     from mpilaunch import run
 

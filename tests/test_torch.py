@@ -488,8 +488,9 @@ def test_checkpoint_round_trip_of_model_and_adam_state(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind,mode", [
-    ("momentum", "serial"), ("momentum", "parallel"),
-    # which optimizer is wrapped is logic above the core: Adam on MPICH only
+    # which optimizer is wrapped, and the serial mode, are logic above the core: on MPICH
+    # only; Open MPI runs the parallel mode (the exchange's thread beside the training)
+    pytest.param("momentum", "serial", marks=above_the_core), ("momentum", "parallel"),
     pytest.param("adam", "serial", marks=above_the_core),
     pytest.param("adam", "parallel", marks=above_the_core)])
 def test_wrapper_matches_a_replay_of_optimizer_and_mixing(kind, mode, path):
@@ -506,6 +507,7 @@ def test_wrapper_matches_a_replay_of_optimizer_and_mixing(kind, mode, path):
         assert res["homes"] == (2 if res["double_buffered"] else 1)
 
 
+@above_the_core
 @pytest.mark.mpi
 def test_wrapper_with_a_period_mixes_every_period_steps():
     results = run("torch_wrapper_replays", 4, "shm", timeout=300, optimizer="momentum",
@@ -526,6 +528,7 @@ def test_wrapper_replays_with_a_period_in_both_modes(mode):
         assert res["version"] == 4
 
 
+@above_the_core
 @pytest.mark.mpi
 def test_wrapper_replays_under_hop():
     # hop without backup workers reduces every in-neighbour's version k: exact replay
@@ -536,6 +539,7 @@ def test_wrapper_replays_under_hop():
         assert res["version"] == 5
 
 
+@above_the_core
 @pytest.mark.mpi
 def test_wrapper_under_hop_with_a_backup_worker():
     # a backup worker's reduce leaves late inputs out: no exact replay, but every rank
@@ -552,6 +556,7 @@ def test_broadcast_gives_every_rank_the_same_start():
     assert all(r["equal"] for r in run("torch_broadcast_starts_equal", 4, "shm", timeout=120))
 
 
+@above_the_core
 @pytest.mark.mpi
 def test_state_dict_carries_the_exchange_state():
     for res in run("torch_state_dict_has_exchange", 4, "shm", timeout=120):
@@ -560,6 +565,7 @@ def test_state_dict_carries_the_exchange_state():
         assert res["bytes_after"] > res["saved_bytes"] > 0
 
 
+@above_the_core
 @pytest.mark.mpi
 def test_buffers_mix_with_tied_frozen_scheduler_clipping_and_bf16_on_a_ring():
     # 4 ranks, 40 steps on the (directed) ring, different data per rank: AdamW, StepLR

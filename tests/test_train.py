@@ -65,6 +65,7 @@ def test_svm_compare_reports_table_json_metrics_and_plot(tmp_path):
             assert np.all(np.diff(group["bytes_sent"][()]) > 0)
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+@above_the_core
 
 def test_cnn_on_digits_learns_in_parallel_mode_with_a_period(tmp_path):
     pytest.importorskip("sklearn")
@@ -104,10 +105,9 @@ def _final_models(folder, ranks, iters, label="svm-notify_ack"):
                                    f"iter_{iters:09d}.h5")) for r in range(ranks)]
 
 
+@above_the_core          # checkpoints and resume: the trainer's, on MPICH
 @pytest.mark.parametrize("ranks,extra", [
-    (1, []), (4, []),
-    # the trainer's parallel mode and period: logic above the core, MPICH only
-    pytest.param(4, ["--mode", "parallel", "--period", "2"], marks=above_the_core)])
+    (1, []), (4, []), (4, ["--mode", "parallel", "--period", "2"])])
 def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks, extra):
     common = ["svm", "-n", str(ranks), "--iters", "60", "--eval-every", "10",
               "--checkpoint-every", "20", "--graph", "ring", *extra]
@@ -157,6 +157,7 @@ def test_resume_refuses_another_configuration_and_fresh_runs_clear_old_ones(tmp_
     assert sorted(os.listdir(folder)) == ["iter_000000020.h5"]
     assert load_tree(str(folder / "iter_000000020.h5"))["config"]["seed"] == 3
 
+@above_the_core
 
 def test_the_last_evaluation_has_its_own_mark(tmp_path):
     proc = train("svm", "-n", "2", "--iters", "25", "--eval-every", "10", "--out",
@@ -309,6 +310,7 @@ def test_svm_on_a_wide_libsvm_file_uses_sparse_batches(tmp_path):
     assert s["final_test_accuracy"] > 0.8
     assert s["model_bytes"] == 4 * (10000 + 16)          # weights, bias padded to 64 B
 
+@above_the_core
 
 def test_backup_ps_elastic_and_gossip_train(tmp_path):
     proc = train("svm", "-n", "5", "--iters", "250", "--out", str(tmp_path), "--json",
@@ -327,6 +329,7 @@ def test_backup_ps_elastic_and_gossip_train(tmp_path):
         runs["backup_ps"]["final_test_accuracy_max"]
     assert "congestion condition (gossip eq. 1) at T=2" in proc.stdout
 
+@above_the_core
 
 def test_the_million_feature_workload_runs_with_its_own_defaults(tmp_path):
     # each rank generates only its shard; the preset brings its step size and target
