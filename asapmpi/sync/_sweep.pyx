@@ -14,7 +14,7 @@ point; the earlier gaps end lower).  hi is a running maximum over the gaps in th
 of their starts: a sort, most of which need not be done.
 
 * Pass 1 drops every gap with a < L1 into one of B buckets (B about nR/8, at most
-  2^14) of equal width over [smallest point, L1) by its start; a bucket keeps its
+  2^13) of equal width over [smallest point, L1) by its start; a bucket keeps its
   count, its gaps' largest end, smallest and largest start.  A bucket's index never
   decreases as a grows (also in floating point), so every gap of an earlier bucket
   starts before any of a later one.
@@ -39,10 +39,10 @@ of their starts: a sort, most of which need not be done.
 
 O(nR): pass 1 at most three times and pass 2 once over the matrix, two passes over the
 gathered gaps per level, no log factor.  At 1000 x 150, rows of one kind (uniform,
-cumulative arrival times) gather a few buckets of 16384; rows in lockstep (every
+cumulative arrival times) gather a few buckets of 8192; rows in lockstep (every
 worker's j-th end before any worker's (j+1)-th: every window about as good) gather
-them all, a bucket sort of the gaps.  This replaces the k-way merge of the rows with a heap (O(nR log n), 18ab137),
-which popped every point in lockstep.
+them all, a bucket sort of the gaps.  This replaces the k-way merge of the rows with a
+heap (O(nR log n), 18ab137), which popped every point in lockstep.
 """
 from libc.math cimport INFINITY, isfinite
 from libc.stdint cimport int64_t, uint64_t
@@ -56,7 +56,7 @@ cdef extern from *:
 
 cdef enum:
     GAPS_PER_BUCKET = 8     # gaps per bucket aimed at
-    MAX_BITS = 14           # at most 2^14 buckets (their array stays in the L2 cache)
+    MAX_BITS = 13           # at most 2^13 buckets (393 KB: they stay in the L2 cache)
     MIN_BITS = 8            # a keyed level tells at least 8 more bits apart
     SORTED = 24             # a gathered bucket of at most this many gaps is sorted
     LEVELS = 12             # then sorted by qsort (never: 64 bits, 8 a level)

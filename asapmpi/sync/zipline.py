@@ -118,7 +118,7 @@ def zipline(ends) -> Choice:
     first point >= lo, and hi(lo) is a running maximum over the rows' gaps (pairs of
     consecutive points) in the order of their starts.  One pass puts the gaps into
     buckets by start; per bucket, a lower bound of its spreads and an upper bound of the
-    optimum rule out all but a few buckets (about one in a thousand on rows of one
+    optimum rule out all but a few buckets (2 or 3 of 8192 at 1000 x 150 on rows of one
     kind), whose gaps alone are sorted and scanned, the same way one level down.  The
     candidates are scanned in increasing lo and a window replaces the best one only if
     its spread is strictly smaller: the first minimal spread wins, which also has the
