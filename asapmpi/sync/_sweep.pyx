@@ -44,7 +44,7 @@ worker's j-th end before any worker's (j+1)-th: every window about as good) gath
 them all, a bucket sort of the gaps.  This replaces the k-way merge of the rows with a
 heap (O(nR log n), 18ab137), which popped every point in lockstep.
 """
-from libc.math cimport INFINITY, isfinite
+from libc.math cimport INFINITY
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcpy
@@ -361,31 +361,6 @@ cdef void _gather(const double[:, ::1] ends, const Scale *s, Bucket *bucket,
                 gaps[b.at].end = ends[p, j + 1]
                 b.at += 1
             j += 1
-
-
-def check_rows(const double[:, ::1] ends):
-    """(the first row with a point that is not finite, the first row that decreases
-    somewhere), each -1 if there is none: one pass, stopping at a point not finite."""
-    cdef Py_ssize_t n = ends.shape[0], r = ends.shape[1], p, j
-    cdef Py_ssize_t infinite = -1, unsorted = -1
-    cdef bint finite, ordered
-    cdef double x, prev
-    with nogil:
-        for p in range(n):
-            finite = True
-            ordered = True
-            prev = -INFINITY
-            for j in range(r):
-                x = ends[p, j]
-                finite &= isfinite(x) != 0
-                ordered &= not x < prev
-                prev = x
-            if not finite:
-                infinite = p
-                break
-            if not ordered and unsorted < 0:
-                unsorted = p
-    return infinite, unsorted
 
 
 def first_at_least(const double[:, ::1] ends, double x, int64_t[::1] out):
