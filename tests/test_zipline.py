@@ -408,7 +408,7 @@ def test_input_families_shapes_and_properties(kind):
         assert steps.max(axis=1).min() < steps.min(axis=1).max()    # different speeds
     elif kind == "homogeneous":
         steps = np.diff(ends, axis=1, prepend=0.0)
-        assert (steps >= 0.9).all() and (steps <= 1.1).all()
+        assert (steps > 0.9 - 1e-12).all() and (steps < 1.1 + 1e-12).all()
     elif kind == "sorted":                  # row by row, globally sorted
         assert (np.diff(ends.ravel()) >= 0).all()
         assert (ends[1:, 0] > ends[:-1, -1]).all()
