@@ -29,9 +29,10 @@ of their starts: a sort, most of which need not be done.
   with F_k for M0, in buckets keyed on the top bits of the starts' order-preserving
   integer keys: each level tells at least 8 more of the 64 bits apart, so a bucket of
   one start, or of at most 24 gaps (sorted by insertion), comes within 8 levels.
-* When equal widths leave most gaps in a few buckets, pass 1 runs once more: from where
-  all but a 64th of the gaps start if a few points far below stretched the range (the
-  ones below share the first bucket), else (values of very different scales) keyed.
+* When equal widths leave most gaps in a few buckets, pass 1 runs again: from where all
+  but a 64th of the gaps start if a few points far below stretched the range (the ones
+  below share the first bucket), keyed if that leaves them crowded too or if no such
+  points were there (values of very different scales).
 * Candidates are offered in increasing lo, L1 last, and replace the best only with a
   strictly smaller spread: of equal spreads the smallest lo wins (then hi = hi(lo)), as
   in the textbook k-way merge with a heap (tests/test_zipline.py); a bucket whose lower
