@@ -324,6 +324,20 @@ def test_bench_zipline_runs_in_one_process(tmp_path):
     assert (tmp_path / "z.json").stat().st_size > 0
 
 
+def test_bench_zipline_every_input_family_and_a_bad_one(tmp_path):
+    proc = asapmpi("bench", "zipline", "--workers", "5", "--R", "4", "--repeats", "1",
+                   "--input", "all", "--json", str(tmp_path / "z.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "per input family" in proc.stdout
+    for kind in ("cumulative", "uniform", "homogeneous", "sorted", "lockstep", "all-ties",
+                 "one-outlier"):
+        assert f"input: {kind} (" in proc.stdout
+    proc = asapmpi("bench", "zipline", "--input", "uniform,bogus")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("asapmpi: error: --input 'bogus' is not an input family")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
 # ---------------------------------------------------------------- scenario bodies (on the ranks)
 # tests/mpi/run.py runs each on every rank as "test_cli:NAME"
 

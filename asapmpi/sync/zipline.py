@@ -10,9 +10,9 @@ barrier is at ``max(Z)``.
 
 Algorithms (Sec. IV, Table I and II of the paper):
 
-* :func:`zipline`: exact.  The paper's sweep (Algorithm 2) is O(R n^2); this one is the
-  "smallest range covering n sorted lists" sweep, a k-way merge of the n sorted rows
-  with a heap in C: O(nR log n), no global sort (see the function's docstring).
+* :func:`zipline`: exact.  The paper's sweep (Algorithm 2) is O(R n^2); this one solves
+  the "smallest range covering n sorted lists" problem in C with buckets and bounds:
+  O(nR), no global sort or merge (see the function's docstring).
 * :func:`gridscan`: the paper's heuristic (Algorithm 1), O(R^2 n) in the paper, one
   vectorized pass here.  It can miss the optimum: that is the point of the comparison.
 * :func:`full_gridscan`: GridScan with every row designated in turn (the paper's
@@ -80,7 +80,9 @@ def _choice(ends: np.ndarray, index: np.ndarray) -> Choice:
 
 
 def _validate_ends(ends) -> np.ndarray:
-    """``ends`` as a C-contiguous float64 n x R array, or ConfigError saying what to fix."""
+    """``ends`` as a C-contiguous float64 n x R array, or ConfigError saying what to fix.
+    NumPy's vectorized passes: a scalar C loop measured slower (0.12 ms against 0.11 at
+    1000 x 150)."""
     try:
         m = np.ascontiguousarray(ends, dtype=np.float64)      # no copy if it is one
     except (TypeError, ValueError):
@@ -110,28 +112,31 @@ def zipline(ends) -> Choice:
     """ZipLine (Algorithm 2): the optimal barrier, one predicted end per worker with the
     smallest spread max - min; ties: earliest barrier, then smallest indices.
 
-    Method (exact): the "smallest range covering n sorted lists" sweep, a k-way merge of
-    the rows in C (asapmpi.sync._sweep): a min-heap holds every row's first point not yet
-    passed, and lo runs through the points in increasing order.  When lo is the first
-    copy of its value, every row's current point is its first point >= lo, so the best
-    window starting at lo ends at their maximum, a running maximum (later copies of the
-    value get a later-or-equal end and lose the tie).  The first minimal spread wins,
-    which also has the earliest barrier; every worker's first point >= lo then gives the
-    smallest indices.  The sweep stops when a row runs out: no later window holds a
-    point of it; a row's points that cannot start a strictly better window are skipped
-    without entering the heap.  O(nR log n) with no global sort: for n=1000, R=150 on
-    this project's machine 1.4-1.8 ms on random sorted rows and 1.3-2.4 ms on the
-    benchmark's workers of different speeds (the argsort of the nR points alone took
-    7-8 ms there); the paper reports 2.38 s for its O(R n^2) version.
+    Method (exact, in C: asapmpi.sync._sweep, whose docstring has the details): the best
+    window starting at a point lo ends at hi(lo), the largest over rows of the row's
+    first point >= lo, and hi(lo) is a running maximum over the rows' gaps (pairs of
+    consecutive points) in the order of their starts.  One pass puts the gaps into
+    buckets by start; per bucket, a lower bound of its spreads and an upper bound of the
+    optimum rule out all but a few buckets (2 or 3 of 8192 at 1000 x 150 on rows of one
+    kind), whose gaps alone are sorted and scanned, the same way one level down.  The
+    candidates are scanned in increasing lo and a window replaces the best one only if
+    its spread is strictly smaller: the first minimal spread wins, which also has the
+    earliest barrier, and every worker's first point >= lo gives the smallest indices.
+    O(nR), no global sort or merge; at n=1000, R=150 it stays under the 3 ms of issue
+    48 on every input family of `asapmpi bench zipline`, rows in lockstep (every window
+    about as good) the slowest (docs/BENCHMARKS.md); the paper reports 2.38 s for its
+    O(R n^2) version.
     """
     # compiled (no MPI): imported where it runs, so that importing asapmpi.sync loads
     # no extension module
-    from ._sweep import covering_window
+    from ._sweep import covering_window, first_at_least
 
     m = _validate_ends(ends)
     lo, _ = covering_window(m)
     # every worker's first point >= lo: componentwise the smallest optimal indices
-    return _choice(m, (m < lo).sum(axis=1))
+    index = np.empty(m.shape[0], dtype=np.int64)
+    first_at_least(m, lo, index)
+    return _choice(m, index)
 
 
 # --------------------------------------------------------------- GridScan, FullGridScan
