@@ -160,6 +160,19 @@ def test_fault_tolerance_without_the_ulfm_launch_is_refused_in_one_line(tmp_path
         assert "\n" not in res["error"]
 
 
+@needs_ulfm
+def test_the_optimizer_survives_and_averages_over_the_survivors(tmp_path):
+    proc = launch("optimizer_survives", 4, out=str(tmp_path), steps=30, kill_at=10)
+    found = results(tmp_path)
+    assert sorted(found) == [0, 1, 3], _shown(proc)
+    for res in found.values():
+        assert res["iteration"] == 30 and res["size"] == 3, res
+        assert res["survivals"][0]["failed"] == [2], res
+        # average_replicas() ran over the 3 survivors: every replica the same after it
+        assert res["weights"] == found[0]["weights"], found
+        assert res["loss_end"] < res["loss_start"], res
+
+
 def test_fault_tolerance_on_an_mpi_without_ulfm_is_refused_before_communicating():
     # this test run's MPI (the embedded MPICH; or Open MPI 4.1): no ULFM here
     import numpy as np
@@ -244,6 +257,60 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
     _write(out, rank, result)
 
 
+def steps_timed(comm, out, ft, steps, n=4096, graph="ring", transport="put"):
+    """`steps` steps without a failure; the seconds of the steps after the first 10
+    (dev/survive-figures.py: the cost of fault_tolerance=True without failures)."""
+    import numpy as np
+
+    from asapmpi import Exchange
+
+    rank = comm.Get_rank()
+    buf = np.full(n, float(rank))
+    ex = Exchange(buf, graph=graph, sync="notify_ack", transport=transport, timeout=30.0,
+                  fault_tolerance=ft)
+    for _ in range(10):
+        ex.step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        ex.step()
+    seconds = time.perf_counter() - t0
+    ex.free()
+    _write(out, rank, {"rank": rank, "seconds": seconds, "steps": steps})
+
+
+def optimizer_survives(comm, out, steps, kill_at, victim=2):
+    """A linear regression with DecentralizedOptimizer(SGD, fault_tolerance=True) on a
+    ring; `victim` dies before iteration kill_at + 1; the survivors finish, then average
+    their replicas (average_replicas(), over the survivors' communicator)."""
+    import torch
+
+    from asapmpi.torch import DecentralizedOptimizer
+
+    rank = comm.Get_rank()
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(8, 1)
+    x = torch.randn(64, 8)
+    y = x @ torch.arange(8.0).reshape(8, 1)
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), "ring",
+                                 model=model, timeout=30.0, fault_tolerance=True)
+    losses = []
+    while opt.iteration < steps:
+        if rank == victim and opt.iteration == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    opt.average_replicas()
+    weights = [round(float(v), 6) for v in model.weight.detach().reshape(-1)]
+    result = {"rank": rank, "iteration": opt.iteration, "size": opt.comm.Get_size(),
+              "survivals": opt.exchange.survivals, "weights": weights,
+              "loss_start": losses[0], "loss_end": losses[-1]}
+    opt.free()
+    _write(out, rank, result)
+
+
 def refused(comm, out):
     """fault_tolerance=True in a job launched without --with-ft ulfm."""
     import numpy as np
@@ -263,6 +330,11 @@ def main() -> None:
     from mpi4py import MPI
 
     name, kwargs = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    if os.environ.get("SURVIVE_DUMP_AFTER"):
+        # where each rank is, if the job still runs then (hunting a hang)
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["SURVIVE_DUMP_AFTER"]))
     globals()[name](MPI.COMM_WORLD, **kwargs)
 
 

@@ -28,6 +28,7 @@ cdef extern from "watchdog.h" nogil:
     void asap_watchdog_arm(double seconds, const char *call, long long version,
                            const char *ranks)
     void asap_watchdog_disarm()
+    void asap_watchdog_arm_exit(double seconds, const char *call, int exit_code)
     void asap_watchdog_waiting(const char *what, long long version, const char *ranks)
     ctypedef struct asap_watchdog_t:
         const char *wait_what
@@ -129,6 +130,18 @@ def settle_all(double timeout=60.0):
     with nogil:
         _settle_all(timeout)
     _reap_leftovers()
+
+
+def bound_the_exit(double seconds, int exit_code):
+    """This process's last MPI call (MPI_Finalize, at exit) may take at most `seconds`:
+    past them the watchdog ends the process alone, with `exit_code` and a line on
+    stderr (after surviving a failure, Open MPI's closing fence may wait for the dead
+    rank).  Call it only when nothing is left to do but MPI_Finalize."""
+    if asap_watchdog_start() != 0:
+        raise OSError("asapmpi could not start its watchdog thread")
+    asap_watchdog_arm_exit(seconds, b"MPI_Finalize after surviving a failure "
+                           b"(Open MPI's closing fence may wait for the dead rank)",
+                           exit_code)
 
 
 def release_all():

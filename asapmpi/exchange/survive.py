@@ -27,6 +27,7 @@ step that does not fail: a step is one try block more (free when nothing is rais
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -43,6 +44,12 @@ from ..reduce.weights import check_stochastic, mixing_matrix
 #: what the abandoned exchanges leave: kept referenced for the life of the process, so
 #: that nothing MPI may still read or write is freed (docs/PROTOCOL.md, leftovers)
 _ABANDONED: List[Tuple[Any, ...]] = []
+
+#: the longest MPI_Finalize may take in a process that survived a failure: once in
+#: about 15 runs here Open MPI's closing fence (PMIx) waited for the dead rank for ever
+FINALIZE_DEADLINE_S = 20.0
+#: an exception escaped the program (sys.excepthook saw it): the exit code then
+_escaped = []
 
 #: the ULFM calls this needs from mpi4py's Comm
 ULFM_CALLS = ("Revoke", "Shrink", "Agree", "Get_failed", "Ack_failed")
@@ -66,9 +73,10 @@ def ft_enabled_at_run_time() -> Optional[bool]:
     return None
 
 
-def refusal() -> str:
+def refusal(at_run_time: bool = True) -> str:
     """"" when this MPI can survive a dead rank in place, else why not (one sentence,
-    with what to use instead)."""
+    with what to use instead).  `at_run_time`: also that this job was launched with
+    fault tolerance on (`asapmpi doctor`, outside any job, asks about the MPI only)."""
     library = _library()
     instead = ("use restarts instead (asapmpi-run --restarts K, asapmpi train --restarts "
                "K: docs/FAILURES.md)")
@@ -83,7 +91,7 @@ def refusal() -> str:
     if MPI.ERR_PROC_FAILED == MPI.ERR_UNKNOWN:
         return (f"{library} was built without ULFM's error classes (ompi_info: FT MPI "
                 f"support: no); {instead}")
-    if ft_enabled_at_run_time() is False or ft_enabled_at_run_time() is None:
+    if at_run_time and not ft_enabled_at_run_time():
         return (f"{library} has ULFM but this job was not launched with it: launch with "
                 f"mpiexec --with-ft ulfm (asapmpi.launchers.command(..., "
                 f"fault_tolerance=True)), or {instead}")
@@ -236,6 +244,30 @@ def _shrink(ft: MPI.Comm) -> Tuple[MPI.Comm, List[int]]:
     return shrunk, [int(r) for r in survivors]
 
 
+def _bounded_exit() -> None:
+    # atexit, after the program's own end: MPI_Finalize (mpi4py's, which runs after
+    # every atexit handler) gets FINALIZE_DEADLINE_S; past them this process ends with
+    # 1 if an exception escaped the program, else 0 (a sys.exit(n) is not seen)
+    from .._core import slotwin
+
+    slotwin.bound_the_exit(FINALIZE_DEADLINE_S, 1 if _escaped else 0)
+
+
+def _noting_hook(previous):
+    def hook(kind, value, traceback):
+        _escaped.append(kind)
+        previous(kind, value, traceback)
+    return hook
+
+
+def _bound_the_exit_once() -> None:
+    if getattr(_bound_the_exit_once, "done", False):
+        return
+    _bound_the_exit_once.done = True
+    sys.excepthook = _noting_hook(sys.excepthook)
+    atexit.register(_bounded_exit)
+
+
 def abandon(ex) -> None:
     """Leave `ex`'s windows, boards and communicators without any MPI call that could
     wait on a dead rank; keep them referenced for the life of the process."""
@@ -260,6 +292,7 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
     carried = {"bytes_sent": ex.bytes_sent, "wait_seconds": ex.wait_seconds}
     survivals = list(ex.survivals)
     abandon(ex)
+    _bound_the_exit_once()
     shrunk, survivors = _shrink(ft)
     failed = sorted(set(range(ft.Get_size())) - set(survivors))
     # the step every survivor goes on from: the most any completed (an allreduce on the
