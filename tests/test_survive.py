@@ -127,6 +127,7 @@ def test_survivors_shrink_and_go_on(tmp_path, sync, graph, transport, options):
         # every survivor says it once, naming rank 2 and the step
         assert [(who, step) for r, who, step in said if int(r) == rank] == \
             [("2", str(record["step"]))], _shown(proc)
+    assert "the process ended inside" not in proc.stderr, _shown(proc)
     # the replicas mix: all close together, and (notify_ack, doubly stochastic) at the
     # mean of what the survivors held when they re-formed the graph
     finals = [res["final"] for res in found.values()]
@@ -136,6 +137,27 @@ def test_survivors_shrink_and_go_on(tmp_path, sync, graph, transport, options):
     if sync == "notify_ack":
         mean = sum(at_recovery) / len(at_recovery)
         assert all(abs(f - mean) < 1e-6 for f in finals), (finals, at_recovery)
+
+
+@needs_ulfm
+def test_a_stalled_rank_is_a_missed_deadline_survived_by_all(tmp_path):
+    # rank 1 sleeps 3 s outside MPI against a 1 s timeout: its neighbours time out and
+    # revoke; it takes part in the shrink once it is back in a wait, and all 4 go on
+    proc = launch("survive_steps", 4, out=str(tmp_path), sync="notify_ack", graph="ring",
+                  transport="put", options={}, steps=30, kill_at=10, victim=1,
+                  stall=3.0, wait_timeout=1.0)
+    found = results(tmp_path)
+    assert sorted(found) == [0, 1, 2, 3], _shown(proc)
+    causes = set()
+    for res in found.values():
+        assert res["version"] == 30 and res["size"] == 4, res
+        record = res["survivals"][0]
+        assert record["failed"] == [] and record["graph"] == "ring", record
+        causes.add(record["cause"])
+    assert "NeighbourTimeoutError" in causes, found
+    assert proc.stderr.count("survived a missed deadline (no rank failed)") == 4, \
+        _shown(proc)
+    assert "the process ended inside" not in proc.stderr, _shown(proc)
 
 
 @needs_ulfm
@@ -189,6 +211,21 @@ def test_fault_tolerance_on_an_mpi_without_ulfm_is_refused_before_communicating(
     assert "\n" not in str(info.value)
 
 
+def test_a_bounded_exit_ends_the_process_alone_with_its_code():
+    # what a survivor's exit does (survive._bounded_exit): the watchdog ends a process
+    # still in its last call past the deadline, with the exit code given
+    code = ("import time\n"
+            "from mpi4py import MPI\n"
+            "from asapmpi._core import slotwin\n"
+            "slotwin.bound_the_exit(0.5, 3)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=50, check=False)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "did not complete within 0.5 s; this process ends with exit code 3" in \
+        proc.stderr, proc.stderr
+
+
 def test_the_graph_re_formed_on_the_survivors():
     from asapmpi.exchange.survive import new_graph, rewired
     from asapmpi.reduce.graphs import graph
@@ -222,22 +259,25 @@ def _write(out, rank, result) -> None:
 
 
 def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft=True,
-                  victim=2, n=4096, step_sleep=0.0):
+                  victim=2, n=4096, step_sleep=0.0, wait_timeout=30.0, stall=0.0):
     """Every rank steps an Exchange on a buffer of its own rank's value; `victim`
     SIGKILLs itself before step kill_at + 1.  Survivors record each step's end
     (CLOCK_MONOTONIC, one clock on one host), the value they held when they re-formed
-    the graph, and their final value."""
+    the graph, and their final value.  With `stall` seconds, `victim` sleeps that long
+    (outside MPI) instead of dying."""
     import numpy as np
 
     from asapmpi import Exchange
 
     rank = comm.Get_rank()
     buf = np.full(n, float(rank))
-    ex = Exchange(buf, graph=graph, sync=sync, transport=transport, timeout=30.0,
+    ex = Exchange(buf, graph=graph, sync=sync, transport=transport, timeout=wait_timeout,
                   fault_tolerance=ft, **options)
     ends, at_recovery = [], None
     while ex.version < steps:
-        if rank == victim and ex.version == kill_at:
+        if rank == victim and ex.version == kill_at and stall:
+            time.sleep(stall)
+        elif rank == victim and ex.version == kill_at:
             with open(os.path.join(out, "died.json"), "w") as f:
                 json.dump({"died": time.monotonic()}, f)
             os.kill(os.getpid(), signal.SIGKILL)

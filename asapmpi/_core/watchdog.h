@@ -111,6 +111,8 @@ static void asap_watchdog_report_exit(void) {
   char line[768];
   int len = 0;
   if (asap_wd_reported) return;
+  /* armed for the process's last call (asap_watchdog_arm_exit), which completed */
+  if (asap_wd.exit_code >= 0) return;
   long armed = __atomic_load_n(&asap_wd.armed, __ATOMIC_ACQUIRE);
   const char *waiting = __atomic_load_n(&asap_wd.wait_what, __ATOMIC_ACQUIRE);
   if (armed) {

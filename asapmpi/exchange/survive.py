@@ -329,8 +329,9 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
               "recovery_seconds": time.perf_counter() - t0,
               "cause": type(exc).__name__}
     fresh.survivals = [*survivals, record]
-    who = ", ".join(str(r) for r in record["failed"]) or "none (a deadline was missed)"
-    print(f"asapmpi: rank {old_origin[old_rank]}: survived the failure of rank(s) {who} "
+    what = (f"the failure of rank(s) {', '.join(str(r) for r in record['failed'])}"
+            if record["failed"] else "a missed deadline (no rank failed)")
+    print(f"asapmpi: rank {old_origin[old_rank]}: survived {what} "
           f"in step {completed + 1}; going on from step {steps} on {fresh.size} ranks, "
           f"graph {fresh.graph.name} ({how}), spectral gap {gap:.3f}; "
           f"{seconds:.2f} s lost", file=sys.stderr, flush=True)
