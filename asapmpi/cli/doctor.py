@@ -108,7 +108,7 @@ def survive_in_place() -> str:
     if why:
         return f"no: {why}"
     return ("yes (ULFM): launch with mpiexec --with-ft ulfm and pass "
-            "fault_tolerance=True (asapmpi train --survive)")
+            "fault_tolerance=True to the Exchange (docs/FAILURES.md)")
 
 
 def smoke() -> int:

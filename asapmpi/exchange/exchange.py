@@ -125,6 +125,13 @@ class Exchange:
     dtype: the element type when the buffer's format does not say it: "bfloat16" for a
         2-byte integer buffer of bfloat16 bit patterns (tensor.view(torch.int16).numpy();
         reduced in float32, rounded to nearest even).  Default: read from the buffer.
+    fault_tolerance: survive a dead rank (or a neighbour past its deadline) in place
+        instead of raising (docs/FAILURES.md): the survivors shrink the communicator,
+        re-form the graph, re-create this exchange on them (`comm`, `graph`, `size`,
+        `rank` change; `survivals` records each failure) and go on from their current
+        buffers.  Needs ULFM: Open MPI 5 launched with mpiexec --with-ft ulfm; a
+        ConfigError before any communication elsewhere (use restarts there).  Not with
+        double_buffer, trace_file or a device buffer yet.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread (a second thread calling in while one is inside is

@@ -328,13 +328,18 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
               "how": how, "spectral_gap": gap, "seconds": seconds,
               "recovery_seconds": time.perf_counter() - t0,
               "cause": type(exc).__name__}
+    if "server" in options:
+        # a parameter server's policy: which survivor serves now (the old one, or the
+        # first survivor in its place, whose replica became the parameters)
+        record["server"] = origin[int(options["server"])]
     fresh.survivals = [*survivals, record]
     what = (f"the failure of rank(s) {', '.join(str(r) for r in record['failed'])}"
             if record["failed"] else "a missed deadline (no rank failed)")
     print(f"asapmpi: rank {old_origin[old_rank]}: survived {what} "
           f"in step {completed + 1}; going on from step {steps} on {fresh.size} ranks, "
-          f"graph {fresh.graph.name} ({how}), spectral gap {gap:.3f}; "
-          f"{seconds:.2f} s lost", file=sys.stderr, flush=True)
+          f"graph {fresh.graph.name} ({how}), spectral gap {gap:.3f}"
+          + (f", server rank {record['server']}" if "server" in record else "")
+          + f"; {seconds:.2f} s lost", file=sys.stderr, flush=True)
     ex.__dict__.clear()
     ex.__dict__.update(fresh.__dict__)
     return record
