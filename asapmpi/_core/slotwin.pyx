@@ -886,10 +886,11 @@ cdef class SlotWindow:
 
     def watch(self, MPI.Comm comm):
         """Fault tolerance: from now on every wait of this window also probes `comm`
-        between its polls (MPI_Iprobe, nothing is ever sent there), so that a process
-        failure or a revocation of `comm` ends the wait with a ProcessFailedError
-        instead of a timeout.  None stops it.  Costs nothing on the path of a wait that
-        does not back off."""
+        between its polls once it sleeps between them (past poll_yields polls;
+        MPI_Iprobe, nothing is ever sent there), so that a process failure or a
+        revocation of `comm` ends the wait with a ProcessFailedError instead of a
+        timeout.  None stops it.  A wait that ends within its yields makes no call
+        more."""
         if comm is None or comm.ob_mpi == MPI_COMM_NULL:
             self.watched = MPI_COMM_NULL
             self._watched_ref = None
@@ -1283,8 +1284,10 @@ cdef class SlotWindow:
         self._settle_pending(polls[0])
         if not pumped:
             self._progress()
-        if self.watched != MPI_COMM_NULL:
-            # fault tolerance: a failure or revocation anywhere ends the wait
+        if self.watched != MPI_COMM_NULL and polls[0] >= self.poll_yields:
+            # fault tolerance: a failure or revocation anywhere ends the wait; probed
+            # once the wait sleeps between polls (past its poll_yields yields), so that
+            # the short waits of a healthy run make no MPI call more
             CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.watched, &flag,
                               MPI_STATUS_IGNORE), "MPI_Iprobe")
         if t - t0 > timeout:
