@@ -32,11 +32,12 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .errors import MPIError
+from .errors import mpi_error as _classified
 
 
 def mpi_error(call: str, exc) -> MPIError:
     """MPIError of an mpi4py MPI.Exception."""
-    return MPIError(exc.Get_error_code(), call, exc.Get_error_string())
+    return _classified(exc.Get_error_code(), call, exc.Get_error_string())
 
 
 class Board:

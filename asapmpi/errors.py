@@ -32,6 +32,19 @@ class MPIError(AsapError, RuntimeError):
         super().__init__(f"{call} failed with MPI error {code}: {mpi_message}")
 
 
+class ProcessFailedError(MPIError):
+    """An MPI call failed because a process of its communicator died (ULFM's
+    MPI_ERR_PROC_FAILED or MPI_ERR_PROC_FAILED_PENDING), or because another rank
+    revoked the communicator after it saw one die (MPI_ERR_REVOKED: ``revoked``).  Only
+    an MPI with fault tolerance (Open MPI 5 under ``mpiexec --with-ft ulfm``) returns
+    these; an Exchange created with ``fault_tolerance=True`` survives them in place
+    (docs/FAILURES.md), any other lets them end the job."""
+
+    def __init__(self, code: int, call: str, mpi_message: str, revoked: bool = False):
+        super().__init__(code, call, mpi_message)
+        self.revoked = revoked
+
+
 class NeighbourTimeoutError(AsapError, TimeoutError):
     """A wait on other ranks ran out of time.
 
@@ -82,3 +95,32 @@ class MPIMismatchError(AsapError, ImportError):
 class NonFiniteError(AsapError, ValueError):
     """A buffer held NaN or Inf when an Exchange created with reject_nonfinite=True was
     asked to send it; nothing was sent."""
+
+
+def _failure_kind(code: int):
+    """True (revoked), False (a process failed) or None (another error) for an MPI error
+    code, by its class; None where this MPI has no ULFM error classes (mpi4py then
+    gives them MPI_ERR_UNKNOWN's value)."""
+    from mpi4py import MPI  # only once an MPI call failed: MPI is initialized
+
+    unknown = MPI.ERR_UNKNOWN
+    try:
+        cls = MPI.Get_error_class(code)
+    except MPI.Exception:
+        return None
+    if cls == unknown:
+        return None
+    if cls == MPI.ERR_REVOKED:
+        return True
+    if cls in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING):
+        return False
+    return None
+
+
+def mpi_error(code: int, call: str, mpi_message: str) -> MPIError:
+    """The MPIError of a failed MPI call: a ProcessFailedError when its error class
+    says a process failed or the communicator was revoked (ULFM), else an MPIError."""
+    kind = _failure_kind(code)
+    if kind is None:
+        return MPIError(code, call, mpi_message)
+    return ProcessFailedError(code, call, mpi_message, revoked=kind)

@@ -18,6 +18,8 @@ network path "tcp"     NETWORK_PATH_ENV:           OPENMPI_TCP_ENV: ob1 over btl
                        RMA as active messages      the tcp btl (5.x), loopback only
 network path "ucx"     (none)                      OPENMPI_UCX_ENV: pml and osc ucx with
                                                    UCX_TLS=tcp,self on loopback
+survive in place       (refused: MPICH's ULFM      --with-ft ulfm (5.x: prterun; the ft-mpi
+(fault_tolerance)      fails here; restarts)       parameter set: ob1, mpi_ft_enable)
 =====================  ==========================  ==========================================
 """
 from __future__ import annotations
@@ -133,11 +135,18 @@ def network_forced(env: Optional[Mapping[str, str]] = None) -> bool:
 def command(kind: str, mpiexec: str, ranks: int, program: List[str],
             hosts: Optional[str] = None, job_timeout: float = 0,
             network: Optional[str] = None,
-            keep_going: bool = False) -> Tuple[List[str], Dict[str, str]]:
+            keep_going: bool = False,
+            fault_tolerance: bool = False) -> Tuple[List[str], Dict[str, str]]:
     """The mpiexec command line and the environment additions that run `program` on
-    `ranks` ranks (see the table above)."""
+    `ranks` ranks (see the table above).  `fault_tolerance`: launch so that the ranks
+    can survive a dead one in place (ULFM: Open MPI 5's `--with-ft ulfm`); ConfigError
+    on an MPI whose launcher cannot."""
     if kind not in FLAVOURS:
         raise ConfigError(f"unknown MPI flavour {kind!r}; one of {', '.join(FLAVOURS)}")
+    if fault_tolerance and kind != "openmpi":
+        raise ConfigError(f"surviving a dead rank in place needs Open MPI 5 (mpiexec "
+                          f"--with-ft ulfm); {kind} has no launcher for it here: use "
+                          f"restarts (--restarts K) instead")
     env = {"ASAPMPI_EXPECTED_SIZE": str(ranks)}
     cmd = [mpiexec, "-n", str(ranks)]
     limit = str(max(1, math.ceil(job_timeout))) if job_timeout else ""
@@ -149,6 +158,12 @@ def command(kind: str, mpiexec: str, ranks: int, program: List[str],
         if limit:
             env["MPIEXEC_TIMEOUT"] = limit
     else:
+        if fault_tolerance:
+            # prterun keeps the job when a rank dies, and loads the ft-mpi parameter set
+            # (ob1, mpi_ft_enable=true) into every rank; osc ucx, which cannot run over
+            # ob1, would only print its refusal on every rank
+            cmd += ["--with-ft", "ulfm"]
+            env["OMPI_MCA_osc"] = "^ucx"
         if hosts:
             cmd += ["--hostfile", hosts]
         else:

@@ -52,24 +52,5 @@ fi
 # the mpiexec of this MPI, where the tests and asapmpi-run look first
 ln -sf "$MPIEXEC" "$VENV/bin/mpiexec"
 
-SRC="$VENV/src"
-mkdir -p "$SRC"
-# drop what the checkout no longer has; keep the build's outputs
-find "$SRC" -type f ! -name '*.so' ! -name '*.c' ! -name '_build_config.py' \
-    ! -path '*/build/*' ! -path '*.egg-info/*' -delete
-(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
-    | xargs -0 -I{} sh -c 'test -f "{}" && printf "%s\0" "{}"' \
-    | tar --null -T - -cf -) | (cd "$SRC" && tar -xf -)
-STAMP="$VENV/.asapmpi-build-stamp"
-HASH="$(cd "$SRC" && find asapmpi bindings setup.py pyproject.toml _build -type f \
-        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' -o -name '*.h' \
-           -o -name '*.txt' -o -name '*.toml' \) ! -name '_build_config.py' -print0 \
-        | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] \
-        || ! (cd "$SRC" && "$PY" -c 'import asapmpi._core') 2>/dev/null; then
-    echo "setup-openmpi: building asapmpi with $MPICC" >&2
-    (cd "$SRC" && MPICC="$MPICC" "$PY" -m pip install --quiet --disable-pip-version-check \
-        --no-build-isolation --no-deps --editable . >&2)
-    echo "$HASH" > "$STAMP"
-fi
+bash "$ROOT/dev/build-copy.sh" "$VENV" "$MPICC" setup-openmpi
 echo "$PY"

@@ -2,7 +2,7 @@
 #     with nogil: CHKERR(MPI_Xxx(...), "MPI_Xxx")
 # CHKERR takes the GIL only to raise, so hot loops stay nogil.
 
-from asapmpi.errors import MPIError as _MPIError
+from asapmpi.errors import mpi_error as _mpi_error_of
 
 
 cdef object _mpi_error(int ierr, const char *call):
@@ -10,7 +10,8 @@ cdef object _mpi_error(int ierr, const char *call):
     cdef int n = 0
     if MPI_Error_string(ierr, text, &n) != MPI_SUCCESS:
         n = 0
-    return _MPIError(ierr, call.decode(), text[:n].decode(errors="replace"))
+    # a ProcessFailedError where the error class says a process died (ULFM)
+    return _mpi_error_of(ierr, call.decode(), text[:n].decode(errors="replace"))
 
 
 cdef inline int CHKERR(int ierr, const char *call) except -1 nogil:

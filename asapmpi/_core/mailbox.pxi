@@ -93,7 +93,9 @@ cdef class MailboxWindow(SlotWindow):
 
     cdef int _leave(self, _Leftover lo) except -1:
         # the receives (updates, tokens, words) cancelled, the sends kept, and every
-        # buffer either may touch (the words' own sends and buffers: theirs to hand)
+        # buffer either may touch (the words' own sends and buffers: theirs to hand);
+        # no longer settled with the process's other mailboxes (abandon())
+        _forget_mailbox(self)
         with nogil:
             lo.add_all(self.mb_req, self.mb_req_snd, True)
             lo.add_all(self.mb_req + self.mb_req_snd, self.mb_nreq - self.mb_req_snd, False)

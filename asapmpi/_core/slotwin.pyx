@@ -28,6 +28,7 @@ cdef extern from "watchdog.h" nogil:
     void asap_watchdog_arm(double seconds, const char *call, long long version,
                            const char *ranks)
     void asap_watchdog_disarm()
+    void asap_watchdog_arm_exit(double seconds, const char *call, int exit_code)
     void asap_watchdog_waiting(const char *what, long long version, const char *ranks)
     ctypedef struct asap_watchdog_t:
         const char *wait_what
@@ -131,6 +132,18 @@ def settle_all(double timeout=60.0):
     _reap_leftovers()
 
 
+def bound_the_exit(double seconds, int exit_code):
+    """This process's last MPI call (MPI_Finalize, at exit) may take at most `seconds`:
+    past them the watchdog ends the process alone, with `exit_code` and a line on
+    stderr (after surviving a failure, Open MPI's closing fence may wait for the dead
+    rank).  Call it only when nothing is left to do but MPI_Finalize."""
+    if asap_watchdog_start() != 0:
+        raise OSError("asapmpi could not start its watchdog thread")
+    asap_watchdog_arm_exit(seconds, b"MPI_Finalize after surviving a failure "
+                           b"(Open MPI's closing fence may wait for the dead rank)",
+                           exit_code)
+
+
 def release_all():
     """One poll of a wait outside this process's slot windows (asapmpi's collectives
     call it between their polls, after settle_all): what its mailboxes hold back and
@@ -183,6 +196,9 @@ cdef class _Leftover:
     cdef int n_mem, cap_mem
     cdef char *mpi_mem              # MPI_Alloc_mem'd: MPI_Free_mem'd then
     cdef readonly str transport
+    # a window abandoned after a process failure: a receive that cannot be cancelled
+    # (its communicator revoked) is kept as it is, not an error
+    cdef bint after_failure
 
     def __cinit__(self, str transport):
         self.transport = transport
@@ -199,7 +215,10 @@ cdef class _Leftover:
         if req[0] == MPI_REQUEST_NULL:
             return 0
         if cancel:
-            CHKERR(MPI_Cancel(req), "MPI_Cancel")
+            if self.after_failure:
+                MPI_Cancel(req)
+            else:
+                CHKERR(MPI_Cancel(req), "MPI_Cancel")
         if self.n_reqs == self.cap_reqs:
             grown = <MPI_Request *>realloc(self.reqs, (2 * self.cap_reqs + 8)
                                            * sizeof(MPI_Request))
@@ -253,7 +272,10 @@ cdef class _Leftover:
         with nogil:
             for k in range(self.n_reqs):
                 if self.reqs[k] != MPI_REQUEST_NULL:
-                    CHKERR(MPI_Test(&self.reqs[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+                    # an error is the request's, not ours: one whose peer died (ULFM)
+                    # completes in error (its handle freed), or stays pending, and then
+                    # its memory stays with it for the life of the process
+                    MPI_Test(&self.reqs[k], &flag, MPI_STATUS_IGNORE)
             if self.pending():
                 return False
             for k in range(self.n_mem):
@@ -502,6 +524,11 @@ cdef class SlotWindow:
     # collective (every rank issues them in the same order) or at free()
     cdef MPI_Request _late
     cdef object _late_buffers
+    # fault tolerance (watch()): a communicator whose failure or revocation every wait
+    # of this window notices between its polls; MPI_COMM_NULL: none
+    cdef MPI_Comm watched
+    cdef object _watched_ref
+    cdef readonly bint abandoned
 
     def __cinit__(self):
         self.win = MPI_WIN_NULL
@@ -510,6 +537,7 @@ cdef class SlotWindow:
         self._freed = True
         self._late = MPI_REQUEST_NULL
         self.transport = "none"
+        self.watched = MPI_COMM_NULL
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, dtype, int poll_yields=32,
@@ -706,8 +734,9 @@ cdef class SlotWindow:
             self.alloc_base = self.base = NULL
         return 0
 
-    cdef int _leave_behind(self) except -1:
-        # once, from the first destructor of the chain or a free() that failed
+    cdef int _leave_behind(self, bint after_failure=False) except -1:
+        # once, from the first destructor of the chain, a free() that failed or
+        # abandon() (after_failure: a process of the communicator died)
         cdef _Leftover lo
         cdef int finalized = 0
         if self._left or self._freed:
@@ -717,6 +746,7 @@ cdef class SlotWindow:
         if finalized:
             return 0            # nothing is in flight once MPI is gone
         lo = _Leftover(self.transport)
+        lo.after_failure = after_failure
         self._leave(lo)
         if not lo.done() and _leftovers is not None:
             _leftovers.append(lo)
@@ -857,6 +887,40 @@ cdef class SlotWindow:
             self._closed()
             self._locked = False
             self._release()
+
+    def watch(self, MPI.Comm comm):
+        """Fault tolerance: from now on every wait of this window also probes `comm`
+        between its polls once it sleeps between them (past poll_yields polls;
+        MPI_Iprobe, nothing is ever sent there), so that a process failure or a
+        revocation of `comm` ends the wait with a ProcessFailedError instead of a
+        timeout.  None stops it.  A wait that ends within its yields makes no call
+        more."""
+        if comm is None or comm.ob_mpi == MPI_COMM_NULL:
+            self.watched = MPI_COMM_NULL
+            self._watched_ref = None
+            return
+        self.watched = comm.ob_mpi
+        self._watched_ref = comm
+
+    def abandon(self):
+        """Stop using this window after a process of its communicator failed (fault
+        tolerance), without an MPI call that could wait on the dead rank: its requests
+        in flight go to the leftovers (receives cancelled) with the memory they touch,
+        its pending notifies and acks are forgotten (never flushed: their memory is
+        kept, kept_words()), and the window, its memory and its communicators are never
+        freed (MPI_Win_free and MPI_Comm_free are collective over a communicator that
+        has a dead rank): they stay, unused, for the life of the process.  Afterwards
+        the window counts as freed (FreedError on use).  Local; safe twice."""
+        if self._freed:
+            return
+        self.watched = MPI_COMM_NULL
+        self._watched_ref = None
+        self.words.forget()
+        self._leave_behind(True)
+        self.abandoned = True
+        self._freed = True
+        self._locked = False
+        self._closed()
 
     @property
     def max_transfer(self):
@@ -1220,9 +1284,16 @@ cdef class SlotWindow:
         since t0; raises what a signal's handler raises (KeyboardInterrupt) once the
         wait has lasted SIGNAL_CHECK_S."""
         cdef double t = asap_now()
+        cdef int flag = 0
         self._settle_pending(polls[0])
         if not pumped:
             self._progress()
+        if self.watched != MPI_COMM_NULL and polls[0] >= self.poll_yields:
+            # fault tolerance: a failure or revocation anywhere ends the wait; probed
+            # once the wait sleeps between polls (past its poll_yields yields), so that
+            # the short waits of a healthy run make no MPI call more
+            CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.watched, &flag,
+                              MPI_STATUS_IGNORE), "MPI_Iprobe")
         if t - t0 > timeout:
             return 1
         asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us,

@@ -37,6 +37,9 @@ typedef struct {
   const char *ranks;   /* "1, 3": the ranks it waits for */
   int started, rank, can_abort;
   MPI_Comm comm;
+  /* >= 0: the armed call is this process's last (asap_watchdog_arm_exit): past its
+   * limit the process alone ends with this exit code, the job is not aborted */
+  int exit_code;
 } asap_watchdog_t;
 
 static asap_watchdog_t asap_wd;
@@ -66,6 +69,13 @@ static void *asap_watchdog_main(void *unused) {
     if (__atomic_load_n(&asap_wd.armed, __ATOMIC_RELAXED) != armed) continue;
     if (asap_wd_now_ns() - start <= limit) continue;
     double seconds = 1e-9 * (double)limit;
+    if (asap_wd.exit_code >= 0) {
+      fprintf(stderr, "asapmpi: rank %d: %s did not complete within %g s; this process "
+              "ends with exit code %d\n", asap_wd.rank, call, seconds, asap_wd.exit_code);
+      fflush(stderr);
+      asap_wd_reported = 1;
+      _exit(asap_wd.exit_code);
+    }
     if (version >= 0)
       fprintf(stderr, "asapmpi: rank %d: %s of version %lld to rank(s) %s", asap_wd.rank,
               call, version, ranks);
@@ -101,6 +111,8 @@ static void asap_watchdog_report_exit(void) {
   char line[768];
   int len = 0;
   if (asap_wd_reported) return;
+  /* armed for the process's last call (asap_watchdog_arm_exit), which completed */
+  if (asap_wd.exit_code >= 0) return;
   long armed = __atomic_load_n(&asap_wd.armed, __ATOMIC_ACQUIRE);
   const char *waiting = __atomic_load_n(&asap_wd.wait_what, __ATOMIC_ACQUIRE);
   if (armed) {
@@ -152,6 +164,7 @@ static int asap_watchdog_start(void) {
     asap_wd.can_abort = provided == MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(MPI_COMM_WORLD, &asap_wd.rank);
     asap_wd.comm = MPI_COMM_WORLD;
+    asap_wd.exit_code = -1;
     pthread_t thread;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -195,6 +208,13 @@ static inline void asap_watchdog_waiting(const char *what, long long version,
   strncpy(asap_wd_wait_ranks, ranks ? ranks : "?", sizeof(asap_wd_wait_ranks) - 1);
   asap_wd.wait_ranks = asap_wd_wait_ranks;
   __atomic_store_n(&asap_wd.wait_what, what, __ATOMIC_RELEASE);
+}
+
+/* Arm for the process's last call (MPI_Finalize): past `seconds` the process ends with
+ * `exit_code` (the watchdog thread's _exit), whatever the call is waiting for. */
+static inline void asap_watchdog_arm_exit(double seconds, const char *call, int exit_code) {
+  asap_wd.exit_code = exit_code;
+  asap_watchdog_arm(seconds, call, -1, "");
 }
 
 static inline void asap_watchdog_disarm(void) {

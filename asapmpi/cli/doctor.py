@@ -2,7 +2,8 @@
 
 Reports which MPI library mpi4py loaded, which one the extension was built against and
 whether their ABIs match, whether one-sided traffic between ranks of a host takes the
-shared-memory or the network path, whether MPI's asynchronous progress is on, and then
+shared-memory or the network path, whether MPI's asynchronous progress is on, whether
+it can survive a dead rank in place (ULFM: Open MPI 5), and then
 runs a 2-rank smoke test (put, notify, verified reduce, with checksums) under mpiexec,
 reporting the window memory model and the transport that transport="auto" measured
 and chose.  The exit code is 0 when every check passes.
@@ -92,7 +93,22 @@ def library_checks() -> List[Tuple[str, bool, str]]:
         out.append(("extension import", True, "asapmpi._core loads"))
     except Exception as exc:  # noqa: BLE001  (report whatever stops the import)
         out.append(("extension import", False, f"{type(exc).__name__}: {exc}"))
+        return out
+    out.append(("survive in place", True, survive_in_place()))
     return out
+
+
+def survive_in_place() -> str:
+    """Whether this MPI can survive a dead rank in place (fault_tolerance=True,
+    docs/FAILURES.md), and how; an MPI that cannot is no failure of the installation:
+    restarts work on every MPI."""
+    from ..exchange import survive
+
+    why = survive.refusal(at_run_time=False)
+    if why:
+        return f"no: {why}"
+    return ("yes (ULFM): launch with mpiexec --with-ft ulfm and pass "
+            "fault_tolerance=True to the Exchange (docs/FAILURES.md)")
 
 
 def smoke() -> int:

@@ -15,7 +15,13 @@ from mpi4py import MPI
 from .. import _core, collectives
 from ..device import DeviceReduce
 from ..dtypes import HALF, ITEMSIZE, nonfinite, numpy_dtype
-from ..errors import ConfigError, FreedError, NeighbourTimeoutError, NonFiniteError
+from ..errors import (
+    ConfigError,
+    FreedError,
+    NeighbourTimeoutError,
+    NonFiniteError,
+    ProcessFailedError,
+)
 from ..launch import cores, shm_leftovers
 from ..launch.faults import install_abort_hook
 from ..launch.ranks import check_world_size
@@ -23,6 +29,7 @@ from ..rc import rc
 from ..sync import Reads, StepContext
 from ..sync.records import Records
 from ..transports import make_transport, resolve
+from . import survive
 from .agreement import agree
 from .checks import GraphSpec, check_locally
 from .choice import choose_transport
@@ -120,6 +127,13 @@ class Exchange:
     dtype: the element type when the buffer's format does not say it: "bfloat16" for a
         2-byte integer buffer of bfloat16 bit patterns (tensor.view(torch.int16).numpy();
         reduced in float32, rounded to nearest even).  Default: read from the buffer.
+    fault_tolerance: survive a dead rank (or a neighbour past its deadline) in place
+        instead of raising (docs/FAILURES.md): the survivors shrink the communicator,
+        re-form the graph, re-create this exchange on them (`comm`, `graph`, `size`,
+        `rank` change; `survivals` records each failure) and go on from their current
+        buffers.  Needs ULFM: Open MPI 5 launched with mpiexec --with-ft ulfm; a
+        ConfigError before any communication elsewhere (use restarts there).  Not with
+        double_buffer, trace_file or a device buffer yet.
     options: the policy's options, e.g. sync="hop", max_gap=2, backup=1.
 
     An Exchange belongs to one thread (a second thread calling in while one is inside is
@@ -133,13 +147,23 @@ class Exchange:
                  timeout: Optional[float] = None, checksum: bool = False,
                  reject_nonfinite: bool = False, transport: str = "auto",
                  double_buffer: bool = False, trace_file: Optional[str] = None,
-                 dtype: Optional[str] = None, **options):
+                 dtype: Optional[str] = None, fault_tolerance: bool = False, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
         if isinstance(trace_file, os.PathLike):
             trace_file = os.fspath(trace_file)
         if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
             raise ConfigError("comm must be a valid mpi4py communicator")
         rank, size = comm.Get_rank(), comm.Get_size()
+        #: fault tolerance (asapmpi.exchange.survive): None without it
+        self._ft_comm: Optional[MPI.Comm] = None
+        if fault_tolerance:
+            # before any communication: one line on every rank alike
+            survive.check_available()
+            for wanted, what in ((double_buffer, "double_buffer=True"),
+                                 (trace_file, "trace_file=")):
+                if wanted:
+                    raise ConfigError(f"fault_tolerance=True does not carry {what} over "
+                                      f"a failure yet; leave it out")
         if rc.abort_on_error and MPI.COMM_WORLD.Get_size() > 1:
             # before anything can fail: bad input or a rank that never comes to the
             # agreement ends the job with one line per rank, not a traceback each
@@ -161,6 +185,9 @@ class Exchange:
                               rank, size, transport, double_buffer, trace_file, dtype,
                               reject_nonfinite)
         switches = local["switches"]
+        if fault_tolerance and local["stager"] is not None:
+            raise ConfigError("fault_tolerance=True does not carry a device buffer over a "
+                              "failure yet; exchange a host buffer")
         meta, g, w = agree(comm, local, rank)
 
         self.buffer = buffer
@@ -195,6 +222,7 @@ class Exchange:
         self._base = 0              # steps completed before this window existed
         self._window_version = 0    # steps completed on this window (versions start at 1)
         self._sending = False
+        self._absorbed = False      # fault tolerance: a send whose step a failure ended
         self._carried = {"bytes_sent": 0, "wait_seconds": 0.0}
         self.mixing = w
         self._policy = local["policy"]
@@ -244,6 +272,27 @@ class Exchange:
         # while every rank trains
         self._joiner = JoinBoard(comm, self.timeout)
         self._joined_seen = self._joiner.joined_seen
+        #: the failures this exchange survived (asapmpi.exchange.survive.recover's
+        #: records: failed ranks, step, new graph, spectral gap, seconds lost)
+        self.survivals: list = []
+        if fault_tolerance:
+            pol = self._policy
+            self._made = {
+                "sync": sync if not isinstance(sync, str) else pol.name,
+                "options": dict(pol.options()) if isinstance(sync, str) else dict(options),
+                "weights": weights if isinstance(weights, str) else "auto",
+                "timeout": timeout, "checksum": checksum,
+                "reject_nonfinite": reject_nonfinite, "dtype": dtype,
+                "fixed_graph": hasattr(pol, "topology"),
+                "family": graph if isinstance(graph, str) else
+                ("root-expander" if graph is None else None)}
+            #: this exchange's ranks as ranks of the communicator it was first made on
+            self._origin = list(range(size))
+            #: a communicator the exchange made itself (a shrink's): freed with it
+            self._own_comm: Optional[MPI.Comm] = None
+            self._ft_comm = survive.fault_comm(comm)
+            if self._win is not None:
+                self._win.watch(self._ft_comm)
 
     def _enter_slots(self) -> None:
         """Double buffering: the buffer's values move into own slot 1 (version 1 is
@@ -294,6 +343,12 @@ class Exchange:
             self._iteration_started()
             self._leave_out_joined(self._window_version + 1)
             return self._received(self._explained(self._policy.step, win))
+        except Exception as exc:
+            if self._ft_comm is None or not survive.is_failure(exc):
+                if isinstance(exc, ProcessFailedError):
+                    raise survive.named(exc, self.comm) from None
+                raise
+            return self._survived(exc, "step")
         finally:
             self._inside = outer
 
@@ -321,6 +376,10 @@ class Exchange:
                 # the out-neighbours read this slot in place until they acknowledge it: a
                 # write through ex.buffer now fails here instead of tearing their reduce
                 self.buffer.flags.writeable = False
+        except Exception as exc:
+            if self._ft_comm is None or not survive.is_failure(exc):
+                raise
+            self._survived(exc, "send")
         finally:
             self._inside = outer
 
@@ -334,11 +393,41 @@ class Exchange:
         try:
             win = self._alive()
             if not self._sending:
+                if self._ft_comm is not None and self._absorbed:
+                    # its send's step was ended by surviving a failure (_survived)
+                    self._absorbed = False
+                    return self.buffer
                 raise ConfigError("receive() without send(); call send() first (or step())")
             self._sending = False
             return self._received(self._explained(self._policy.receive, win))
+        except Exception as exc:
+            if self._ft_comm is None or not survive.is_failure(exc):
+                raise
+            return self._survived(exc, "receive")
         finally:
             self._inside = outer
+
+    def _survived(self, exc: BaseException, call: str):
+        """Survive the failure `exc` out of `call` (fault_tolerance=True): re-create this
+        exchange on the survivors (asapmpi.exchange.survive.recover), then end the call
+        there.  Every survivor goes on from the most steps any completed: a step that
+        was behind them ends unmixed, the others are made again on the new exchange."""
+        completed = self.version
+        survive.recover(self, exc, completed, self._last_start)
+        if call == "free":
+            return self.free()
+        behind = completed + 1 <= self.version
+        if call == "step":
+            return self.buffer if behind else self.step()
+        if call == "send":
+            if behind:
+                self._absorbed = True
+                return None
+            return self.send()
+        if behind:
+            return self.buffer
+        self.send()
+        return self.receive()
 
     def _received(self, done: Optional[int]):
         # the end of step() and receive(): the staged buffer back, the version advanced
@@ -659,12 +748,22 @@ class Exchange:
 
     def free(self) -> None:
         """Release the window and communicator (collective). Safe to call twice.  With
+        fault_tolerance=True, a failure during it is survived first (the survivors then
+        free the exchange re-created on them).  With
         double_buffer, the final values are copied back into the buffer given at
         creation first; arrays of the slots stay readable (not exchanged any more).  With
         trace_file, rank 0 writes the trace file from every rank's part first.  A rank
         that does not come to free() within the timeout (rc.timeout_startup if longer,
         under policies that let ranks drift apart) is named (NeighbourTimeoutError)
         instead of hanging the others in MPI_Win_free."""
+        try:
+            self._free()
+        except Exception as exc:
+            if self._ft_comm is None or not survive.is_failure(exc):
+                raise
+            self._survived(exc, "free")
+
+    def _free(self) -> None:
         live = (self._win is not None and not self._win.freed) or \
             (self._comm is not None and self._comm != MPI.COMM_NULL)
         if live:
@@ -678,7 +777,9 @@ class Exchange:
             # a neighbour still waiting for this rank's next version learns why it
             # will not come (JoinBoard.explain)
             self._joiner.say_leaving(self._entered(), self.out_neighbours)
-            collectives.arrive(self.comm, deadline, "free() of an Exchange")
+            # with fault tolerance, on the communicator whose revocation ends it
+            collectives.arrive(self.comm if self._ft_comm is None else self._ft_comm,
+                               deadline, "free() of an Exchange")
             self._joiner.free(self.in_neighbours)
             if self.trace_file and self.rank == 0:
                 from .. import trace
@@ -696,6 +797,11 @@ class Exchange:
             self._segments.close()
         if self._comm is not None and self._comm != MPI.COMM_NULL:
             self._comm.Free()
+        if self._ft_comm is not None:
+            for comm in (self._ft_comm, self._own_comm):
+                if comm is not None and comm != MPI.COMM_NULL:
+                    comm.Free()
+            self._ft_comm = self._own_comm = None
 
     def settle(self) -> None:
         """Complete this process's pending notifies and acks (issued lazily by step()).

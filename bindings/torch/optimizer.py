@@ -136,6 +136,10 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     graph, sync, weights, timeout, checksum, policy options: as asapmpi.Exchange.
         sync="backup_ps": the server rank only averages (its optimizer never steps);
         the workers' steps are averaged at the server.
+    fault_tolerance: as asapmpi.Exchange (Open MPI 5 under mpiexec --with-ft ulfm): a
+        dead rank is survived in place, and this optimizer goes on on the survivors'
+        communicator (`comm` afterwards; average_replicas() averages over them).  The
+        default double_buffer is then False (not carried over a failure yet).
     period: mix every `period` optimizer steps (default 1: every step).
     outer: "diloco" for local steps with an outer optimizer (module docstring,
         docs/LOWCOMM.md): every `local_steps` steps the exchange mixes the weights,
@@ -248,7 +252,15 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             raise ConfigError("the ranks' models differ in their frozen parameters or "
                               "non-mixed buffers; build the same model on every rank")
         # on a CUDA device the Exchange stages the flat tensor through pinned host memory
-        exchange_options.setdefault("double_buffer", self.flat.device.type == "cpu")
+        # (fault_tolerance=True does not carry double buffering over a failure yet)
+        self._survived = 0 if exchange_options.get("fault_tolerance") else None
+        if self._survived is not None and self.side.tensors and name in LOCKSTEP:
+            # (after a failure the survivors' broadcasts would be a step apart); the
+            # same on every rank, before the Exchange's collective creation
+            raise ConfigError("fault_tolerance=True does not carry buffers='broadcast' "
+                              "over a failure yet; use buffers='mix' or 'local'")
+        exchange_options.setdefault("double_buffer", self.flat.device.type == "cpu"
+                                    and self._survived is None)
         if self.flat.exchange_dtype:
             exchange_options.setdefault("dtype", self.flat.exchange_dtype)
         self.exchange = asapmpi.Exchange(self.flat.array, graph, sync, self.comm,
@@ -259,6 +271,7 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         self._side_comm = self.comm.Dup()
         #: whether the buffers outside the flat one take rank 0's values at every mix
         self.broadcast_each_mix = bool(self.side.tensors) and name in LOCKSTEP
+
         if broadcast:
             broadcast_parameters(self.flat, self.exchange.comm)
             for p in self.frozen:
@@ -361,6 +374,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
                 self.exchange.send()
                 self._sent = True
         self.iteration = target
+        if self._survived is not None and len(self.exchange.survivals) != self._survived:
+            self._after_survival()
         if self.exchange.global_iterations:
             # between supersteps the global count stands still while workers step on
             self.iteration = self.exchange.version
@@ -426,6 +441,17 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
             self.master.push()
         if self.broadcast_each_mix:
             self.side.bcast(self._side_comm)
+
+    def _after_survival(self) -> None:
+        """The exchange survived a failure (fault_tolerance=True): go on on its shrunk
+        communicator.  The old side communicator has a dead rank: never freed (a
+        collective), kept referenced."""
+        self._survived = len(self.exchange.survivals)
+        self._abandoned_comms = [*getattr(self, "_abandoned_comms", []), self._side_comm]
+        self.comm = self.exchange.comm
+        # no collective here: a survivor whose step the recovery ended gets here one
+        # exchange step before the others, who make theirs again with it
+        self._side_comm = None
 
     def check(self) -> None:
         """Raise ConfigError if a tensor left the exchange's or the broadcast buffer, the
@@ -552,7 +578,8 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
     def free(self) -> None:
         """Free the exchange (collective); the parameters end in private memory."""
         self.exchange.free()
-        self._side_comm.Free()
+        if self._side_comm is not None:
+            self._side_comm.Free()
         # free() copied the final values into the buffer the exchange was created with
         self.flat.rehome(self.flat.home)
         self.flat.forget_other_homes()
