@@ -269,9 +269,15 @@ def answer_the_waiting() -> List[int]:
                                        status=status)) is not None:
             message.Recv([byte, MPI.BYTE])
             waiting.add(status.Get_source())
-    except MPI.Exception:
+    except MPI.Exception as exc:
         # a rank of COMM_WORLD died and the others survived it in place (ULFM: a probe
-        # of any source fails); nobody waits for this rank on COMM_WORLD any more
+        # of any source fails); nobody waits for this rank on COMM_WORLD any more.
+        # Any other error is the caller's to see.
+        from .errors import ProcessFailedError, mpi_error
+
+        if not isinstance(mpi_error(exc.Get_error_code(), "MPI_Improbe", str(exc)),
+                          ProcessFailedError):
+            raise
         return []
     if not waiting:
         return []
