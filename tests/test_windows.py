@@ -82,6 +82,29 @@ def test_message_window_sends_with_its_own_calls_and_refuses_put():
             win.put(update, 2)
 
 
+def test_a_message_window_sends_a_whole_step_from_the_buffer_and_holds_it_meanwhile():
+    # copy=False (NOTIFY-ACK's step()): no copy of the update, so the caller's buffer
+    # is held (exported) until the sends complete: a bytearray cannot be resized, nor
+    # its memory freed, while MPI may still read it
+    from asapmpi import _core
+
+    _, win = _window(_core.MessageWindow)
+    with win:
+        raw = bytearray(np.full(N, 5.0).tobytes())
+        win.post_receives(1)
+        win.send_update(raw, 1, copy=False)
+        with pytest.raises(BufferError):
+            raw.extend(b"x")
+        win.wait_updates(1, 10.0)
+        raw.extend(b"x")                        # released once the sends completed
+        del raw[-1:]
+        _reduce_own(win, 1, np.frombuffer(raw, np.float64))
+        # sent and not waited for: free()'s drain completes the send, then lets go
+        win.post_receives(2)
+        win.send_update(raw, 2, copy=False)
+    raw.extend(b"x")
+
+
 def test_each_window_names_its_transport():
     from asapmpi import _core
 

@@ -20,6 +20,9 @@ cdef class MessageWindow(SlotWindow):
     # from the buffer itself would read it until wait_updates, and a write meanwhile
     # would reach the readers torn).  The checksum message follows the copy (8-aligned).
     cdef char *stage
+    # send_update(copy=False) sends from the caller's buffer: its view is held until
+    # the sends complete (wait_updates, the drain), or handed to the leftovers
+    cdef object _lent               # a memoryview of it, or None
     cdef bint _sending              # a send_update() whose wait_updates() is to come
     cdef bint _msg_checksum
     cdef int64_t _posted            # version the receives are posted for (0: none)
@@ -46,6 +49,9 @@ cdef class MessageWindow(SlotWindow):
             lo.add_all(self.send_reqs, 2 * self.n_out, False)
         lo.own(self.recv_cksum); self.recv_cksum = NULL
         lo.own(self.stage); self.stage = NULL
+        if self._lent is not None:
+            lo.keep(self._lent)
+            self._lent = None
         return SlotWindow._leave(self, lo)
 
     cdef int _prepare(self, layout) except -1:
@@ -133,11 +139,15 @@ cdef class MessageWindow(SlotWindow):
         self._posted = self._last_posted = version
         self._msg_checksum = checksum
 
-    def send_update(self, buf, int64_t version, bint checksum=False):
-        """Send `buf` as `version` to every out-neighbour, from a copy: `buf` may be
-        written as soon as this returns; the sends complete in wait_updates(version)."""
+    def send_update(self, buf, int64_t version, bint checksum=False, bint copy=True):
+        """Send `buf` as `version` to every out-neighbour; the sends complete in
+        wait_updates(version).  From a copy: `buf` may be written as soon as this
+        returns.  copy=False (a whole step: the caller writes `buf` only after
+        wait_updates) sends from `buf` itself, one copy of the update fewer; its view
+        is held until the sends complete."""
         cdef int j
         cdef Py_buffer view
+        cdef const char *src = self.stage
         cdef int64_t *cksum = <int64_t *>(self.stage + (self.nbytes + 7) // 8 * 8)
         self._check_alive()
         self._check_version(version)
@@ -148,14 +158,20 @@ cdef class MessageWindow(SlotWindow):
             if view.len != self.nbytes:
                 raise ConfigError(f"buffer has {view.len} bytes but the window's slots "
                                   f"hold {self.nbytes}")
-            with nogil:
-                memcpy(self.stage, view.buf, self.nbytes)
+            if copy:
+                with nogil:
+                    memcpy(self.stage, view.buf, self.nbytes)
+            else:
+                # a view of its own, held while MPI reads the memory: released by
+                # wait_updates, or the leftovers' once the window dies first
+                self._lent = memoryview(buf)
+                src = <const char *>view.buf
         finally:
             PyBuffer_Release(&view)
         self._sending = True
         with nogil:
             if checksum:
-                cksum[0] = <int64_t>asap_checksum(self.stage, self.nbytes)
+                cksum[0] = <int64_t>asap_checksum(src, self.nbytes)
             for j in range(self.n_out):
                 # Synchronous: the send completes only once the reader's receive of
                 # `version` matched it, i.e. once the reader reduced version - 1, and
@@ -163,7 +179,7 @@ cdef class MessageWindow(SlotWindow):
                 # completes at once: on a directed ring of n ranks a writer then ran up
                 # to n - 1 versions ahead of its reader, its messages queued
                 # unexpected there (and tags, versions modulo 32768, could alias).
-                CHKERR(MPI_Issend(self.stage, <int>self.nbytes, MPI_BYTE,
+                CHKERR(MPI_Issend(<void *>src, <int>self.nbytes, MPI_BYTE,
                                   self._out[j], <int>(version % TAG_MODULUS), self.msg_comm,
                                   &self.send_reqs[2 * j]), "MPI_Issend")
                 # recorded once posted: the drain receives a version from a writer only
@@ -205,12 +221,20 @@ cdef class MessageWindow(SlotWindow):
         if not (got_in and got_out):
             self._message_timeout(version, timeout)
         self._sending = False
+        self._release_lent()
         with nogil:
             for i in range(self.n_in):
                 stamp_slot(self._slot(i, version % self.depth), self.payload_stride,
                            version, self.recv_cksum[i] if self._msg_checksum else 0,
                            version, self._in[i], self.nbytes)
         self._posted = 0
+
+    cdef int _release_lent(self) except -1:
+        # the sends from the caller's buffer completed
+        if self._lent is not None:
+            self._lent.release()
+            self._lent = None
+        return 0
 
     cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
         # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)
@@ -277,4 +301,6 @@ cdef class MessageWindow(SlotWindow):
             if self.send_reqs[k] != MPI_REQUEST_NULL:
                 CHKERR(MPI_Wait(&self.send_reqs[k], MPI_STATUS_IGNORE), "MPI_Wait")
         self._posted = 0
+        with gil:
+            self._release_lent()
         return 0

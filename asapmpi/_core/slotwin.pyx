@@ -195,6 +195,7 @@ cdef class _Leftover:
     cdef void **mem                 # malloc'd: free()d once every request completed
     cdef int n_mem, cap_mem
     cdef char *mpi_mem              # MPI_Alloc_mem'd: MPI_Free_mem'd then
+    cdef list kept                  # buffers a caller lent (views held): dropped then
     cdef readonly str transport
     # a window abandoned after a process failure: a receive that cannot be cancelled
     # (its communicator revoked) is kept as it is, not an error
@@ -255,6 +256,14 @@ cdef class _Leftover:
         self.n_mem += 1
         return 0
 
+    cdef int keep(self, object view) except -1:
+        """Hold `view` (an exported buffer a request reads) until every request
+        completed."""
+        if self.kept is None:
+            self.kept = []
+        self.kept.append(view)
+        return 0
+
     cdef int pending(self) noexcept nogil:
         cdef int k, n = 0
         for k in range(self.n_reqs):
@@ -284,6 +293,7 @@ cdef class _Leftover:
             if self.mpi_mem != NULL:
                 CHKERR(MPI_Free_mem(self.mpi_mem), "MPI_Free_mem")
                 self.mpi_mem = NULL
+        self.kept = None
         return True
 
 

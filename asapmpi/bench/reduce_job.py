@@ -16,7 +16,9 @@ seconds per call (median over repeats of the slowest rank, asapmpi.bench.timing.
               step on that graph moves, without asapmpi (backup_ps and elastic: a
               round of their star, the server receiving every worker's buffer before
               it sends its own to every worker; gossip, which pulls a random peer per
-              step: MPIPairExchange, a Sendrecv with a peer drawn per call);
+              step: MPIPairExchange, a Sendrecv with a peer drawn per call; bsp,
+              whose every step ends in a barrier of all ranks: the exchange with an
+              MPI_Barrier between the sends and the wait);
   steps       Exchange.step() for every graph and policy (elastic: a superstep, the
               server's step() and a worker's steps up to its next exchange with it),
               and each graph's maximum
@@ -46,6 +48,7 @@ from mpi4py import MPI
 
 import asapmpi
 from asapmpi import Exchange
+from asapmpi._core import slotwin
 from asapmpi._core.mpiabi import library_version
 from asapmpi.collectives import waitall_watched
 from asapmpi.reduce import graph as make_graph
@@ -102,14 +105,16 @@ class MPIExchange:
     buffer to every out-neighbour (standard mode) and waits for all of them.  With a
     `server` (the centre of a star) it is a parameter server's round instead: the server
     sends only once every worker's buffer arrived (its parameters depend on them all).
-    Collective: every rank of `comm` calls it the same number of times; close() frees
-    it."""
+    With `barrier`, every rank enters an MPI_Barrier of `comm` after posting its sends
+    and before waiting for them: BSP's messages (put, barrier, reduce).  Collective:
+    every rank of `comm` calls it the same number of times; close() frees it."""
 
     def __init__(self, comm: MPI.Comm, g, nbytes: int, server: Optional[int] = None,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, barrier: bool = False):
         rank = comm.Get_rank()
         self.timeout = timeout
-        self.graph = g.name
+        self.barrier = barrier
+        self.graph = g.name + (" + barrier" if barrier else "")
         self.serving = rank == server
         # a communicator of its own: no message of it can match another's receive
         self.comm = comm.Dup()
@@ -125,6 +130,9 @@ class MPIExchange:
             waitall_watched(requests, self.timeout, "the MPI exchange's receives", self.ins)
             requests = []
         requests += [self.comm.Isend(self.send, dest) for dest in self.outs]
+        if self.barrier:
+            with slotwin.Watched(self.timeout, "the MPI exchange's barrier", "any"):
+                self.comm.Barrier()
         waitall_watched(requests, self.timeout, "the MPI exchange's messages",
                         sorted(set(self.ins) | set(self.outs)))
 
@@ -220,17 +228,18 @@ def superstep(ex: Exchange) -> None:
 
 
 def floor_of(policy: str, graph: str, n: int):
-    """(graph, server) whose MPIExchange is the floor of `policy`'s step on `graph`:
-    that graph for the policies that average over it (server None), backup_ps's and
-    elastic's own star and server (they run on it whatever the graph), and ("random
-    pairs", None) for gossip (a pull from a random peer per step: MPIPairExchange)."""
+    """(graph, server, barrier) whose MPIExchange is the floor of `policy`'s step on
+    `graph`: that graph for the policies that average over it (server None), with a
+    barrier of all ranks where each step has one (bsp), backup_ps's and elastic's own
+    star and server (they run on it whatever the graph), and ("random pairs", None,
+    False) for gossip (a pull from a random peer per step: MPIPairExchange)."""
     sync = split_spec(policy)[0]
     if sync == "gossip":
-        return MPIPairExchange.graph, None
+        return MPIPairExchange.graph, None, False
+    pol = policy_of(policy)
     if sync in FIXED_GRAPH_POLICIES:
-        pol = policy_of(policy)
-        return pol.topology(n), pol.server
-    return make_graph(graph, n), None
+        return pol.topology(n), pol.server, pol.barrier_per_step
+    return make_graph(graph, n), None, pol.barrier_per_step
 
 
 def step_references(policy: str, spec: Dict[str, Any],
@@ -285,9 +294,9 @@ def measure(comm: MPI.Comm, spec: Dict[str, Any], progress=None) -> Dict[str, An
                 floor_exchange, own = exchange, False
                 if floor[0] == MPIPairExchange.graph:       # gossip's pulls
                     floor_exchange, own = MPIPairExchange(comm, nbytes, spec["timeout"]), True
-                elif floor[1] is not None:                   # a parameter server's round
+                elif floor[1] is not None or floor[2]:      # a server's round, a barrier
                     floor_exchange, own = MPIExchange(
-                        comm, floor[0], nbytes, floor[1], spec["timeout"]), True
+                        comm, floor[0], nbytes, floor[1], spec["timeout"], floor[2]), True
                 record["steps"][graph][policy] = dict(
                     time_exchange_step(timer, comm, nbytes, graph, policy, spec["timeout"],
                                        step_references(policy, spec, references,

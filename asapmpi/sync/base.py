@@ -111,6 +111,9 @@ class Policy:
     #: each other.  Policies that let ranks drift apart (backup workers, staleness,
     #: parameter servers, gossip) leave it False.
     lockstep = False
+    #: whether every step ends in a barrier of all ranks (BSP): the floor of its
+    #: messages is then the exchange and a barrier (asapmpi bench reduce)
+    barrier_per_step = False
 
     #: where the policy's per-iteration rows go (set by the Exchange before start())
     records: Optional[Records] = None

@@ -21,6 +21,7 @@ class BSP(Policy):
 
     name = "bsp"
     lockstep = True
+    barrier_per_step = True
     reduces_last = True
     #: its slots after the barrier, by their notify words
     reads = Reads.WORDS

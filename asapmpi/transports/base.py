@@ -21,9 +21,12 @@ class Transport:
     def start(self, checksum: bool) -> None:
         """Before version 1: make every slot ready to receive it."""
 
-    def send(self, buf: Any, version: int, timeout: float, checksum: bool) -> None:
+    def send(self, buf: Any, version: int, timeout: float, checksum: bool,
+             copy: bool = True) -> None:
         """Deliver `buf` as `version` to every out-neighbour's slot, once the slot is
-        free (its reader released version - 1)."""
+        free (its reader released version - 1).  copy=False: the caller writes `buf`
+        only after wait() (a whole step), so a transport whose delivery completes
+        there may send from `buf` itself instead of a copy."""
         raise NotImplementedError
 
     def wait(self, version: int, timeout: float) -> None:

@@ -16,10 +16,11 @@ class MessageTransport(Transport):
         """Post the receives of version 1: every slot is free."""
         self.window.post_receives(1, checksum=checksum)
 
-    def send(self, buf, version: int, timeout: float, checksum: bool) -> None:
+    def send(self, buf, version: int, timeout: float, checksum: bool,
+             copy: bool = True) -> None:
         """Send `version` to every out-neighbour (nonblocking: the sends complete in
-        wait(), and `buf` is not written before)."""
-        self.window.send_update(buf, version, checksum=checksum)
+        wait()); copy=False sends from `buf` itself (see Transport.send)."""
+        self.window.send_update(buf, version, checksum=checksum, copy=copy)
 
     def wait(self, version: int, timeout: float) -> None:
         """Wait until the messages of `version` from every in-neighbour arrived."""

@@ -10,7 +10,8 @@ class PutTransport(Transport):
 
     name = "put"
 
-    def send(self, buf, version: int, timeout: float, checksum: bool) -> None:
+    def send(self, buf, version: int, timeout: float, checksum: bool,
+             copy: bool = True) -> None:
         """Wait for the acks of version - 1, then put and notify `version`."""
         self.window.wait_acks(version - 1, timeout)
         self.window.put(buf, version, version, checksum=checksum)

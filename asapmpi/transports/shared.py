@@ -18,7 +18,8 @@ class SharedTransport(PutTransport):
         super().__init__(window)
         self.double_buffered = double_buffered
 
-    def send(self, buf, version: int, timeout: float, checksum: bool) -> None:
+    def send(self, buf, version: int, timeout: float, checksum: bool,
+             copy: bool = True) -> None:
         """Put and notify `version` (single-buffered: once version - 1 is acked)."""
         if self.double_buffered:
             self.window.put(buf, version, version, checksum=checksum)
