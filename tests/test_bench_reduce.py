@@ -296,6 +296,18 @@ def test_the_mpi_exchange_delivers_every_in_neighbours_buffer(path):
     assert results[1]["star"]["ins"] == [0, 2, 3] and results[0]["star"]["ins"] == [1]
 
 
+def test_each_policy_is_measured_against_the_exchange_of_its_own_messages():
+    # bsp's every step ends in a barrier of all ranks: its floor has one too
+    from asapmpi.bench.reduce_job import MPIPairExchange, floor_of
+
+    assert floor_of("bsp", "ring", 8)[0].name == "ring" and floor_of("bsp", "ring", 8)[2]
+    for policy in ("notify_ack", "hop:backup=1", "async"):
+        graph, server, barrier = floor_of(policy, "root-expander", 8)
+        assert graph.name == "root-expander" and server is None and not barrier
+    assert floor_of("backup_ps", "ring", 8)[1] is not None
+    assert floor_of("gossip", "ring", 8) == (MPIPairExchange.graph, None, False)
+
+
 def test_the_memory_bound_arrays_fit_in_the_memory_available(monkeypatch):
     # a VM may report a last-level cache of hundreds of MB (480 MB on this project's
     # machine): 4x that per rank had 8 ranks of the network path OOM-killed
@@ -323,10 +335,13 @@ def bench_mpi_exchange(comm, n=1000):
 
     out = {}
     size = comm.Get_size()
-    for label, g, server in (("ring", graph("ring", size), None),
-                             ("root-expander", graph("root-expander", size), None),
-                             ("star", star(size, root=1), 1)):
-        exchange = MPIExchange(comm, g, 4 * n, server)
+    for label, g, server, barrier in (
+            ("ring", graph("ring", size), None, False),
+            ("root-expander", graph("root-expander", size), None, False),
+            ("root-expander + barrier", graph("root-expander", size), None, True),
+            ("star", star(size, root=1), 1, False)):
+        exchange = MPIExchange(comm, g, 4 * n, server, barrier=barrier)
+        assert exchange.graph == label or label == "star"
         got = []
         for round_ in range(3):
             exchange.send[:] = 1000 * round_ + comm.rank
