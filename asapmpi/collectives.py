@@ -142,6 +142,33 @@ def wait_or_leave(requests: Sequence[MPI.Request], buffers: Sequence[Any], timeo
         raise NeighbourTimeoutError(rank, what, list(ranks), [], [], timeout)
 
 
+class _left_on_error:
+    """``with _left_on_error(receives, sends, *buffers):`` around the waits of requests
+    already started: an exception out of them (a process failure raised by a test, a
+    KeyboardInterrupt) first hands every request still pending to the leftovers with
+    `buffers`, the receives cancelled (so none lands later), then goes on."""
+
+    def __init__(self, receives: Sequence[MPI.Request], sends: Sequence[MPI.Request],
+                 *buffers: Any):
+        self.receives, self.sends, self.buffers = receives, sends, buffers
+
+    def __enter__(self) -> "_left_on_error":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is None:
+            return False
+        for req in self.receives:
+            if req != MPI.REQUEST_NULL:
+                try:
+                    req.Cancel()
+                except MPI.Exception:
+                    pass        # a revoked communicator: kept as it is
+        for req in (*self.receives, *self.sends):
+            leave(req, *self.buffers)
+        return False
+
+
 class Nonblocking:
     """A nonblocking collective in flight and the buffers it reads and writes, for a
     caller that does other work while it completes (join's agreement steps along):
@@ -216,26 +243,30 @@ def arrive(comm: MPI.Comm, timeout: float, what: str) -> None:
         byte = np.zeros(size, dtype=np.uint8)
         recvs = [comm.Irecv([byte[r:r + 1], MPI.BYTE], source=r, tag=ARRIVE_TAG)
                  for r in range(1, size)]
-        missing = [i + 1 for i in wait_polled(recvs, deadline)]
-        cancel([recvs[r - 1] for r in missing])
+        with _left_on_error(recvs, (), byte):
+            missing = [i + 1 for i in wait_polled(recvs, deadline)]
+            cancel([recvs[r - 1] for r in missing])
         verdict[0] = len(missing)
         verdict[1:1 + len(missing)] = missing
         present = [r for r in range(1, size) if r not in missing]
         sends = [comm.Isend([verdict, MPI.INT64_T], dest=r, tag=VERDICT_TAG) for r in present]
         # the verdict is small (sent eagerly): a rank that arrived cannot keep it waiting
-        late = wait_polled(sends, time.monotonic() + timeout)
-        cancel([sends[i] for i in late])
+        with _left_on_error((), sends, verdict):
+            late = wait_polled(sends, time.monotonic() + timeout)
+            cancel([sends[i] for i in late])
     else:
         one = np.ones(1, dtype=np.uint8)
         send = comm.Isend([one, MPI.BYTE], dest=0, tag=ARRIVE_TAG)
         recv = comm.Irecv([verdict, MPI.INT64_T], source=0, tag=VERDICT_TAG)
-        # rank 0 sends its verdict at its own deadline, which may be after ours: wait a
-        # little longer, so that the missing rank, not rank 0, is named
-        if wait_polled([recv], deadline + min(timeout, VERDICT_GRACE_S)):
-            cancel([recv, send])
-            raise NeighbourTimeoutError(rank, f"{what} (relayed by rank 0)", [0], [], [],
-                                        timeout)
-        send.Wait()
+        with _left_on_error([recv], [send], verdict, one):
+            # rank 0 sends its verdict at its own deadline, which may be after ours:
+            # wait a little longer, so that the missing rank, not rank 0, is named
+            if wait_polled([recv], deadline + min(timeout, VERDICT_GRACE_S)):
+                cancel([recv, send])
+                raise NeighbourTimeoutError(rank, f"{what} (relayed by rank 0)", [0], [],
+                                            [], timeout)
+        # one byte, sent eagerly: rank 0 answered, so it has matched it too
+        wait_or_leave([send], [one], timeout, rank, f"{what}: rank 0's receive", [0])
         missing = verdict[1:1 + int(verdict[0])].tolist()
         if 0 in missing:        # rank 0's last word (answer_the_waiting)
             raise NeighbourTimeoutError(rank, what, [0], [], [], timeout).explained(ENDED)

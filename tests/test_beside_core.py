@@ -244,3 +244,58 @@ def test_a_joined_rank_whose_peer_stopped_ends_naming_it():
     lines = [line for line in proc.stderr.splitlines() if line.startswith("asapmpi: rank 0")]
     assert any("rank(s) 2" in line or "from rank 2" in line for line in lines), \
         proc.stderr[-3000:]
+
+
+class _FailingRequest:
+    """A request whose test raises, as a process failure does under ULFM: what
+    arrive() started must still go to the leftovers, the receives cancelled."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def Test(self):
+        raise RuntimeError("a peer died")
+
+    def Cancel(self):
+        self.log.append(("cancel", self))
+
+
+class _Comm:
+    def __init__(self, rank, log):
+        self.rank, self.log = rank, log
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return 3
+
+    def Irecv(self, buf, source, tag):
+        req = _FailingRequest(self.log)
+        self.log.append(("irecv", req))
+        return req
+
+    def Isend(self, buf, dest, tag):
+        req = _FailingRequest(self.log)
+        self.log.append(("isend", req))
+        return req
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_error_while_arriving_leaves_every_request_with_its_buffers(monkeypatch, rank):
+    from asapmpi import collectives
+
+    monkeypatch.setattr(collectives, "_settle", lambda: None)
+    monkeypatch.setattr(collectives, "_release_held", lambda: None)
+    monkeypatch.setattr(collectives, "_leftovers", [])
+    log = []
+    with pytest.raises(RuntimeError, match="a peer died"):
+        collectives.arrive(_Comm(rank, log), 5.0, "a test")
+    started = [req for kind, req in log if kind in ("irecv", "isend")]
+    receives = [req for kind, req in log if kind == "irecv"]
+    assert started and receives
+    # every request started is kept with a buffer, every receive cancelled first
+    assert sorted(map(id, (req for req, _ in collectives._leftovers))) == \
+        sorted(map(id, started))
+    assert all(buffers for _, buffers in collectives._leftovers)
+    assert [req for kind, req in log if kind == "cancel"] == receives
