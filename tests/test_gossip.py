@@ -290,8 +290,10 @@ def gossip_pushes(comm, iters=60, n=20000, stop_early=-1, **options):
     values = comm.allgather(float(buf[0]))
     table = ex.policy._table        # the warm-up's times, ns (INF_NS: never measured)
     transport, report = ex.transport, ex.transport_report
+    published = ex.policy.layouts[rank].n_publish
     ex.free()
     return {"torn": torn, "pushes": pushes.tolist(), "values": values, "wall_s": wall,
+            "published_slots": published,
             "wait_s": waited, "transport": transport, "report": report,
             "leftovers": slotwin.leftovers(), "comm_s": ex.policy.report["comm_s"],
             "table_ns": None if table is None else table.tolist(), **counts}
@@ -303,6 +305,8 @@ def test_pushed_models_are_whole_and_replicas_converge(path):
     results = run("test_gossip:gossip_pushes", 4, path, timeout=120, transport="messages")
     for rank, res in enumerate(results):
         assert res["transport"] == "messages" and res["torn"] == 0
+        # nobody pulls one-sidedly: no model copies kept for pulls in the window
+        assert res["published_slots"] == 0
         pushes = np.array(res["pushes"])
         assert len(pushes) == 60 and np.all(pushes[:, 1] != rank)  # a peer each step
         assert res["pushed"] and res["arrived"] > 0 and res["leftovers"] == []
@@ -409,3 +413,6 @@ def test_auto_measures_pulls_against_pushes_and_reports_it(path):
     assert results[0]["transport"] == ("messages" if steps["messages"] < steps["words"]
                                        else "put"), report
     assert "pulls" in report["reason"] and "pushes" in report["reason"]
+    # two published copies where pulls read them, none where models are pushed
+    assert {r["published_slots"] for r in results} == \
+        {2 if results[0]["transport"] == "put" else 0}

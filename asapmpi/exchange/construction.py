@@ -69,8 +69,10 @@ def exchange_window(comm: MPI.Comm, g: Graph, rank: int, policy, channel, nbytes
     depth = 2 if double_buffered else policy.depth
     # where readers reduce in place, every rank's slots are its own (an outbox)
     outbox = channel.in_place_read
+    # the model copies a one-sided pull reads (gossip): only where a pull reads them
+    publish = policy.publish_slots if channel.reads_published else 0
     layouts = [_core.Layout(g.in_degree(r), g.out_degree(r), depth, nbytes,
-                            policy.user_words(r, g.n), policy.publish_slots, outbox)
+                            policy.user_words(r, g.n), publish, outbox)
                for r in range(g.n)]
     policy.layouts = layouts
     # the policy's needs the window takes (a mailbox's retain)

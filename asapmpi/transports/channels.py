@@ -77,6 +77,10 @@ class Channel:
     max_update_bytes: Optional[int] = None
     #: the policy needs (Policy attributes) the window class takes as keywords
     takes: Tuple[str, ...] = ()
+    #: a pull reads a copy the peer published in its own window, so the layout keeps
+    #: Policy.publish_slots of them (a push channel carries the model in its messages:
+    #: none)
+    reads_published: bool = False
 
     def window_class(self) -> type:
         """The window class, from asapmpi._core (which loads MPI)."""
@@ -99,7 +103,7 @@ CHANNELS: Tuple[Channel, ...] = (
     Channel("PutWindow", "put", frozenset({Reads.EXACT, Reads.WORDS, Reads.NEWEST,
                                            Reads.PULL}),
             in_place_read=False, remote_atomics=True, writer_may_run_ahead=True,
-            needs_progress=True, one_host=False),
+            needs_progress=True, one_host=False, reads_published=True),
     Channel("SharedWindow", "shared", frozenset({Reads.EXACT}),
             in_place_read=True, remote_atomics=True, writer_may_run_ahead=False,
             needs_progress=False, one_host=True),
