@@ -12,8 +12,14 @@ cdef class MessageWindow(SlotWindow):
     wait_updates(k) instead of put, notify and ack (asapmpi.transports.messages)."""
 
     cdef MPI_Comm msg_comm
-    cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum
-    cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum
+    # Every request in one array, so that a poll of wait_updates is one MPI_Testsome:
+    # one progress call (on UCX a worker progress, on MPICH's TCP path a poll of the
+    # sockets), not one per request, which a waiting rank's CPU would pay on cores it
+    # shares with the ranks it waits for.
+    cdef MPI_Request *reqs          # the receives, then the sends
+    cdef int *req_index             # MPI_Testsome's indices
+    cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum (into reqs)
+    cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum (into reqs)
     cdef int64_t *recv_cksum
     # The update is sent from a copy: send_update() returns with the caller's buffer
     # free to write, as put() and the shared transport leave it (a synchronous send
@@ -37,8 +43,8 @@ cdef class MessageWindow(SlotWindow):
 
     def __dealloc__(self):
         self._leave_behind()
-        free(self.recv_reqs); self.recv_reqs = NULL
-        free(self.send_reqs); self.send_reqs = NULL
+        free(self.reqs); self.reqs = self.recv_reqs = self.send_reqs = NULL
+        free(self.req_index); self.req_index = NULL
         free(self.recv_cksum); self.recv_cksum = NULL
         free(self.stage); self.stage = NULL
         free(self._sent_to); self._sent_to = NULL
@@ -62,18 +68,18 @@ cdef class MessageWindow(SlotWindow):
         if self.nbytes > 0x7fffffff:
             raise ConfigError(f"the message transport sends at most 2 GiB per update, not "
                               f"{self.nbytes} bytes; use transport='put'")
-        self.recv_reqs = <MPI_Request *>calloc(2 * n, sizeof(MPI_Request))
-        self.send_reqs = <MPI_Request *>calloc(2 * m, sizeof(MPI_Request))
+        self.reqs = <MPI_Request *>calloc(2 * (n + m), sizeof(MPI_Request))
+        self.req_index = <int *>calloc(2 * (n + m), sizeof(int))
         self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
         self.stage = <char *>malloc((self.nbytes + 7) // 8 * 8 + 8)
         self._sent_to = <int64_t *>calloc(m, sizeof(int64_t))
-        if (self.recv_reqs == NULL or self.send_reqs == NULL or self.recv_cksum == NULL
+        if (self.reqs == NULL or self.req_index == NULL or self.recv_cksum == NULL
                 or self.stage == NULL or self._sent_to == NULL):
             raise MemoryError()
-        for i in range(2 * n):
-            self.recv_reqs[i] = MPI_REQUEST_NULL
-        for i in range(2 * m):
-            self.send_reqs[i] = MPI_REQUEST_NULL
+        for i in range(2 * (n + m)):
+            self.reqs[i] = MPI_REQUEST_NULL
+        self.recv_reqs = self.reqs
+        self.send_reqs = self.reqs + 2 * n
         return 0
 
     cdef int _open(self) except -1:
@@ -208,10 +214,12 @@ cdef class MessageWindow(SlotWindow):
             t0 = asap_now()
             asap_watchdog_waiting(b"the update", version, self.in_desc)
             while True:
-                # one test per request (not MPI_Testall, which frees none until all are
-                # done): what is still pending after a timeout names the late ranks
-                got_in = self._test_each(self.recv_reqs, 2 * self.n_in)
-                got_out = self._test_each(self.send_reqs, 2 * self.n_out)
+                # one MPI_Testsome over every request (not MPI_Testall, which frees none
+                # until all are done): what is still pending after a timeout names the
+                # late ranks
+                self._test_all()
+                got_in = _all_null(self.recv_reqs, 2 * self.n_in)
+                got_out = _all_null(self.send_reqs, 2 * self.n_out)
                 if got_in and got_out:
                     break
                 # the tests above were this poll's progress
@@ -236,17 +244,13 @@ cdef class MessageWindow(SlotWindow):
             self._lent = None
         return 0
 
-    cdef int _test_each(self, MPI_Request *reqs, int n) except -1 nogil:
-        # 1 when every request of reqs[0..n-1] is complete (MPI_REQUEST_NULL)
-        cdef int k
-        cdef int flag = 0
-        cdef int done = 1
-        for k in range(n):
-            if reqs[k] != MPI_REQUEST_NULL:
-                CHKERR(MPI_Test(&reqs[k], &flag, MPI_STATUS_IGNORE), "MPI_Test")
-                if not flag:
-                    done = 0
-        return done
+    cdef int _test_all(self) except -1 nogil:
+        # complete (and free) whatever finished, in one progress call; a receive or
+        # send not posted this step is MPI_REQUEST_NULL, which MPI_Testsome skips
+        cdef int count = 0
+        CHKERR(MPI_Testsome(2 * (max(self.n_in, 1) + max(self.n_out, 1)), self.reqs,
+                            &count, self.req_index, MPI_STATUSES_IGNORE), "MPI_Testsome")
+        return 0
 
     cdef list _pending(self, MPI_Request *reqs, const int *ranks, int n):
         """The ranks (sorted) whose requests reqs[2i], reqs[2i+1] are not all complete."""
@@ -304,3 +308,12 @@ cdef class MessageWindow(SlotWindow):
         with gil:
             self._release_lent()
         return 0
+
+
+cdef inline bint _all_null(const MPI_Request *reqs, int n) noexcept nogil:
+    # every request of reqs[0..n-1] completed (freed by MPI_Testsome)
+    cdef int k
+    for k in range(n):
+        if reqs[k] != MPI_REQUEST_NULL:
+            return False
+    return True
