@@ -67,18 +67,26 @@ class NotifyAck(Policy):
         """Entry times of the iterations kept (asapmpi.trace) and the versions reduced."""
         return entry_trace(self.entries, self.reduced)
 
+    #: inside step(): the buffer is written only by the reduce, after the wait that
+    #: completes the deliveries, so a channel may send from it without a copy
+    _whole_step = False
+
     def step(self, win, buf, version: int, ctx: StepContext) -> None:
-        """A whole step: the buffer is written only by the reduce, after the wait that
-        completes the deliveries, so a channel may send from it without a copy."""
-        self._started = time.monotonic()
-        ctx.channel.send(buf, version, ctx.timeout, ctx.checksum, copy=False)
+        """send() then receive(), the send without a copy of the buffer where the
+        channel can (nothing writes the buffer before the reduce)."""
+        self._whole_step = True
+        try:
+            self.send(win, buf, version, ctx)
+        finally:
+            self._whole_step = False
         return self.receive(win, buf, version, ctx)
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 1-2: once the slots are free (acks of version-1), deliver and notify
         `version`, on whichever channel the exchange resolved (asapmpi.transports)."""
         self._started = time.monotonic()
-        ctx.channel.send(buf, version, ctx.timeout, ctx.checksum)
+        ctx.channel.send(buf, version, ctx.timeout, ctx.checksum,
+                         copy=not self._whole_step)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
