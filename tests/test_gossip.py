@@ -284,7 +284,8 @@ def gossip_pushes(comm, iters=60, n=20000, stop_early=-1, **options):
         torn += int(buf.max() != buf.min())
     wall, waited = time.perf_counter() - started, ex.wait_seconds
     win = ex.window
-    counts = {"pushed": win.pushed, "arrived": win.arrived, "replaced": win.replaced} \
+    counts = {"pushed": win.pushed, "arrived": win.arrived, "replaced": win.replaced,
+              "yields": win.yields, "oversubscribed": ex.oversubscribed} \
         if win.pushes else {}
     pushes = ex.trace.get("pushes", np.zeros((0, 5)))
     values = comm.allgather(float(buf[0]))
@@ -307,6 +308,8 @@ def test_pushed_models_are_whole_and_replicas_converge(path):
         assert res["transport"] == "messages" and res["torn"] == 0
         # nobody pulls one-sidedly: no model copies kept for pulls in the window
         assert res["published_slots"] == 0
+        # where ranks share cores (4 ranks here on 2) a push in flight yields
+        assert res["yields"] == res["oversubscribed"]
         pushes = np.array(res["pushes"])
         assert len(pushes) == 60 and np.all(pushes[:, 1] != rank)  # a peer each step
         assert res["pushed"] and res["arrived"] > 0 and res["leftovers"] == []

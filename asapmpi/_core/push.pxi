@@ -78,6 +78,11 @@ cdef class PushWindow(SlotWindow):
     cdef double *latency            # per rank: seconds of the last send to it that
                                     # completed, posting to the pump that saw it (-1)
     cdef readonly long long pushed, replaced, arrived, superseded
+    #: take() gives the CPU away once (sched_yield) while a model of this rank is in
+    #: flight or waits: where ranks share cores (the Exchange sets it when its host is
+    #: oversubscribed, asapmpi.launch.cores), a gossip loop never waits, so nothing else
+    #: yields, and a push completes only once its peer is scheduled and calls MPI
+    cdef public bint yields
 
     def __cinit__(self):
         self.transport = "push"
@@ -327,6 +332,9 @@ cdef class PushWindow(SlotWindow):
         cdef int64_t[::1] o = out
         with nogil:
             self._pump()
+            if self.yields and (self.wait_stage >= 0 or self._sends_in_flight()):
+                asap_backoff(0, 1, 0, 0)        # a sched_yield
+                self._pump()
             for i in range(self.n_in):
                 if self.taken[i] >= 0 or self.held[i] < 0:
                     if self.taken[i] >= 0:
@@ -456,6 +464,13 @@ cdef class PushWindow(SlotWindow):
                 self._send_waiting()
         finally:
             PyBuffer_Release(&view)
+
+    cdef bint _sends_in_flight(self) noexcept nogil:
+        cdef int k
+        for k in range(PUSH_SENDS):
+            if self.snd_stage[k] >= 0:
+                return True
+        return False
 
     cdef bint _stage_busy(self, int s) noexcept nogil:
         cdef int k

@@ -26,8 +26,8 @@ def on_one_host(comm: MPI.Comm) -> bool:
 
 
 def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: List[str],
-                     timeout: float, nbytes: int,
-                     slack_ns: int = 0) -> Tuple[str, Dict[str, Any]]:
+                     timeout: float, nbytes: int, slack_ns: int = 0,
+                     oversubscribed: bool = False) -> Tuple[str, Dict[str, Any]]:
     """The transport (channel family) of this exchange, the same on every rank, and the
     report of how it was chosen (ex.transport_report).  Collective.
 
@@ -35,7 +35,9 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
     choice wins.  Under "auto", a policy that one family fits gets it; where several fit
     (window words or messages) a NOTIFY-ACK step of each, moving an update of `nbytes`,
     is timed (asapmpi.exchange.probe), per neighbour class, and the faster one taken:
-    the step waits for its slowest neighbour, so a transport costs its slowest class."""
+    the step waits for its slowest neighbour, so a transport costs its slowest class.
+    `oversubscribed`: this rank's host has fewer cores than ranks (pushes then yield,
+    as the exchange's will: PushWindow.yields)."""
     report: Dict[str, Any] = {"requested": requested}
     fit = families(policy)
     if requested != "auto" or len(fit) == 1:
@@ -69,7 +71,7 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
         return window, report
     if policy.reads is Reads.PULL:
         return _choose_gossip(comm, timeout, slack_ns, nbytes, window, messages_family,
-                              report)
+                              report, oversubscribed)
     # both move the update, as the exchange will (a signal's cost does not rank them
     # for a megabyte), except where the window's reduce reads each update in place
     in_place = channel[window].in_place_read
@@ -102,11 +104,12 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
 
 def _choose_gossip(comm: MPI.Comm, timeout: float, slack_ns: int, nbytes: int,
                    window: str, messages_family: str,
-                   report: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+                   report: Dict[str, Any], oversubscribed: bool = False
+                   ) -> Tuple[str, Dict[str, Any]]:
     """Gossip: pulls (one-sided reads of a peer's published model) against pushes, each
     timed as gossip steps per model mixed (probe.measure_gossip); a tie keeps the
     window."""
-    measured = probe.measure_gossip(comm, timeout, slack_ns, nbytes)
+    measured = probe.measure_gossip(comm, timeout, slack_ns, nbytes, oversubscribed)
     rounds = {"all peers": {k: round(v * 1e6, 1) for k, v in measured.items()}}
     pull_us, push_us = rounds["all peers"]["words"], rounds["all peers"]["messages"]
     chosen = messages_family if push_us < pull_us else window

@@ -238,7 +238,7 @@ class Exchange:
         if self._policy.uses_window:
             self.transport, self.transport_report = choose_transport(
                 transport, self._policy, comm, g, self.hosts, self.timeout, self.nbytes,
-                self._slack_ns)
+                self._slack_ns, self.oversubscribed)
             # the window class the chosen family gives this policy, and what it can do
             self._channel = resolve(self.transport, self._policy)
             # double buffering computes in the slot the neighbours read in place
@@ -248,6 +248,10 @@ class Exchange:
                 comm, g, rank, self._policy, self._channel, self.nbytes,
                 self.dtype, self.double_buffered,
                 self.timeout, self._slack_ns)
+            if getattr(self._win, "pushes", False):
+                # a gossip loop never waits: where ranks share cores, it yields once a
+                # step while its pushes are in flight (PushWindow.yields)
+                self._win.yields = self.oversubscribed
             if self._policy.reads is Reads.EXACT:
                 # NOTIFY-ACK's steps go through a transport over the channel; every other
                 # policy's through the window's own put, waits and ack
