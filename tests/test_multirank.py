@@ -366,8 +366,14 @@ HOP_SETTINGS = {
 @pytest.mark.parametrize("n", [4, 8])
 def test_hop_keeps_the_gap_bounds_and_reduces_exactly(n, graph, setting):
     options = HOP_SETTINGS[setting]
-    results = run("hop_runs", n, "shm", timeout=300, graph=graph, options=options)
+    results = run("hop_runs", n, "shm", timeout=300, graph=graph, options=options,
+                  stall_s=_stall(setting))
     _check_hop_runs(results, options, "skip" in setting)
+
+
+def _stall(setting: str) -> float:
+    # a setting that skips is shown jumping after a stall of the slow rank (hop_runs)
+    return 1.0 if "skip" in setting else 0.0
 
 
 def _check_hop_runs(results, options, skips):
@@ -394,7 +400,7 @@ def test_hop_skipping_on_a_directed_graph_does_not_deadlock(transport, trigger):
     options = {"max_gap": 2, "backup": 1, "skip_trigger": trigger, "max_jump": 4,
                "weights": "uniform", "transport": transport}
     results = run("hop_runs", 6, "shm", timeout=300, graph=edges, options=options,
-                  iters=120)
+                  iters=120, stall_s=1.0)
     assert results[0]["transport"] == transport
     _check_hop_runs(results, options, True)
 
@@ -423,7 +429,7 @@ def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly(setting):
     # slots, on the network path where it is the fast transport
     options = dict(HOP_SETTINGS[setting], transport="messages")
     results = run("hop_runs", 8, "net", timeout=600, graph="double-ring",
-                  options=options, iters=80)
+                  options=options, iters=80, stall_s=_stall(setting))
     assert {r["transport"] for r in results} == {"messages"}
     _check_hop_runs(results, options, "skip" in setting)
 

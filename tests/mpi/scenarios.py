@@ -257,11 +257,14 @@ def _replay_reduce(ex, own, k, versions):
 
 
 def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base_s=0.0004,
-             seed=0):
+             seed=0, stall_s=0.0):
     """Hop with random slowdown (6x with probability 1/n, Hop section 7) and one rank
     deterministically slower: every reduce is replayed exactly from what it reports
     (iteration, versions used, the setting's weights), versions used are within the
-    setting's window, and the traces keep Theorem 2 / Table 1."""
+    setting's window, and the traces keep Theorem 2 / Table 1.  With `stall_s` the slow
+    rank also stops that long once, a quarter into the run: the others then run ahead
+    to the gap bound whatever the machine's load, so a setting that skips must jump
+    (a 4x slower rank alone fell too little behind on a loaded machine to trigger)."""
     from asapmpi import trace
 
     rank, size = comm.rank, comm.size
@@ -278,6 +281,8 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
             factor = (6.0 if rng.random() < 1.0 / size else 1.0) * (
                 slow_factor if rank == slow_rank else 1.0)
             time.sleep(base_s * factor)
+            if stall_s and rank == slow_rank and ex.version == iters // 4:
+                time.sleep(stall_s)
             k = ex.version + 1
             expected = rank * 1000.0 + k
             buf[:] = expected
