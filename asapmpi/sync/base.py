@@ -111,6 +111,12 @@ class Policy:
     #: each other.  Policies that let ranks drift apart (backup workers, staleness,
     #: parameter servers, gossip) leave it False.
     lockstep = False
+    #: whether a rank may go on stepping without ever waiting for one particular rank
+    #: (gossip: its peers are drawn at random, a pull or push waits for none): with
+    #: fault_tolerance=True such a rank would never fail out of a wait after another
+    #: died, so its exchange probes the fault communicator once per step
+    #: (asapmpi.exchange.survive) instead
+    waits_for_none = False
 
     #: where the policy's per-iteration rows go (set by the Exchange before start())
     records: Optional[Records] = None
