@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from asapmpi.bench.hosts import EmulatedHosts, NETNS_HOSTS, default_cores
+from asapmpi.bench.hosts import NETNS_HOSTS, EmulatedHosts, default_cores
 
 #: the mlp workload of `asapmpi bench training` (asapmpi/bench/training.py WORKLOADS)
 MLP = ["mlp", "--data", "synthetic-svm", "--batch-size", "256", "--lr", "0.05"]
