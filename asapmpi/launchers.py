@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import subprocess
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -94,6 +95,27 @@ def flavour(mpiexec: str) -> str:
         return "openmpi"
     raise ConfigError(f"{mpiexec} is neither MPICH's hydra nor Open MPI's mpiexec; set "
                       f"MPIEXEC to one of them")
+
+
+def ulfm_refusal(mpiexec: str) -> str:
+    """"" when `mpiexec` can launch ranks that survive a dead one in place (Open MPI 5's
+    `--with-ft ulfm`), else why not, in one sentence with what to use instead.  The
+    ranks check their MPI library again (asapmpi.exchange.survive.refusal)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        text = str(exc)
+    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "unknown"
+    if "HYDRA" in text:
+        first = "MPICH's hydra"
+    found = re.search(r"Open MPI\)?\s+v?(\d+)\.", text)
+    if found and int(found.group(1)) >= 5:
+        return ""
+    return (f"surviving a dead rank in place needs an MPI with ULFM (Open MPI 5, launched "
+            f"with mpiexec --with-ft ulfm: bash dev/setup-openmpi5.sh makes one); "
+            f"{mpiexec} is {first}; use restarts (--restarts K, docs/FAILURES.md) instead")
 
 
 def network_env(kind: str, network: str = "tcp") -> Dict[str, str]:

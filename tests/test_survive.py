@@ -145,6 +145,30 @@ def test_survivors_shrink_and_go_on(tmp_path, sync, graph, transport, options, v
 
 
 @needs_ulfm
+@pytest.mark.parametrize("transport", ["put", "messages"])
+def test_gossip_survivors_learn_of_the_death_and_go_on(tmp_path, transport):
+    # gossip waits for no particular peer: each survivor's exchange probes the fault
+    # communicator once a step (Policy.waits_for_none), and fails out of a step once
+    # MPI knows of the death.  Pulls (put) never wait for the dead rank's model; pushes
+    # (messages) see their receive from any sender fail (MPI_ERR_IN_STATUS out of
+    # MPI_Testsome, raised as the request's own ProcessFailedError: CHKSOME)
+    steps, kill_at = 60, 10
+    proc = launch("survive_steps", 4, out=str(tmp_path), sync="gossip", graph=None,
+                  transport=transport, options={}, steps=steps, kill_at=kill_at, victim=2,
+                  step_sleep=0.02)
+    found = results(tmp_path)
+    assert sorted(found) == [0, 1, 3], _shown(proc)
+    for res in found.values():
+        # (a step sleeps 20 ms: MPI knows of the death long before the 60th step)
+        assert res["version"] == steps and res["size"] == 3, res
+        record = res["survivals"][0]
+        assert record["failed"] == [2] and record["graph"] == "complete", record
+        assert kill_at < record["step"] < steps, record
+    assert proc.stderr.count("survived the failure of rank(s) 2") == 3, _shown(proc)
+    assert "the process ended inside" not in proc.stderr, _shown(proc)
+
+
+@needs_ulfm
 def test_a_stalled_rank_is_a_missed_deadline_survived_by_all(tmp_path):
     # rank 1 sleeps 3 s outside MPI against a 1 s timeout: its neighbours time out and
     # revoke; it takes part in the shrink once it is back in a wait, and all 4 go on

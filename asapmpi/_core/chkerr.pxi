@@ -21,6 +21,37 @@ cdef inline int CHKERR(int ierr, const char *call) except -1 nogil:
         raise _mpi_error(ierr, call)
 
 
+cdef inline int CHKSOME(int ierr, int n, int count, MPI_Status *statuses,
+                        const char *call) except -1 nogil:
+    # MPI_Testsome over `n` requests: MPI_ERR_IN_STATUS says that a request failed, and
+    # its status says how; raise that error (a process failure is then the
+    # ProcessFailedError it is, not an MPIError of class MPI_ERR_IN_STATUS).  The
+    # completed requests' statuses first; then every request's: Open MPI's ULFM
+    # returns MPI_ERR_IN_STATUS with no request completed when an MPI_ANY_SOURCE
+    # receive cannot complete for a failed process, its status saying
+    # MPI_ERR_PROC_FAILED_PENDING
+    cdef int k
+    cdef int found = MPI_SUCCESS
+    if ierr == MPI_SUCCESS:
+        return 0
+    if ierr == MPI_ERR_IN_STATUS:
+        for k in range(count if count != MPI_UNDEFINED and count > 0 else 0):
+            if statuses[k].MPI_ERROR != MPI_SUCCESS and \
+                    statuses[k].MPI_ERROR != MPI_ERR_PENDING:
+                found = statuses[k].MPI_ERROR
+                break
+        if found == MPI_SUCCESS:
+            for k in range(n):
+                if statuses[k].MPI_ERROR != MPI_SUCCESS and \
+                        statuses[k].MPI_ERROR != MPI_ERR_PENDING:
+                    found = statuses[k].MPI_ERROR
+                    break
+        if found != MPI_SUCCESS:
+            ierr = found
+    with gil:
+        raise _mpi_error(ierr, call)
+
+
 cdef extern from "kernels.h" nogil:
     ctypedef struct asap_cksum_t:
         pass

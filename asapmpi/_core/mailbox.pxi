@@ -314,8 +314,9 @@ cdef class MailboxWindow(SlotWindow):
         # once again, and what waits for _pumped (tokens, waiting sends) must go out
         while passes < self.mb_npump + 2:
             passes += 1
-            CHKERR(MPI_Testsome(self.mb_npump, self.mb_req, &count, self.mb_index,
-                                self.mb_status), "MPI_Testsome")
+            CHKSOME(MPI_Testsome(self.mb_npump, self.mb_req, &count, self.mb_index,
+                                 self.mb_status), self.mb_npump, count, self.mb_status,
+                    "MPI_Testsome")
             if count == MPI_UNDEFINED or count == 0:
                 break
             word = -1
@@ -528,8 +529,9 @@ cdef class MailboxWindow(SlotWindow):
             # one call for the stage's sends (one progress call per poll); Testsome, not
             # Testall, frees each send as it completes, so a timeout names only the
             # readers whose receive never came
-            CHKERR(MPI_Testsome(self.n_out, self.mb_send + stage * self.n_out, &count,
-                                self.mb_index, MPI_STATUSES_IGNORE), "MPI_Testsome")
+            CHKSOME(MPI_Testsome(self.n_out, self.mb_send + stage * self.n_out, &count,
+                                 self.mb_index, self.mb_status), self.n_out, count,
+                    self.mb_status, "MPI_Testsome")
             if count == MPI_UNDEFINED:
                 return 0
             if self._idle(&polls, t0, timeout):

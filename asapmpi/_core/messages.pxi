@@ -18,6 +18,7 @@ cdef class MessageWindow(SlotWindow):
     # shares with the ranks it waits for.
     cdef MPI_Request *reqs          # the receives, then the sends
     cdef int *req_index             # MPI_Testsome's indices
+    cdef MPI_Status *req_status     # and statuses (a failed request's error: CHKSOME)
     cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum (into reqs)
     cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum (into reqs)
     cdef int64_t *recv_cksum
@@ -45,6 +46,7 @@ cdef class MessageWindow(SlotWindow):
         self._leave_behind()
         free(self.reqs); self.reqs = self.recv_reqs = self.send_reqs = NULL
         free(self.req_index); self.req_index = NULL
+        free(self.req_status); self.req_status = NULL
         free(self.recv_cksum); self.recv_cksum = NULL
         free(self.stage); self.stage = NULL
         free(self._sent_to); self._sent_to = NULL
@@ -70,10 +72,12 @@ cdef class MessageWindow(SlotWindow):
                               f"{self.nbytes} bytes; use transport='put'")
         self.reqs = <MPI_Request *>calloc(2 * (n + m), sizeof(MPI_Request))
         self.req_index = <int *>calloc(2 * (n + m), sizeof(int))
+        self.req_status = <MPI_Status *>calloc(2 * (n + m), sizeof(MPI_Status))
         self.recv_cksum = <int64_t *>calloc(n, sizeof(int64_t))
         self.stage = <char *>malloc((self.nbytes + 7) // 8 * 8 + 8)
         self._sent_to = <int64_t *>calloc(m, sizeof(int64_t))
-        if (self.reqs == NULL or self.req_index == NULL or self.recv_cksum == NULL
+        if (self.reqs == NULL or self.req_index == NULL or self.req_status == NULL
+                or self.recv_cksum == NULL
                 or self.stage == NULL or self._sent_to == NULL):
             raise MemoryError()
         for i in range(2 * (n + m)):
@@ -246,10 +250,13 @@ cdef class MessageWindow(SlotWindow):
 
     cdef int _test_all(self) except -1 nogil:
         # complete (and free) whatever finished, in one progress call; a receive or
-        # send not posted this step is MPI_REQUEST_NULL, which MPI_Testsome skips
+        # send not posted this step is MPI_REQUEST_NULL, which MPI_Testsome skips.  A
+        # request that failed (a neighbour died: ULFM) raises its own error, not
+        # MPI_ERR_IN_STATUS (CHKSOME), so that fault_tolerance=True survives it
         cdef int count = 0
-        CHKERR(MPI_Testsome(2 * (max(self.n_in, 1) + max(self.n_out, 1)), self.reqs,
-                            &count, self.req_index, MPI_STATUSES_IGNORE), "MPI_Testsome")
+        cdef int n = 2 * (max(self.n_in, 1) + max(self.n_out, 1))
+        CHKSOME(MPI_Testsome(n, self.reqs, &count, self.req_index, self.req_status),
+                n, count, self.req_status, "MPI_Testsome")
         return 0
 
     cdef list _pending(self, MPI_Request *reqs, const int *ranks, int n):

@@ -205,8 +205,9 @@ cdef class NewestWindow(MailboxWindow):
         # free the messages readers took (one MPI_Testsome over the sends)
         cdef int count = 0
         cdef int k
-        CHKERR(MPI_Testsome(2 * self.n_out, self.mb_send, &count, self.mb_index,
-                            MPI_STATUSES_IGNORE), "MPI_Testsome")
+        CHKSOME(MPI_Testsome(2 * self.n_out, self.mb_send, &count, self.mb_index,
+                             self.mb_status), 2 * self.n_out, count, self.mb_status,
+                "MPI_Testsome")
         if count != MPI_UNDEFINED:
             for k in range(count):
                 self._sent(self.mb_index[k])

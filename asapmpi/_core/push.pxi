@@ -292,8 +292,9 @@ cdef class PushWindow(SlotWindow):
         cdef int passes = 0
         while passes < PUSH_BUFFERS + PUSH_SENDS + 2:
             passes += 1
-            CHKERR(MPI_Testsome(PUSH_BUFFERS + PUSH_SENDS, self.req, &count, self.index,
-                                self.status), "MPI_Testsome")
+            CHKSOME(MPI_Testsome(PUSH_BUFFERS + PUSH_SENDS, self.req, &count, self.index,
+                                 self.status), PUSH_BUFFERS + PUSH_SENDS, count, self.status,
+                    "MPI_Testsome")
             if count == MPI_UNDEFINED or count == 0:
                 break
             for k in range(count):

@@ -194,10 +194,12 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
         raise ConfigError(f"--job-timeout must be a number of seconds >= 0 (0: no limit), "
                           f"got {args.job_timeout}")
     # bad input fails here, before any rank starts
+    survive = False
     if args.command == "train":
         from ..train import cli as train_cli
 
         runs = train_cli.configs(args)
+        survive = any(cfg.survive for cfg in runs)
         if not inside_mpi_job():
             train_cli.check_resume(runs, args.ranks)
             if args.restarts:
@@ -215,7 +217,9 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
         bench_stragglers.check(args, args.ranks)
     if not inside_mpi_job():
-        return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout)
+        # --survive: launched so that a dead rank does not end the job (ULFM)
+        return relaunch(args.ranks, argv, network=args.network, timeout=args.job_timeout,
+                        fault_tolerance=survive)
     from mpi4py import MPI
 
     from ..launch.faults import register_rank

@@ -279,6 +279,13 @@ class Exchange:
         #: the failures this exchange survived (asapmpi.exchange.survive.recover's
         #: records: failed ranks, step, new graph, spectral gap, seconds lost)
         self.survivals: list = []
+        #: fault_tolerance=True: called on each survivor with the record of a survived
+        #: failure once the exchange is re-created on the survivors (ex.rank, ex.size
+        #: are theirs), before the survivor's line is printed; what it returns (a short
+        #: text: what the program did about it, e.g. asapmpi train's lost data shard)
+        #: goes into that line and the record ("note").  No collective there: a survivor
+        #: whose step the recovery ended returns one step before the others.
+        self.on_survival = None
         if fault_tolerance:
             pol = self._policy
             self._made = {
@@ -345,6 +352,7 @@ class Exchange:
                 self._stager.before_send()
             self._check_finite()
             self._iteration_started()
+            self._probe_failures()
             self._leave_out_joined(self._window_version + 1)
             return self._received(self._explained(self._policy.step, win))
         except Exception as exc:
@@ -372,6 +380,7 @@ class Exchange:
                 self._stager.before_send()
             self._check_finite()
             self._iteration_started()
+            self._probe_failures()
             self._leave_out_joined(self._window_version + 1)
             self._policy.send(self._device_reduce or win, self._work, self._window_version + 1,
                               self._ctx)
@@ -411,15 +420,26 @@ class Exchange:
         finally:
             self._inside = outer
 
+    def _probe_failures(self) -> None:
+        """fault_tolerance=True under a policy whose ranks wait for no particular peer
+        (gossip): one MPI_Iprobe of the fault communicator, which raises once a process
+        failed or a survivor revoked it (the waits of other policies probe it
+        themselves: SlotWindow.watch)."""
+        if self._ft_comm is not None and self._policy.waits_for_none:
+            self._ft_comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
     def _survived(self, exc: BaseException, call: str):
         """Survive the failure `exc` out of `call` (fault_tolerance=True): re-create this
         exchange on the survivors (asapmpi.exchange.survive.recover), then end the call
         there.  Every survivor goes on from the most steps any completed: a step that
         was behind them ends unmixed, the others are made again on the new exchange."""
         completed = self.version
-        survive.recover(self, exc, completed, self._last_start)
+        # (seconds lost: from the start of the step that failed; at a meeting, from now)
+        survive.recover(self, exc, completed, None if call == "meet" else self._last_start)
         if call == "free":
             return self.free()
+        if call == "meet":
+            return None             # (meet() meets again, on the survivors)
         behind = completed + 1 <= self.version
         if call == "step":
             return self.buffer if behind else self.step()
@@ -806,6 +826,26 @@ class Exchange:
                 if comm is not None and comm != MPI.COMM_NULL:
                     comm.Free()
             self._ft_comm = self._own_comm = None
+
+    def meet(self, what: str = "a meeting of the exchange's ranks") -> None:
+        """Collective, between steps: a barrier over the exchange's ranks, with its
+        deadline (`what` names it in a timeout's message).  With fault_tolerance=True
+        a failure seen there is survived first, and the survivors meet: a rank that
+        ends its steps before it learns of a death (gossip waits for no particular
+        peer) takes part in the survivors' recovery here instead of failing in the
+        collectives that follow.  The survivors still stepping go on from the most
+        steps any completed (asapmpi.exchange.survive): they end their loops too."""
+        deadline = self.timeout if self._policy.lockstep else \
+            max(self.timeout, rc.timeout_startup)
+        while True:
+            try:
+                collectives.arrive(self.comm if self._ft_comm is None else self._ft_comm,
+                                   deadline, what)
+                return
+            except Exception as exc:
+                if self._ft_comm is None or not survive.is_failure(exc):
+                    raise
+                self._survived(exc, "meet")
 
     def settle(self) -> None:
         """Complete this process's pending notifies and acks (issued lazily by step()).

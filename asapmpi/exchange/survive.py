@@ -322,10 +322,9 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
     fresh._made = made
     fresh._own_comm = shrunk        # freed with the exchange
     gap = spectral_gap(fresh.graph)
-    seconds = time.perf_counter() - (began if began is not None else t0)
     record = {"failed": [old_origin[r] for r in failed], "step": completed + 1,
               "resumed_at": steps, "size": fresh.size, "graph": fresh.graph.name,
-              "how": how, "spectral_gap": gap, "seconds": seconds,
+              "how": how, "spectral_gap": gap, "seconds": None,
               "recovery_seconds": time.perf_counter() - t0,
               "cause": type(exc).__name__}
     if "server" in options:
@@ -333,13 +332,23 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
         # first survivor in its place, whose replica became the parameters)
         record["server"] = origin[int(options["server"])]
     fresh.survivals = [*survivals, record]
+    hook = getattr(ex, "on_survival", None)
+    ex.__dict__.clear()
+    ex.__dict__.update(fresh.__dict__)
+    ex.on_survival = hook
+    # what the program does about it (asapmpi train: the lost data shard), said in the
+    # same line and counted in the seconds lost; no collective there: a survivor whose
+    # step the recovery ended returns a step before the others
+    note = hook(record) if hook is not None else None
+    if note:
+        record["note"] = note
+    record["seconds"] = time.perf_counter() - (began if began is not None else t0)
     what = (f"the failure of rank(s) {', '.join(str(r) for r in record['failed'])}"
             if record["failed"] else "a missed deadline (no rank failed)")
     print(f"asapmpi: rank {old_origin[old_rank]}: survived {what} "
           f"in step {completed + 1}; going on from step {steps} on {fresh.size} ranks, "
           f"graph {fresh.graph.name} ({how}), spectral gap {gap:.3f}"
           + (f", server rank {record['server']}" if "server" in record else "")
-          + f"; {seconds:.2f} s lost", file=sys.stderr, flush=True)
-    ex.__dict__.clear()
-    ex.__dict__.update(fresh.__dict__)
+          + (f"; {note}" if note else "")
+          + f"; {record['seconds']:.2f} s lost", file=sys.stderr, flush=True)
     return record

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import AsapError, ConfigError
-from ..launchers import command, flavour
+from ..launchers import command, flavour, ulfm_refusal
 
 #: variables a process manager sets in every rank it starts (MPICH hydra, Open MPI,
 #: PMIx, Slurm's srun)
@@ -40,12 +40,20 @@ def find_mpiexec() -> str:
 
 
 def launch_command(ranks: int, program: List[str], network: Optional[str] = None,
-                   timeout: float = 0) -> Tuple[List[str], Dict[str, str]]:
+                   timeout: float = 0, fault_tolerance: bool = False
+                   ) -> Tuple[List[str], Dict[str, str]]:
     """The mpiexec command line and whole environment that run `program` on `ranks`
-    ranks of this host with the MPI mpi4py uses (asapmpi.launchers.command)."""
+    ranks of this host with the MPI mpi4py uses (asapmpi.launchers.command);
+    `fault_tolerance`: launched so that the ranks can survive a dead one in place
+    (ConfigError in one line where this mpiexec cannot: asapmpi.launchers.ulfm_refusal)."""
     mpiexec = find_mpiexec()
-    cmd, extra = command(flavour(mpiexec), mpiexec, ranks, program,
-                         job_timeout=timeout or 0, network=network)
+    kind = flavour(mpiexec)
+    if fault_tolerance:
+        why = ulfm_refusal(mpiexec)
+        if why:
+            raise ConfigError(why)
+    cmd, extra = command(kind, mpiexec, ranks, program, job_timeout=timeout or 0,
+                         network=network, fault_tolerance=fault_tolerance)
     return cmd, {**os.environ, **extra}
 
 
@@ -92,10 +100,11 @@ def call_job(cmd: List[str], env: Mapping[str, str]) -> int:
 
 
 def relaunch(ranks: int, argv: List[str], network: Optional[str] = None,
-             timeout: Optional[float] = None) -> int:
-    """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code."""
+             timeout: Optional[float] = None, fault_tolerance: bool = False) -> int:
+    """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code.
+    `fault_tolerance`: as launch_command."""
     cmd, env = launch_command(ranks, [sys.executable, "-m", "asapmpi", *argv], network,
-                              timeout or 0)
+                              timeout or 0, fault_tolerance)
     return call_job(cmd, env)
 
 

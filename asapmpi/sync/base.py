@@ -114,6 +114,12 @@ class Policy:
     #: whether every step ends in a barrier of all ranks (BSP): the floor of its
     #: messages is then the exchange and a barrier (asapmpi bench reduce)
     barrier_per_step = False
+    #: whether a rank may go on stepping without ever waiting for one particular rank
+    #: (gossip: its peers are drawn at random, a pull or push waits for none): with
+    #: fault_tolerance=True such a rank would never fail out of a wait after another
+    #: died, so its exchange probes the fault communicator once per step
+    #: (asapmpi.exchange.survive) instead
+    waits_for_none = False
 
     #: where the policy's per-iteration rows go (set by the Exchange before start())
     records: Optional[Records] = None

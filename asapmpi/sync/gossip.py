@@ -103,6 +103,9 @@ class Gossip(Policy):
     #: two published slots taking turns: a pull reading the newest model is not torn by
     #: the next publish, which writes the other
     publish_slots = 2
+    #: no rank waits for a particular peer: survivors of a failure learn of it by a
+    #: probe each step (Policy.waits_for_none)
+    waits_for_none = True
     OPTIONS = Options(
         Option("every", int, 1, "the period T: communicate every T iterations", low=1),
         Option("warmup", int, 0, "iterations with the warm-up choice of peers", low=0),

@@ -28,6 +28,7 @@ from ..outputs import file_problem, output_file, output_folder
 from ..reduce.graphs import GRAPHS
 from .config import (
     DEFAULTS,
+    LOST_SHARDS,
     MODELS,
     MODES,
     OPTIMIZERS,
@@ -160,14 +161,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="continue from the newest checkpoint every rank has")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
     slowdown_arguments(parser)
+    survive = parser.add_argument_group(
+        "surviving a dead rank in place (ULFM: Open MPI 5; docs/FAILURES.md)")
+    survive.add_argument("--survive", action="store_true",
+                         help="a rank that dies does not end the run: the survivors shrink "
+                              "the graph and go on (launched with mpiexec --with-ft ulfm; "
+                              "refused on an MPI without ULFM: use --restarts there)")
+    survive.add_argument("--lost-shards", choices=LOST_SHARDS, default=None,
+                         help="--survive: a dead rank's data shard is re-split with the "
+                              "rest among the survivors (reassign, the default) or lost "
+                              "with it (drop: each survivor keeps its shard)")
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument("--kill-rank", type=int, help="this rank kills itself (SIGKILL)")
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
-    faults.add_argument("--kill-in", choices=("start", "end"),
-                        help="... just before the run's start or end collective")
+    faults.add_argument("--kill-in", choices=("start", "end", "step"),
+                        help="... just before the run's start or end collective, or (step, "
+                             "with --kill-at K) inside the exchange of iteration K + 1, "
+                             "after its send")
     faults.add_argument("--kill-signal", choices=("kill", "stop"), default="kill",
-                        help="--kill-in: SIGKILL (default) or SIGSTOP (the rank stays "
-                             "alive but silent)")
+                        help="SIGKILL (default) or SIGSTOP (the rank stays alive but "
+                             "silent)")
+    faults.add_argument("--stop-for", type=float, default=0.0, metavar="SECONDS",
+                        help="--kill-signal stop: the rank is continued (SIGCONT) after "
+                             "SECONDS (default 0: never)")
 
 
 #: what the training command imports: torch, the data readers, the progress bar, the plot
@@ -193,7 +209,8 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         threads=args.threads, device=args.device, dtype=args.dtype, width=args.width,
         layers=args.layers, heads=args.heads, context=args.context,
         kill_rank=args.kill_rank, kill_at=args.kill_at,
-        kill_in=args.kill_in, kill_signal=args.kill_signal,
+        kill_in=args.kill_in, kill_signal=args.kill_signal, stop_for=args.stop_for,
+        survive=args.survive, lost_shards=args.lost_shards or "reassign",
         **{"balance": args.balance, "balance_every": args.balance_every,
            "outer": args.outer, "local_steps": args.local_steps,
            "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, **trainer})
@@ -208,6 +225,15 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     if args.compare and args.options:
         raise ConfigError("with --compare, put policy options in each run "
                           "(hop:backup=1), not in --hop")
+    if args.lost_shards and not args.survive:
+        raise ConfigError("--lost-shards says what the survivors of --survive do with a "
+                          "dead rank's data; add --survive or drop it")
+    if args.survive and args.compare:
+        raise ConfigError("--survive runs one policy per job (a failure ends the ranks of "
+                          "every later run); drop --compare or --survive")
+    if args.survive and args.restarts:
+        raise ConfigError("--survive goes on without the dead rank, --restarts relaunches "
+                          "the job: choose one")
     if args.compare and args.balance:
         raise ConfigError("with --compare, put balance=1 in the runs to balance "
                           "(allreduce:balance=1), not --balance")
@@ -339,14 +365,15 @@ def run(args: argparse.Namespace) -> int:
         if result is not None:
             results.append(result)
             _say_one(result.summary())
-    if comm.Get_rank() != 0:
+    if not results:
+        # (rank 0 reports; after a failure survived (--survive), the survivors' rank 0)
         return 0
     summaries = [r.summary() for r in results]
     h5 = args.h5 or os.path.join(args.out, "metrics.h5")
     png = args.png or os.path.join(args.out, "convergence.png")
     report.write_h5(h5, results)
     report.plot(png, results, f"{args.model}: {metric_of(args.model).title}, "
-                              f"{comm.Get_size()} ranks")
+                              f"{len(results[-1].logs)} ranks")
     if args.json:
         doc = summaries[0] if len(summaries) == 1 else {"runs": summaries}
         with open(args.json, "w", encoding="utf-8") as f:
@@ -379,9 +406,20 @@ def _say_balance(s: dict) -> None:
           f"{max(s['rebalances'])} times", flush=True)
 
 
+def _say_survivals(s: dict) -> None:
+    for record in s.get("survivals") or ():
+        lost = ", ".join(str(r) for r in record["failed"]) or "none (a missed deadline)"
+        print(f"{s['label']}: survived the failure of rank(s) {lost} in step "
+              f"{record['step']}: went on on {record['size']} ranks, graph "
+              f"{record['graph']} (spectral gap {record['spectral_gap']:.3f}), "
+              f"{record['seconds']:.2f} s lost; {record.get('note', '')}".rstrip("; "),
+              flush=True)
+
+
 def _say_one(s: dict) -> None:
     _say_report(s)
     _say_balance(s)
+    _say_survivals(s)
     reached = "not reached" if s["time_to_target_s"] is None else \
         f"{s['time_to_target_s']:.2f} s"
     m = of_summary(s)

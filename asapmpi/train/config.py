@@ -112,12 +112,20 @@ def split_options(options: Dict[str, Any], where: str
 
 #: settings a resumed run may change (everything else must match the checkpoint)
 RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_in",
-                               "kill_signal", "out", "threads", "timeout", "eval_every",
+                               "kill_signal", "stop_for", "survive", "lost_shards", "out",
+                               "threads", "timeout", "eval_every",
                                "checkpoint_every", "keep", "target", "device"})
 
 #: where --kill-in kills the rank: just before the run's first (start) or last (end)
-#: collective (fault injection for the tests of their deadlines)
-KILL_POINTS = (None, "start", "end")
+#: collective (fault injection for the tests of their deadlines), or (step, with
+#: --kill-at K) inside the exchange of iteration K + 1, after its send and before its
+#: receive: its out-neighbours may hold its last model, it never takes theirs
+KILL_POINTS = (None, "start", "end", "step")
+#: --lost-shards: what the survivors of --survive do with a dead rank's data shard
+LOST_SHARDS = ("reassign", "drop")
+#: the policies whose exchange survives a dead rank in place (asapmpi.exchange.survive,
+#: tested with the trainer: tests/test_survive_train.py)
+SURVIVING_POLICIES = ("notify_ack", "hop", "gossip", "backup_ps")
 #: how --kill-in ends the rank: SIGKILL (dead: the launcher may end the job itself) or
 #: SIGSTOP (alive but silent forever: only the others' deadlines can end the job)
 KILL_SIGNALS = ("kill", "stop")
@@ -172,6 +180,13 @@ class TrainConfig:
     kill_at: Optional[int] = None
     kill_in: Optional[str] = None
     kill_signal: str = "kill"
+    #: --kill-signal stop: SIGCONT after this many seconds (0: stopped for good)
+    stop_for: float = 0.0
+    #: survive a dead rank in place (ULFM: Open MPI 5; asapmpi.exchange.survive): the
+    #: survivors shrink the graph and go on; a lost rank's data shard is re-split among
+    #: them (lost_shards "reassign") or dropped ("drop")
+    survive: bool = False
+    lost_shards: str = "reassign"
     #: load balancing (LB-BSP): per-rank batch sizes from measured paces, re-balanced
     #: every `balance_every` own steps (asapmpi.train.loadbalance); a trainer option on every
     #: policy, never passed to the policy
@@ -279,6 +294,17 @@ class TrainConfig:
                               f"{self.kill_signal!r}")
         if (self.kill_in is not None or self.kill_at is not None) and self.kill_rank is None:
             raise ConfigError("--kill-at/--kill-in need --kill-rank (which rank dies)")
+        if not (isinstance(self.stop_for, (int, float)) and math.isfinite(self.stop_for)
+                and self.stop_for >= 0):
+            raise ConfigError(f"--stop-for must be a number of seconds >= 0, got "
+                              f"{self.stop_for!r}")
+        if self.stop_for and self.kill_signal != "stop":
+            raise ConfigError("--stop-for continues a rank stopped by --kill-signal stop; "
+                              "add it or drop --stop-for")
+        if self.kill_in == "step" and self.kill_at is None:
+            raise ConfigError("--kill-in step needs --kill-at K (the rank dies inside the "
+                              "exchange of iteration K + 1)")
+        self._check_survive()
         check_every(self.balance_every, "(--balance-every)")
         if self.balance:
             check_balance(self.batch_size, self.balance_every)
@@ -290,6 +316,30 @@ class TrainConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got "
                               f"{self.dtype!r}")
+
+    def _check_survive(self) -> None:
+        """--survive's options, and the settings it cannot carry over a failure."""
+        if self.lost_shards not in LOST_SHARDS:
+            raise ConfigError(f"--lost-shards must be one of {', '.join(LOST_SHARDS)}, got "
+                              f"{self.lost_shards!r}")
+        if not self.survive:
+            return
+        cannot = None
+        if self.sync not in SURVIVING_POLICIES:
+            cannot = (f"--sync {self.sync} (the policies that survive: "
+                      f"{', '.join(SURVIVING_POLICIES)})")
+        elif self.device != "cpu":
+            cannot = f"--device {self.device} (a model on a device)"
+        elif self.balance:
+            cannot = "--balance (its speed board spans every rank)"
+        elif self.outer is not None:
+            cannot = f"--outer {self.outer} (its rounds are not carried over)"
+        elif self.kill_in in ("start", "end"):
+            cannot = (f"--kill-in {self.kill_in} (the run's {self.kill_in} collective "
+                      f"spans every rank: a death there ends the job)")
+        if cannot:
+            raise ConfigError(f"--survive cannot carry {cannot} over a failure; drop one "
+                              f"of them")
 
     def _check_lm(self) -> None:
         """The language model's sizes fit together and its data is text."""

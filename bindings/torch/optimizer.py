@@ -442,6 +442,14 @@ class DecentralizedOptimizer(torch.optim.Optimizer):
         if self.broadcast_each_mix:
             self.side.bcast(self._side_comm)
 
+    def meet(self, what: str = "a meeting of the optimizer's ranks") -> None:
+        """Collective, between steps: a barrier over the ranks (Exchange.meet); with
+        fault_tolerance=True a failure seen there is survived first (`comm` becomes the
+        survivors')."""
+        self.exchange.meet(what)
+        if self._survived is not None and len(self.exchange.survivals) != self._survived:
+            self._after_survival()
+
     def _after_survival(self) -> None:
         """The exchange survived a failure (fault_tolerance=True): go on on its shrunk
         communicator.  The old side communicator has a dead rank: never freed (a

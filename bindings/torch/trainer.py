@@ -12,7 +12,9 @@ import os
 import resource
 import signal
 import statistics
+import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, List, Optional
 
 import numpy as np
@@ -133,6 +135,7 @@ class _Data:
         datasets.conform), then the test set as tensors."""
         summaries = collectives.allgather(comm, datasets.shard_summary(self.ds), timeout,
                                           "the shape of every rank's data")
+        self.summaries = summaries
         self.ds = datasets.conform(self.ds, summaries)
         self.x_test = self._dense(self.ds.x_test, np.arange(len(self.ds.y_test))).to(self.device)
         self.y_test = torch.from_numpy(np.asarray(self.ds.y_test,
@@ -140,6 +143,24 @@ class _Data:
         # in slices of this many windows, so that a larger --data-option eval_windows
         # does not hold all its activations at once
         self.eval_slice = 256
+
+    def reshard(self, cfg: TrainConfig, rank: int, size: int) -> None:
+        """This rank's shard of the whole training set split over `size` ranks (the
+        survivors of a failure, --lost-shards reassign), loaded on its own: no
+        collective.  Conformed to the columns and labels every rank agreed on at the
+        start (the new shard is part of the same data) and its own; the test set
+        stays."""
+        options = dict(cfg.data_options)
+        if cfg.test_data:
+            options["test_path"] = cfg.test_data
+        if cfg.model == "lm":
+            options["context"] = cfg.context
+        ds = datasets.load(cfg.data, rank=rank, size=size, **options)
+        total = self.ds.train_rows_total
+        ds = datasets.conform(ds, [*self.summaries, datasets.shard_summary(ds)])
+        self.ds = replace(self.ds, x_train=ds.x_train, y_train=ds.y_train, shard=ds.shard,
+                          train_rows_total=total)
+        self.shard = np.arange(len(self.ds.y_train))
 
     def _dense(self, x, index) -> torch.Tensor:
         """Examples `index` as a tensor: dense, or sparse (COO) for wide sparse data,
@@ -219,6 +240,12 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
     # every collective of the run has a deadline: a rank that died or hangs outside MPI
     # is named by the others instead of hanging them (asapmpi.collectives)
     timeout = cfg.timeout or rc.timeout
+    if cfg.survive:
+        # before any communication: one line on every rank alike (no ULFM here, or a
+        # launch without it)
+        from asapmpi.exchange import survive
+
+        survive.check_available()
     _maybe_die(cfg, rank, "start")
     collectives.barrier(comm, max(timeout, rc.timeout_startup), "the start of the run")
     host_index, host_ranks = place_on_host(comm)
@@ -249,7 +276,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
         make_optimizer(cfg, model), None if fixed else cfg.graph,
         cfg.sync, period=cfg.period, mode=cfg.mode, comm=comm, timeout=cfg.timeout,
         transport=cfg.transport, outer=cfg.outer, local_steps=cfg.local_steps,
-        outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum, **cfg.policy_options)
+        outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
+        **({"fault_tolerance": True} if cfg.survive else {}), **cfg.policy_options)
     ckpts = CheckpointDir(cfg.checkpoint_root(), rank, cfg.keep)
     log, elapsed, resumed_loop = MetricsLog(metric_of(cfg.model)), 0.0, None
     if cfg.resume:
@@ -273,6 +301,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
     with _balancer(cfg, comm, opt, data, timeout) as balancer:
         loop = _Loop(cfg, opt, model, data, log, ckpts, slow, rank, bar, balancer)
         loop.budget = budget
+        if cfg.survive:
+            opt.exchange.on_survival = loop.survived
         if resumed_loop:
             loop.restore(resumed_loop)
         # the clocks of all ranks start together
@@ -283,6 +313,13 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
             if bar:
                 bar.close()
         _maybe_die(cfg, rank, "end")
+        if cfg.survive:
+            # a rank that ended its iterations before it learned of a death (gossip
+            # waits for no particular peer) joins the survivors' recovery here, not in
+            # a collective over the dead rank below
+            opt.meet("the end of the run")
+        # the survivors' communicator after a failure survived (--survive), else comm
+        comm = opt.comm
         logs = collectives.gather(comm, log.arrays(), timeout, "the final gather of metrics")
         # where each rank ran and the most memory it held (bench training reports both)
         places = collectives.gather(comm, (MPI.Get_processor_name(), peak_rss_bytes()),
@@ -290,8 +327,13 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
         balances = collectives.gather(comm, balancer.report(), timeout,
                                       "the final gather of batch sizes") \
             if balancer else None
+        resumed = collectives.gather(comm, loop.resumed, timeout,
+                                     "the final gather of recovery times") \
+            if opt.exchange.survivals else None
+    survivals = list(opt.exchange.survivals)
+    reports = comm.Get_rank() == 0          # (a survivors' communicator goes with free())
     opt.free()
-    if rank != 0:
+    if not reports:
         return None
     extra = {"sync": cfg.sync, "graph": opt.exchange.graph.name,
              "transport": opt.exchange.transport_report.get("chosen"),  # None: no window
@@ -302,6 +344,12 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
              "peak_rss_bytes": [peak for _, peak in places]}
     if data.ds.about is not None:
         extra["corpus"] = data.ds.about           # which text, to compare runs by
+    if cfg.survive:
+        # the failures survived (this rank's records), and when each survivor ended its
+        # first step mixed on the survivors' exchange (CLOCK_MONOTONIC: one clock on one
+        # machine, emulated hosts included), per failure
+        extra.update({"survivals": survivals, "lost_shards": cfg.lost_shards,
+                      "resumed_monotonic": resumed})
     if balances:
         extra.update({"batch_sizes": [b["batch_size"] for b in balances],
                       "mean_batch_sizes": [b["mean_batch_size"] for b in balances],
@@ -361,7 +409,39 @@ def _maybe_die(cfg: TrainConfig, rank: int, where: str) -> None:
     """Fault injection (--kill-rank R --kill-in start|end [--kill-signal stop]): die as a
     killed process, or stop for good (the job's end kills a stopped process too)."""
     if cfg.kill_rank == rank and cfg.kill_in == where:
-        os.kill(os.getpid(), signal.SIGSTOP if cfg.kill_signal == "stop" else signal.SIGKILL)
+        die(cfg, rank, f"before the run's {where} collective")
+
+
+def die(cfg: TrainConfig, rank: int, where: str) -> None:
+    """Fault injection: this rank SIGKILLs itself (--kill-signal kill), or SIGSTOPs itself
+    for good or for --stop-for seconds (a helper process sends SIGCONT), saying so first
+    in one line with the time (CLOCK_MONOTONIC: benchmarks time the recovery from it)."""
+    stop = cfg.kill_signal == "stop"
+    what = (f"SIGSTOP for {cfg.stop_for:g} s" if cfg.stop_for else "SIGSTOP") if stop \
+        else "SIGKILL"
+    print(f"asapmpi: rank {rank}: fault injection: {what} {where} (CLOCK_MONOTONIC "
+          f"{time.monotonic():.6f})", file=sys.stderr, flush=True)
+    if stop and cfg.stop_for:
+        import subprocess
+
+        subprocess.Popen(["sh", "-c", f"sleep {cfg.stop_for}; kill -CONT {os.getpid()}"],
+                         start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
+
+
+class _DyingInStep:
+    """The exchange's step of a rank that dies inside it (--kill-in step): its send,
+    then the death, never its receive."""
+
+    def __init__(self, exchange, cfg: TrainConfig, rank: int, iteration: int):
+        self.exchange, self.cfg, self.rank, self.iteration = exchange, cfg, rank, iteration
+
+    def __call__(self):
+        self.exchange.send()
+        die(self.cfg, self.rank, f"inside the exchange of iteration {self.iteration}, "
+                                 f"after its send")
+        del self.exchange.step                  # (--stop-for: the rank goes on)
+        return self.exchange.receive()
 
 
 def _agree(comm: MPI.Comm, problem: Optional[str], timeout: float, what: str) -> None:
@@ -484,6 +564,29 @@ class _Loop:
         # the emulated host's CPU budget, entered while the clock runs (None: the process
         # stays where it was started; train's clock_budget)
         self.budget = None
+        #: --survive: per failure survived, when this rank ended its first step mixed on
+        #: the survivors' exchange (CLOCK_MONOTONIC); the records still waiting for it
+        self.resumed: List[float] = []
+        self._awaiting: List[dict] = []
+
+    def survived(self, record: dict) -> str:
+        """The exchange survived a failure (--survive; called inside the step, no
+        collective): the dead ranks' data shards re-split among the survivors
+        (--lost-shards reassign: each loads its shard of the whole data set for the new
+        size) or dropped; the text for the survivor's line."""
+        self._awaiting.append(record)
+        ex = self.opt.exchange
+        lost = ", ".join(str(r) for r in record["failed"])
+        if not record["failed"]:
+            return "data shards unchanged"
+        before = len(self.data.shard)
+        if self.cfg.lost_shards == "drop":
+            return (f"data: the shard(s) of rank(s) {lost} dropped, {before} examples "
+                    f"kept here")
+        self.data.reshard(self.cfg, ex.rank, ex.size)
+        return (f"data: the shard(s) of rank(s) {lost} reassigned, the whole set re-split "
+                f"over {ex.size} ranks: {len(self.data.shard)} examples here (was "
+                f"{before})")
 
     def loop_state(self) -> dict:
         """The loop's own state: the running loss and the last evaluation."""
@@ -518,11 +621,22 @@ class _Loop:
 
     def _iterate(self) -> None:
         cfg, opt = self.cfg, self.opt
+        dies = cfg.kill_rank == self.rank and cfg.kill_at is not None
+        # --kill-in step: inside the exchange of iteration kill_at + 1, after its send (in
+        # parallel mode the step ends with the next iteration's send: dying after it is
+        # the same)
+        in_step = dies and cfg.kill_in == "step" and cfg.mode == "serial"
         while opt.iteration < cfg.iters:
             before = opt.iteration
+            if in_step and before >= cfg.kill_at:
+                dies = in_step = False
+                opt.exchange.step = _DyingInStep(opt.exchange, cfg, self.rank, before + 1)
             self.one_iteration(self.steps)
             self.steps += 1
             after = opt.iteration
+            while self._awaiting and opt.exchange.version > self._awaiting[0]["resumed_at"]:
+                self._awaiting.pop(0)
+                self.resumed.append(time.monotonic())
             if after >= cfg.iters:
                 # the last evaluation gets a mark of its own when iters is not a multiple
                 self.evaluate(-(-cfg.iters // cfg.eval_every))
@@ -531,10 +645,11 @@ class _Loop:
             if cfg.checkpoint_every and (after // cfg.checkpoint_every
                                          > before // cfg.checkpoint_every):
                 self.checkpoint()
-            if cfg.kill_rank == self.rank and cfg.kill_at is not None \
-                    and after >= cfg.kill_at:
-                # fault injection for resume tests: die as a killed process does
-                os.kill(os.getpid(), signal.SIGKILL)
+            if dies and not in_step and after >= cfg.kill_at:
+                # fault injection (resume and survive tests): die as a killed process
+                # does, after the iteration (--kill-in step: inside the next exchange)
+                dies = False
+                die(cfg, self.rank, f"after iteration {after}")
         if not self.ckpts.iterations() or self.ckpts.iterations()[-1] != opt.iteration:
             self.checkpoint()
 
