@@ -27,6 +27,7 @@ from asapmpi.bench.hosts import NETNS_HOSTS, EmulatedHosts, default_cores
 #: the mlp workload of `asapmpi bench training` (asapmpi/bench/training.py WORKLOADS)
 MLP = ["mlp", "--data", "synthetic-svm", "--batch-size", "256", "--lr", "0.05"]
 DIED = re.compile(r"fault injection: SIGKILL .*\(CLOCK_MONOTONIC ([\d.]+)\)")
+LOST = re.compile(r"survived the failure of .*; ([\d.]+) s lost")
 
 
 def run_job(args, hosts, policy: str, seed: int, kill: bool, folder: str) -> dict:
@@ -67,7 +68,10 @@ def run_job(args, hosts, policy: str, seed: int, kill: bool, folder: str) -> dic
     found = DIED.search(text)
     row = {"policy": policy, "seed": seed, "kill": kill, "exit": code, "job": out,
            "job_seconds": time.monotonic() - start,
-           "died": float(found[1]) if found else None}
+           "died": float(found[1]) if found else None,
+           # every survivor's "seconds lost" (its line): from the start of the step
+           # that failed to its new exchange ready, the reload of its shard included
+           "lost": [float(x) for x in LOST.findall(text)]}
     try:
         with open(os.path.join(out, "s.json")) as f:
             row["summary"] = json.load(f)
@@ -88,9 +92,18 @@ def recovery(row: dict):
     return max(firsts) - row["died"], len(firsts) == len(s["resumed_monotonic"])
 
 
+def _lost_of(row: dict):
+    # rows of an older version of this script: the survivors' lines in the job's log
+    try:
+        with open(os.path.join(row["job"], "log"), errors="replace") as f:
+            return [float(x) for x in LOST.findall(f.read())]
+    except OSError:
+        return []
+
+
 def table(rows) -> str:
     out = [("policy", "seed", "acc no failure %", "acc with failure %", "diff (pts)",
-            "ranks at end", "recovery s", "seconds lost (max)", "exits")]
+            "ranks at end", "recovery s", "seconds lost (max)", "exits", "load")]
     keys = sorted({(r["policy"], r["seed"]) for r in rows},
                   key=lambda k: (k[0], k[1]))
     for policy, seed in keys:
@@ -99,15 +112,19 @@ def table(rows) -> str:
         acc = [r["summary"]["final_test_accuracy"] * 100 if r and r["summary"] else None
                for r in (none, kill)]
         rec, whole = recovery(kill) if kill else (None, False)
-        lost = max((s["seconds"] for s in kill["summary"].get("survivals") or ()),
-                   default=None) if kill and kill["summary"] else None
+        lost = max(kill.get("lost") or _lost_of(kill), default=None) if kill else None
         out.append((policy, str(seed), f"{acc[0]:.2f}" if acc[0] is not None else "-",
                     f"{acc[1]:.2f}" if acc[1] is not None else "-",
                     f"{acc[1] - acc[0]:+.2f}" if None not in acc else "-",
                     str(kill["summary"]["ranks"]) if kill and kill["summary"] else "-",
                     (f"{rec:.2f}" + ("" if whole else "*")) if rec is not None else "-",
                     f"{lost:.2f}" if lost is not None else "-",
-                    f"{none['exit'] if none else '-'}/{kill['exit'] if kill else '-'}"))
+                    f"{none['exit'] if none else '-'}/{kill['exit'] if kill else '-'}",
+                    "-".join(f"{x:.0f}" for x in (
+                        min(r[k] for r in (none, kill) if r for k in ("load_before",
+                                                                     "load_after")),
+                        max(r[k] for r in (none, kill) if r for k in ("load_before",
+                                                                     "load_after"))))))
     widths = [max(len(r[i]) for r in out) for i in range(len(out[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in out]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -408,8 +408,9 @@ def _say_balance(s: dict) -> None:
 
 def _say_survivals(s: dict) -> None:
     for record in s.get("survivals") or ():
-        lost = ", ".join(str(r) for r in record["failed"]) or "none (a missed deadline)"
-        print(f"{s['label']}: survived the failure of rank(s) {lost} in step "
+        what = (f"the failure of rank(s) {', '.join(str(r) for r in record['failed'])}"
+                if record["failed"] else "a missed deadline (no rank failed)")
+        print(f"{s['label']}: survived {what} in step "
               f"{record['step']}: went on on {record['size']} ranks, graph "
               f"{record['graph']} (spectral gap {record['spectral_gap']:.3f}), "
               f"{record['seconds']:.2f} s lost; {record.get('note', '')}".rstrip("; "),
