@@ -7,10 +7,7 @@
 - and the import-time check that the extension and mpi4py agree on the MPI ABI.
 
 Nothing is ever built inside the working tree: every build happens in a copy under
-pytest's tmp_path.  The three builds run side by side (the `builds` fixture): each is
-mostly one process at a time (Cython's modules one after another, then slotwin's C
-alone, pip's unpacking), so on two cores they take little longer together than the
-longest alone; each test checks its own build's result.
+pytest's tmp_path.
 """
 import importlib.util
 import os
@@ -19,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import venv
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -114,13 +110,15 @@ def import_check(python, root: Path, cwd: Path, **env) -> dict:
     return record(proc.stdout)
 
 
-def cmake_build(tmp: Path):
+@pytest.fixture(scope="module")
+def cmake_build(tmp_path_factory):
     """Configure and build with CMake into a source copy; return (copy, build dir)."""
     # dev/requirements.txt installs cmake into the environment: a missing one is a
     # broken set-up, not a reason to skip
     here = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     cmake = shutil.which("cmake", path=here)
     assert cmake, "cmake is not installed; run dev/setup.sh"
+    tmp = tmp_path_factory.mktemp("cmake")
     src = copy_repo(tmp / "src")
     build = tmp / "build"
     run([cmake, "-S", src, "-B", build, f"-DPython_EXECUTABLE={sys.executable}",
@@ -130,56 +128,8 @@ def cmake_build(tmp: Path):
     return src, build
 
 
-def site_mpi_build(tmp: Path):
-    """setup.py through pip with MPICC naming the MPI; return the --target folder."""
-    assert MPICC.exists(), f"no mpicc next to {sys.executable}; run dev/setup.sh"
-    src = copy_repo(tmp / "src")
-    target = tmp / "target"
-    run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-         "--no-cache-dir", "--target", target, src],
-        timeout=600, cwd=tmp, env=clean_env(MPICC=str(MPICC)))
-    return target
-
-
-def isolated_pip_install(tmp: Path):
-    """A fresh venv and a plain `pip install <copy>`; return (venv, its environment)."""
-    src = copy_repo(tmp / "src")
-    env_dir = tmp / "venv"
-    venv.create(env_dir, with_pip=True)
-    vbin = env_dir / "bin"
-    path = os.pathsep.join([str(vbin)] + [p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                         if p and Path(p) != BIN])
-    env = clean_env(PATH=path)
-    run([vbin / "python", "-m", "pip", "install", "-q", src], timeout=1200, cwd=tmp,
-        env=env)
-    return env_dir, env
-
-
-BUILDS = {"cmake": (cmake_build, {"test_cmake_build", "test_cmake_install"}),
-          "site_mpi": (site_mpi_build, {"test_site_mpi_build"}),
-          "isolated": (isolated_pip_install, {"test_isolated_pip_install"})}
-
-
-@pytest.fixture(scope="module")
-def builds(request, tmp_path_factory):
-    """Start every build whose tests are selected, side by side; {name: Future}.  A
-    build's failure (run's AssertionError with the output) is raised by its Future in
-    the tests that use it, and only there."""
-    selected = {item.name for item in request.session.items
-                if item.path == request.path}
-    with ThreadPoolExecutor(max_workers=len(BUILDS)) as pool:
-        yield {name: pool.submit(build, tmp_path_factory.mktemp(name))
-               for name, (build, tests) in BUILDS.items() if tests & selected}
-
-
-def wait_for(builds: dict, name: str):
-    """The result of build `name` once it is done (the test's own timeout applies)."""
-    future: Future = builds[name]
-    return future.result()
-
-
-def test_cmake_build(builds):
-    src, _ = wait_for(builds, "cmake")
+def test_cmake_build(cmake_build):
+    src, _ = cmake_build
     # every listed module lands in its own package's folder (asapmpi.sync._sweep too)
     built = sorted(".".join(p.relative_to(src).with_suffix("").with_suffix("").parts)
                    for p in (src / "asapmpi").rglob("*.so"))
@@ -195,9 +145,9 @@ def test_cmake_build(builds):
     assert rec["LIBRARY_DIRS"] == str(BIN.parent / "lib")
 
 
-def test_cmake_install(builds, tmp_path):
+def test_cmake_install(cmake_build, tmp_path):
     """`cmake --install --prefix` lays out an importable package under site-packages."""
-    _, build = wait_for(builds, "cmake")
+    _, build = cmake_build
     run([shutil.which("cmake"), "--install", build, "--prefix", tmp_path / "prefix"],
         timeout=120, env=clean_env())
     site = tmp_path / "prefix" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -208,9 +158,14 @@ def test_cmake_install(builds, tmp_path):
     assert rec["BUILT_BY"] == "cmake"
 
 
-def test_site_mpi_build(builds, tmp_path):
+def test_site_mpi_build(tmp_path):
     """MPICC names the MPI: setup.py builds against it and records it, no embedded MPI."""
-    target = wait_for(builds, "site_mpi")
+    assert MPICC.exists(), f"no mpicc next to {sys.executable}; run dev/setup.sh"
+    src = copy_repo(tmp_path / "src")
+    target = tmp_path / "target"
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+         "--no-cache-dir", "--target", target, src],
+        timeout=600, cwd=tmp_path, env=clean_env(MPICC=str(MPICC)))
     rec = import_check(sys.executable, target, cwd=tmp_path, PYTHONPATH=str(target))
     assert rec["BUILT_BY"] == "setup.py"
     assert rec["EMBEDDED"] == "False"
@@ -219,16 +174,22 @@ def test_site_mpi_build(builds, tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_isolated_pip_install(builds, tmp_path):
+def test_isolated_pip_install(tmp_path):
     """A fresh venv and a plain `pip install <repo>`: the fresh-machine path, with the
     core's dependencies only (no extra).
 
     The build environment, with the mpich wheel it pulled in, is deleted when pip is done;
     the installed extension must find libmpi through the venv, not through that folder.
     """
-    env_dir, env = wait_for(builds, "isolated")
+    src = copy_repo(tmp_path / "src")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
     vbin = env_dir / "bin"
-    path = env["PATH"]
+    path = os.pathsep.join([str(vbin)] + [p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                         if p and Path(p) != BIN])
+    env = clean_env(PATH=path)
+    run([vbin / "python", "-m", "pip", "install", "-q", src], timeout=1200, cwd=tmp_path,
+        env=env)
     platlib = "import sysconfig; print(sysconfig.get_path('platlib'))"
     site = Path(run([vbin / "python", "-c", platlib], timeout=60, env=env).stdout.strip())
 
