@@ -121,7 +121,9 @@ def test_killing_one_of_four_ranks_ends_the_others_naming_it(tmp_path, path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150,
                           check=False)
     assert proc.returncode != 0
-    assert time.monotonic() - start < 90
+    # a hang limit (the job's own is 120 s): start-up with torch, 30 iterations and the
+    # 3 s deadline take about 12 s on a quiet host
+    assert time.monotonic() - start < 120
     named = []
     for line in proc.stderr.splitlines():
         # a survivor names rank 2: as a neighbour it waited for (shared memory; ranks

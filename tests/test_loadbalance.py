@@ -173,22 +173,24 @@ def test_a_slowed_rank_gets_a_smaller_batch_and_the_run_still_learns(tmp_path):
     # the MLP: a step's compute grows with its batch (the SVM's step is mostly fixed
     # costs, which no split of the batch can even out)
     proc = train("mlp", "-n", "4", "--width", "128", "--batch-size", "128", "--iters",
-                 "100", "--lr", "0.3", "--eval-every", "50", "--out", str(tmp_path), "--json",
+                 "200", "--lr", "0.3", "--eval-every", "50", "--out", str(tmp_path), "--json",
                  str(tmp_path / "s.json"), "--slowdown", "deterministic", "--slow-factor",
                  "4", "--slow-ranks", "3", "--compare",
                  "allreduce:balance=1:balance_every=10,hop:backup=1:balance=1:"
-                 "balance_every=10", timeout=120)
+                 "balance_every=10", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["label"]: r for r in json.loads((tmp_path / "s.json").read_text())["runs"]}
     for label, r in runs.items():
         sizes = r["batch_sizes"]
-        assert r["global_batch"] == 512 and r["iterations"] == 100
+        assert r["global_batch"] == 512 and r["iterations"] == 200
         assert sizes[3] < min(sizes[:3]), (label, sizes)
         assert r["mean_batch_sizes"][3] < min(r["mean_batch_sizes"][:3]), (label, r)
         assert min(r["rebalances"]) >= 5
-        # at --lr 0.3 100 steps learn to about 90%, balanced or not (at 0.5 hop's fast
+        # at --lr 0.3 200 steps learn to about 91%, balanced or not (at 0.5 hop's fast
         # ranks, whose local steps balancing scales by up to 1.8x, sometimes collapsed to
-        # chance on a loaded machine: docs/LOADBALANCE.md)
+        # chance on a loaded machine: docs/LOADBALANCE.md).  100 steps ended at the knee
+        # of the curve (allreduce 59% at 50, 90% at 100), where hop with a backup worker,
+        # a few steps behind, ended at 76% once at load 15
         assert r["final_test_accuracy"] > 0.85, (label, r["final_test_accuracy"])
         assert f"{label}: per-rank batch sizes {sizes}" in proc.stdout
     # allreduce runs in lockstep: every rank holds the split of the same round

@@ -361,32 +361,27 @@ HOP_SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
 @pytest.mark.parametrize("graph", ["ring-based", "double-ring"])
 @pytest.mark.parametrize("n", [4, 8])
-def test_hop_keeps_the_gap_bounds_and_reduces_exactly(n, graph, setting):
-    options = HOP_SETTINGS[setting]
-    results = run("hop_runs", n, "shm", timeout=300, graph=graph, options=options,
-                  stall_s=_stall(setting))
-    _check_hop_runs(results, options, "skip" in setting)
+def test_hop_keeps_the_gap_bounds_and_reduces_exactly(n, graph):
+    # every setting as a run of one job: one start of n ranks, not seven
+    results = run("hop_runs_settings", n, "shm", timeout=300, graph=graph,
+                  settings=HOP_SETTINGS)
+    for setting, options in HOP_SETTINGS.items():
+        _check_hop_runs([r[setting] for r in results], options, "skip" in setting, setting)
 
 
-def _stall(setting: str) -> float:
-    # a setting that skips is shown jumping after a stall of the slow rank (hop_runs)
-    return 1.0 if "skip" in setting else 0.0
-
-
-def _check_hop_runs(results, options, skips):
+def _check_hop_runs(results, options, skips, setting=""):
     """Theorem 2's gap bound and Table 1 kept, nothing torn or ahead reduced (every
     reduce was replayed exactly inside the scenario), and the slow rank skipped."""
     rank0 = results[0]
-    assert rank0["violations"] == [], rank0["violations"][:3]
-    assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"]
+    assert rank0["violations"] == [], (setting, rank0["violations"][:3])
+    assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"], (setting, rank0)
     for res in results:
         for counts in res["stats"].values():
-            assert counts["torn"] == 0 and counts["ahead"] == 0, counts
+            assert counts["torn"] == 0 and counts["ahead"] == 0, (setting, counts)
     if skips:
-        assert rank0["jumps"] > 0, "the slower rank 0 never skipped"
+        assert rank0["jumps"] > 0, f"{setting}: the slower rank 0 never skipped"
 
 
 # i -> i+1 and i -> i+4 on 6 ranks: out-neighbours can run further ahead than the
@@ -413,25 +408,30 @@ def test_hop_skipping_on_a_directed_graph_does_not_deadlock(transport, trigger):
 NETWORK_HOP_SETTINGS = dict(HOP_SETTINGS, staleness0={"max_gap": 1, "staleness": 0})
 
 
-@pytest.mark.parametrize("setting", ["standard-gap2", "backup1", "staleness2-eq2",
-                                     "backup1-skip10", "staleness0"])
-def test_hop_on_the_network_path(setting):
-    options = dict(NETWORK_HOP_SETTINGS[setting], transport="put")
-    rank0 = run("hop_runs", 8, "net", timeout=600, graph="ring-based", options=options,
-                iters=80)[0]
-    assert rank0["violations"] == []
-    assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"]
+def test_hop_on_the_network_path():
+    # the settings as runs of one job
+    settings = {name: dict(NETWORK_HOP_SETTINGS[name], transport="put")
+                for name in ("standard-gap2", "backup1", "staleness2-eq2", "backup1-skip10",
+                             "staleness0")}
+    rank0 = run("hop_runs_settings", 8, "net", timeout=600, graph="ring-based",
+                settings=settings, iters=80)[0]
+    for setting, options in settings.items():
+        assert rank0[setting]["violations"] == [], (setting, rank0[setting]["violations"])
+        assert rank0[setting]["max_gap_to_out_neighbours"] <= options["max_gap"], setting
 
 
-@pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
-def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly(setting):
+def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly():
     # the mailbox: updates and tokens as two-sided messages the waits complete into the
-    # slots, on the network path where it is the fast transport
-    options = dict(HOP_SETTINGS[setting], transport="messages")
-    results = run("hop_runs", 8, "net", timeout=600, graph="double-ring",
-                  options=options, iters=80, stall_s=_stall(setting))
-    assert {r["transport"] for r in results} == {"messages"}
-    _check_hop_runs(results, options, "skip" in setting)
+    # slots, on the network path where it is the fast transport; the settings as runs
+    # of one job
+    settings = {name: dict(options, transport="messages")
+                for name, options in HOP_SETTINGS.items()}
+    results = run("hop_runs_settings", 8, "net", timeout=600, graph="double-ring",
+                  settings=settings, iters=80)
+    for setting, options in settings.items():
+        runs = [r[setting] for r in results]
+        assert {r["transport"] for r in runs} == {"messages"}, setting
+        _check_hop_runs(runs, options, "skip" in setting, setting)
 
 
 @pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))

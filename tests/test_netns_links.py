@@ -205,6 +205,9 @@ def test_mpi_between_shaped_hosts_goes_at_the_link_rate(prefix):
                         str(reps), timeout=60, cwd=Path(__file__).parent)
     res = results(proc, 2, "the ping-pong")
     assert res[0]["name"] != res[1]["name"], res    # two hosts: no shared memory
-    # unshaped, MPI's tcp path does Gbit/s here; shaped it cannot beat the link
+    # unshaped, MPI's tcp path does Gbit/s here; shaped it cannot beat the link.  The
+    # floor only catches a link far slower than asked (the ping-pong 10x its 1.3 s): a
+    # loaded host stretches the ranks' turns, and the rate itself is the benchmarks'
+    # (launch/netns-hosts measure)
     for r in res:
-        assert 0.3 * 50e6 < r["bit_s"] < 1.5 * 50e6, res
+        assert 0.1 * 50e6 < r["bit_s"] < 1.5 * 50e6, res

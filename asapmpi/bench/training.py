@@ -180,6 +180,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="rcv1", choices=sorted(WORKLOADS),
                         help="; ".join(f"{k}: {w.about}" for k, w in WORKLOADS.items()))
     parser.add_argument("--iters", type=int, help="iterations per run (workload default)")
+    parser.add_argument("--eval-every", type=int, metavar="N",
+                        help="evaluate every N iterations (workload default; with --iters, "
+                             "about 20 evaluations a run)")
     parser.add_argument("--target", type=float, help="target test accuracy; lm: a "
                                                      "held-out loss, nats per character "
                                                      "(workload default)")
@@ -222,6 +225,8 @@ def workload_of(args: argparse.Namespace) -> Workload:
     if args.iters is not None:
         changes["iters"] = args.iters
         changes["eval_every"] = min(w.eval_every, max(1, args.iters // 20))
+    if args.eval_every is not None:
+        changes["eval_every"] = args.eval_every
     if args.target is not None:
         changes["target"] = args.target
     return Workload(**{**w.__dict__, **changes})
@@ -242,6 +247,8 @@ def check(args: argparse.Namespace) -> List[str]:
         raise ConfigError(f"--seeds must be distinct integers >= 0, got {args.seeds}")
     if args.iters is not None and args.iters < 1:
         raise ConfigError(f"--iters must be >= 1, got {args.iters}")
+    if args.eval_every is not None and args.eval_every < 1:
+        raise ConfigError(f"--eval-every must be >= 1, got {args.eval_every}")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     if args.host_cores is not None and not args.host_cores > 0:
