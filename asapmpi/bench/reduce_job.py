@@ -131,7 +131,7 @@ class MPIExchange:
             requests = []
         requests += [self.comm.Isend(self.send, dest) for dest in self.outs]
         if self.barrier:
-            with slotwin.Watched(self.timeout, "the MPI exchange's barrier", "any"):
+            with slotwin.Watched(self.timeout, "the MPI exchange's barrier", "every rank"):
                 self.comm.Barrier()
         waitall_watched(requests, self.timeout, "the MPI exchange's messages",
                         sorted(set(self.ins) | set(self.outs)))
