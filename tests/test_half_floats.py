@@ -200,28 +200,38 @@ def test_bfloat16_with_float32_masters_trains_as_far_as_float32(tmp_path):
 
     skip_above_the_core()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = tmp_path / "losses.json"
-    cmd, env = job_command(4, [sys.executable, os.path.join(root, "examples",
-                                                            "bfloat16_weights.py"),
-                               "--policies", "notify_ack,backup_ps,gossip,allreduce",
-                               "--json", str(out)], timeout=240)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=270,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())
-    assert [row["policy"] for row in rows] == ["notify_ack", "backup_ps", "gossip",
-                                               "allreduce"]
+
+    def losses(policies, *extra):
+        out = tmp_path / f"{policies}.json"
+        cmd, env = job_command(4, [sys.executable,
+                                   os.path.join(root, "examples", "bfloat16_weights.py"),
+                                   "--policies", policies, "--json", str(out), *extra],
+                               timeout=240)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=270,
+                              check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(out.read_text())
+
+    rows = losses("notify_ack,backup_ps,allreduce")
+    assert [row["policy"] for row in rows] == ["notify_ack", "backup_ps", "allreduce"]
     for row in rows:
         for r in row["ranks"]:
             wide, masters, plain = r["float32"], r["bfloat16"], r["bfloat16 as it is"]
+            # these runs repeat closely (exact versions, or a server's average): the
+            # masters' rounding is what differs
             assert plain > wide * 1.25, row
-            if row["policy"] == "gossip":
-                # gossip's pulls land at other versions in each of the three runs, so the
-                # runs differ by timing as well (CI saw masters 7.9% above float32, plain
-                # 51% above): the masters must win back most of what plain bfloat16 loses
-                assert masters - wide < 0.3 * (plain - wide), row
-            else:
-                assert masters < wide * 1.02, row
+            assert masters < wide * 1.02, row
+    # gossip pulls whatever versions are newest, so each of its runs differs by timing
+    # too: at 600 steps one CI run's float32 ended 20% above its usual 0.099-0.110 (0.121;
+    # plain bfloat16 0.151, 1.25x), as far from float32 as the effect tested.  At 1200
+    # steps float32 goes on learning (0.074-0.082 here, quiet and with 4 CPU hogs) while
+    # plain bfloat16 stays stuck (0.143-0.146): the effect is 1.8-1.9x, and a run 20% off
+    # in either float32 or the masters still passes the bounds below
+    [row] = losses("gossip", "--steps", "1200")
+    for r in row["ranks"]:
+        wide, masters, plain = r["float32"], r["bfloat16"], r["bfloat16 as it is"]
+        assert plain > wide * 1.4, row
+        assert masters - wide < 0.3 * (plain - wide), row
 
 
 # ---------------------------------------------------------------- scenario bodies (on the ranks)

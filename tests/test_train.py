@@ -359,9 +359,11 @@ def test_16_bit_models_train_as_far_as_float32(tmp_path):
     # notify_ack reads exactly the neighbours' versions: each run is deterministic, and
     # they differ only by the 16-bit rounding of the weights (exchanged as they are,
     # reduced in float32, the optimizer stepping on float32 master weights); the three
-    # as runs of one job (dtype is a run option), so they share its start and its data
-    proc = train("mlp", "-n", "2", "--iters", "200", "--out", str(tmp_path), "--json",
-                 str(tmp_path / "s.json"), "--compare",
+    # as runs of one job (dtype is a run option), so they share its start and its data.
+    # Width 128 (a 1 MB model): torch on CPU computes float16 slowly (45 s of this test's
+    # 78 s in CI at the default width 512, against 3 s for bfloat16)
+    proc = train("mlp", "-n", "2", "--iters", "200", "--width", "128", "--out", str(tmp_path),
+                 "--json", str(tmp_path / "s.json"), "--compare",
                  "notify_ack,notify_ack:dtype=float16,notify_ack:dtype=bfloat16")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["label"]: r for r in json.loads((tmp_path / "s.json").read_text())["runs"]}
