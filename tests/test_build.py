@@ -49,6 +49,7 @@ IMPORT_CHECK = textwrap.dedent("""
         ref = dtype(0.5) * own + dtype(0.25) * x1 + dtype(0.25) * x2
         np.testing.assert_allclose(out, ref, rtol=1e-6 if dtype == np.float32 else 1e-12)
     print("BUILT_BY", b.BUILT_BY)
+    print("OPTIMIZE", b.OPTIMIZE)
     print("MPI_ABI", b.MPI_ABI)
     print("EMBEDDED", b.EMBEDDED)
     print("MPICC", b.MPICC)
@@ -121,8 +122,11 @@ def cmake_build(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cmake")
     src = copy_repo(tmp / "src")
     build = tmp / "build"
+    # -O0 (ASAPMPI_OPTIMIZE): what is checked here is the build's path and layout; a
+    # sixth of -O3's compile time
     run([cmake, "-S", src, "-B", build, f"-DPython_EXECUTABLE={sys.executable}",
-         f"-DMPI_C_COMPILER={MPICC}", f"-DASAPMPI_OUTPUT_DIR={src / 'asapmpi' / '_core'}"],
+         f"-DMPI_C_COMPILER={MPICC}", f"-DASAPMPI_OUTPUT_DIR={src / 'asapmpi' / '_core'}",
+         "-DASAPMPI_OPTIMIZE=0"],
         timeout=180, env=clean_env())
     run([cmake, "--build", build, "--parallel", "2"], timeout=600, env=clean_env())
     return src, build
@@ -139,6 +143,7 @@ def test_cmake_build(cmake_build):
     assert built == sorted(listed) and "asapmpi._core.slotwin" in built, (built, listed)
     rec = import_check(sys.executable, src, cwd=src.parent, PYTHONPATH=str(src))
     assert rec["BUILT_BY"] == "cmake"
+    assert rec["OPTIMIZE"] == "0"             # -DASAPMPI_OPTIMIZE=0 above
     assert rec["MPI_ABI"] == "mpich"          # the dev venv's mpich wheel
     assert rec["MPICC"] == str(MPICC)
     assert rec["EMBEDDED"] == "False"
@@ -156,6 +161,7 @@ def test_cmake_install(cmake_build, tmp_path):
     assert list((site / "asapmpi" / "sync").glob("_sweep*.so")), "the sweep not installed"
     rec = import_check(sys.executable, site, cwd=tmp_path, PYTHONPATH=str(site))
     assert rec["BUILT_BY"] == "cmake"
+    assert rec["OPTIMIZE"] == "0"             # -DASAPMPI_OPTIMIZE=0 above
 
 
 def test_site_mpi_build(tmp_path):
@@ -165,9 +171,11 @@ def test_site_mpi_build(tmp_path):
     target = tmp_path / "target"
     run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
          "--no-cache-dir", "--target", target, src],
-        timeout=600, cwd=tmp_path, env=clean_env(MPICC=str(MPICC)))
+        timeout=600, cwd=tmp_path, env=clean_env(MPICC=str(MPICC), ASAPMPI_OPTIMIZE="0"))
     rec = import_check(sys.executable, target, cwd=tmp_path, PYTHONPATH=str(target))
     assert rec["BUILT_BY"] == "setup.py"
+    # the level asked for (a development build: a sixth of -O3's compile time)
+    assert rec["OPTIMIZE"] == "0"
     assert rec["EMBEDDED"] == "False"
     assert rec["MPICC"] == str(MPICC)
     assert rec["MPI_ABI"] == "mpich"
@@ -195,6 +203,7 @@ def test_isolated_pip_install(tmp_path):
 
     rec = import_check(vbin / "python", site, cwd=tmp_path, PATH=path)
     assert rec["BUILT_BY"] == "setup.py"
+    assert rec["OPTIMIZE"] == "3"       # what users get
     assert rec["EMBEDDED"] == "True"
     # The wrapper it was built with lived in pip's build environment, which is gone now.
     build_libdir = rec["LIBRARY_DIRS"]
@@ -226,6 +235,16 @@ def test_isolated_pip_install(tmp_path):
                            check=False)
     assert train.returncode == 2 and train.stderr.count("\n") == 1, train.stderr
     assert "pip install 'asapmpi[train]'" in train.stderr, train.stderr
+
+
+def test_a_bad_optimization_level_is_one_line_before_building(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "setup.py"), "--name"], cwd=tmp_path,
+                          env=clean_env(ASAPMPI_OPTIMIZE="fast"), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "asapmpi: ASAPMPI_OPTIMIZE='fast': give 0, 1, 2 or 3 (the -O level), or leave it "
+        "unset for 3"], proc.stderr
 
 
 def test_abi_mismatch_is_a_clear_error(tmp_path):

@@ -84,6 +84,12 @@ def library_checks() -> List[Tuple[str, bool, str]]:
         return out
     out.append(("extension built against", True, f"ABI {config.MPI_ABI} with "
                                                 f"{config.MPICC}"))
+    level = getattr(config, "OPTIMIZE", None)
+    out.append(("extension optimized", True,
+                "not recorded (an older build)" if level is None else
+                f"-O{level}" + ("" if level == "3" else
+                                " (ASAPMPI_OPTIMIZE): a development build; time nothing "
+                                "with it, rebuild without ASAPMPI_OPTIMIZE for -O3")))
     out.append(("ABI match", abi == config.MPI_ABI,
                 "yes" if abi == config.MPI_ABI else
                 f"no: rebuild with MPICC=<the mpicc of {version}>"))
