@@ -2,8 +2,14 @@
 # Set up the second MPI family the tests run on, idempotently: Open MPI as a cluster user
 # has it (Debian's openmpi-bin and libopenmpi-dev, with UCX; installed with apt-get when
 # missing and this user may), a virtual environment in .venv-openmpi (or
-# $ASAPMPI_OPENMPI_VENV) with mpi4py built from source by Open MPI's mpicc, and asapmpi
-# built by the same mpicc.  Prints the environment's python on the last line.
+# $ASAPMPI_OPENMPI_VENV) with mpi4py for that Open MPI, and asapmpi built by its mpicc.
+# Prints the environment's python on the last line.
+#
+# mpi4py: its PyPI wheel carries a build for Open MPI's ABI (libmpi.so.40, 4.x and 5.x)
+# beside MPICH's and picks the one of the libmpi it finds; it is taken when the libmpi
+# it loads is the very file of this mpicc's library folder (else, or with
+# ASAPMPI_MPI4PY_FROM_SOURCE=1, mpi4py is built from source by the mpicc: minutes of
+# compiling on two cores, most of this set-up's time).
 #
 # asapmpi is built in a copy of the source tree ($VENV/src): an in-place build here
 # would overwrite the MPICH build's extension modules in the checkout.  The copy holds
@@ -42,7 +48,21 @@ grep -v -E '^(mpich|mpi4py|transformers|accelerate|lightning)==' "$ROOT/dev/requ
     | "$PY" -m pip install --quiet --disable-pip-version-check -r /dev/stdin >&2
 MPI4PY="$(grep -E '^mpi4py==' "$ROOT/dev/requirements.txt")"
 BUILT_WITH="$VENV/.mpi4py-built-with"
-if [ "$(cat "$BUILT_WITH" 2>/dev/null)" != "$MPI4PY $MPICC" ]; then
+# the libmpi this mpicc links, resolved (Debian's folder holds a link to it)
+LIBMPI="$(readlink -f "$("$MPICC" -showme:libdirs | awk '{print $1}')/libmpi.so" || true)"
+loads_this_open_mpi() {
+    [ -n "$LIBMPI" ] && [ "$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        "$PY" -c 'import os, mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI
+print([os.path.realpath(line.split()[-1]) for line in open("/proc/self/maps")
+       if "libmpi.so" in line][0])' 2>/dev/null)" = "$LIBMPI" ]
+}
+if [ "${ASAPMPI_MPI4PY_FROM_SOURCE:-0}" = 0 ] && [ ! -f "$BUILT_WITH" ]; then
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$MPI4PY" >&2
+    loads_this_open_mpi || echo "setup-openmpi: the binary $MPI4PY does not load" \
+        "$LIBMPI; building it from source" >&2
+fi
+if { [ "${ASAPMPI_MPI4PY_FROM_SOURCE:-0}" != 0 ] || ! loads_this_open_mpi; } \
+        && [ "$(cat "$BUILT_WITH" 2>/dev/null)" != "$MPI4PY $MPICC" ]; then
     echo "setup-openmpi: building $MPI4PY with $MPICC" >&2
     MPICC="$MPICC" "$PY" -m pip install --quiet --disable-pip-version-check \
         --no-binary mpi4py --no-build-isolation --no-cache-dir --force-reinstall --no-deps \
