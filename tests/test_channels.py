@@ -90,8 +90,7 @@ CHANNEL_INTERFACE = {"deliver", "await_", "release", "progress", "drain", "reduc
 OFF_THE_VERBS = {
     "NotifyAck": set(),
     "Allreduce": set(),           # no window: MPI collectives
-    # put(seqlock, notify=False): deliver() notifies, which its readers never read
-    "Async": {"put"},
+    "Async": set(),
     # the barrier is a collective of the window's communicator, not a channel's
     "BSP": {"barrier", "put", "wait_delivered"},
     "BackupPS": {"newest_versions", "put", "reduce_versions", "wait_notifies",
@@ -189,12 +188,18 @@ def test_hop_keeps_its_retain_on_a_mailbox():
 
     pol = policy("hop", staleness=2)
     assert resolve("messages", pol).window_options(pol) == {
-        "retain": 2, "waits_for_release": False}
-    assert resolve("put", pol).window_options(pol) == {"waits_for_release": False}
+        "retain": 2, "waits_for_release": False, "notifies": True}
+    assert resolve("put", pol).window_options(pol) == {"waits_for_release": False,
+                                                       "notifies": True}
     # NOTIFY-ACK's writers wait for their readers' release, on every channel
     pol = policy("notify_ack")
     for family in FITS["notify_ack"]:
-        assert resolve(family, pol).window_options(pol) == {"waits_for_release": True}
+        assert resolve(family, pol).window_options(pol) == {
+            "waits_for_release": True, "notifies": True}
+    # async delivers without a notify: nobody awaits its versions
+    pol = policy("async")
+    assert resolve("put", pol).window_options(pol) == {
+        "waits_for_release": False, "notifies": False}
 
 
 def test_a_policy_whose_writers_never_wait_gets_only_channels_that_let_them():

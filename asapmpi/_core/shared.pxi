@@ -64,7 +64,7 @@ cdef class SharedWindow(SlotWindow):
         self._check_alive()
         if self.waits_for_release and not self.double_buffered:
             self._await_acks(version - 1, timeout, False)
-        self._put_buffer(buf, version, version, True, checksum, True, 0)
+        self._put_buffer(buf, version, version, True, checksum, self.notifies, 0)
 
     def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
                int count=0):

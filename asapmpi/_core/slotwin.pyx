@@ -537,6 +537,9 @@ cdef class SlotWindow:
     # never waits for a reader, its deliver writes in the seqlock order, and release(k)
     # only hands the slots back (a mailbox's receives)
     cdef readonly bint waits_for_release
+    # deliver() publishes each version in the readers' notify words (else its readers
+    # never await it: async, BSP, whose reduce reads what the slots hold)
+    cdef readonly bint notifies
     cdef Py_ssize_t _max_transfer
     # reduce scratch
     cdef readonly SlotStore store   # the inputs and the verified reduce (slotstore.pxi)
@@ -569,7 +572,7 @@ cdef class SlotWindow:
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, dtype, int poll_yields=32,
                  int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0,
-                 bint waits_for_release=False):
+                 bint waits_for_release=False, bint notifies=True):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -583,6 +586,7 @@ cdef class SlotWindow:
         self.n_out = layout.n_out
         self.depth = layout.depth
         self.waits_for_release = waits_for_release
+        self.notifies = notifies
         self.nbytes = layout.nbytes
         self.itemsize = element(dtype)[0]
         self.dtype = dtype
@@ -1107,16 +1111,17 @@ cdef class SlotWindow:
     def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
                 bint copy=True):
         """Verb: `buf` as `version` into every out-neighbour's slot, its notify after
-        it.  With waits_for_release, first wait until every out-neighbour released
-        version - 1 (its ack; NeighbourTimeoutError naming the late after `timeout`
-        seconds); else write in the seqlock order, for a reader that may overlap the
-        write.  `buf` may be written as soon as this returns (copy=False is for the
-        channels that could send from it: none of the one-sided ones)."""
+        it (unless the window was made with notifies=False).  With waits_for_release,
+        first wait until every out-neighbour released version - 1 (its ack;
+        NeighbourTimeoutError naming the late after `timeout` seconds); else write in
+        the seqlock order, for a reader that may overlap the write.  `buf` may be
+        written as soon as this returns (copy=False is for the channels that could
+        send from it: none of the one-sided ones)."""
         self._check_alive()
         if self.waits_for_release:
             self._await_acks(version - 1, timeout, False)
         self._put_buffer(buf, version, version, not self.waits_for_release, checksum,
-                         True, 0)
+                         self.notifies, 0)
 
     def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
                int count=0):

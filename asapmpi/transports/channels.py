@@ -119,10 +119,13 @@ class Channel:
 
     def window_options(self, policy) -> dict:
         """The keywords the window class takes from `policy`'s needs: retain where the
-        channel takes it, and whether its writers wait for their readers' release
-        (waits_for_release: a policy that reads exact versions)."""
+        channel takes it, whether its writers wait for their readers' release
+        (waits_for_release: a policy that reads exact versions) and whether deliver()
+        notifies (not for a policy on the verbs that never awaits: its readers take
+        what the slots hold)."""
         options = {name: getattr(policy, name) for name in self.takes}
         options["waits_for_release"] = policy.reads is Reads.EXACT
+        options["notifies"] = bool(policy.awaits) or not policy.delivers
         return options
 
 
