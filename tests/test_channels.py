@@ -92,7 +92,7 @@ OFF_THE_VERBS = {
     "Allreduce": set(),           # no window: MPI collectives
     "Async": set(),
     # the barrier is a collective of the window's communicator, not a channel's
-    "BSP": {"barrier", "put", "wait_delivered"},
+    "BSP": {"barrier", "wait_delivered"},
     "BackupPS": {"newest_versions", "put", "reduce_versions", "wait_notifies",
                  "wait_notifies_count"},
     "ElasticBSP": {"local_word", "put", "wait_notifies", "wait_word", "wait_words",
