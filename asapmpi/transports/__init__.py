@@ -22,18 +22,21 @@ call into the core: deliver(k) (the update to every out-neighbour's slot: a put,
 copy into the own shared slot, a message, a mailbox's staged message), await_(k, mode)
 (asapmpi.sync.Await: exact, at least, a count of, or the newest versions from the
 in-neighbours), release(k) (this rank is done with k: an ack word, the next receive, a
-repost), progress() and drain() (complete the lazily issued words and the tokens held
-back).  Its writer's discipline is fixed when the window is made: waits_for_release
-(a policy that reads exact versions, NOTIFY-ACK) makes deliver(k) wait for the releases
-of k - 1 and release(k) the ack its writers wait for.
+repost), progress() (one poll of its progress) and drain() (complete the lazily issued
+words and the tokens held back).  Its writer's discipline is fixed when the window is
+made (Channel.window_options): waits_for_release (a policy that reads exact versions,
+NOTIFY-ACK) makes deliver(k) wait for the releases of k - 1 and release(k) the ack its
+writers wait for, else deliver writes in the seqlock order; notifies=False (a policy
+on the verbs that never awaits: async, BSP) leaves out the notify.
 
 Which channel a policy gets is decided in one place, asapmpi.transports.channels: every
 window class advertises the needs it serves and what it can do (including the verbs
 that mean something on it: Channel.delivers, Channel.awaits), a policy declares what it
 needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain, Policy.awaits,
 Policy.delivers), and `channels.resolve(family, policy)` gives the channel.
-NOTIFY-ACK steps through the verbs alone; the other policies still call window methods
-of their own besides (tests/test_channels.py lists them).  `asapmpi.exchange.probe`
+NOTIFY-ACK and async step through the verbs alone, BSP but for its barrier; the other
+policies still call window methods of their own besides (tests/test_channels.py lists
+them).  `asapmpi.exchange.probe`
 times the channels the resolver gives the policy in each family, and
 `Exchange(transport="auto")` takes the faster among the families that fit.  A new
 channel (GPU memory, say) is one more window class with the verbs and one more row in
