@@ -29,6 +29,7 @@ MailboxWindow  messages  words                -         -        -      -     ye
                                                                                        count,
                                                                                        newest
 NewestWindow   messages  newest               -         -        yes    -     yes      at_least,
+                                                                                       count,
                                                                                        newest
 PushWindow     messages  pull                 -         -        yes    -     -        -
 =============  ========  ===================  ========  =======  =====  ====  =======  ===========
@@ -38,9 +39,10 @@ await_(k, mode), release(k), progress(), drain()); the last two columns say whic
 them mean something on it: whether deliver(k) reaches every out-neighbour (a push goes
 to one peer its policy chose: push()) and which await modes (asapmpi.sync.Await) it
 gives (a message channel's receive is posted for one version: exact only; a mailbox of
-newest versions may replace version k by k + 1 before anyone sees it: no exact, no
-count).  A policy on the verbs declares the modes it uses (Policy.awaits,
-Policy.delivers), and a channel fits it only when it has them.
+newest versions may replace version k by k + 1 before anyone sees it: no exact; a count
+of version k counts the senders whose newest is k, for a policy whose writers cannot
+pass k before it reads, backup_ps's workers).  A policy on the verbs declares the modes
+it uses (Policy.awaits, Policy.delivers), and a channel fits it only when it has them.
 
 The message channels carry an update of at most MESSAGE_LIMIT bytes (one message), and
 the mailboxes take the reader's `retain` (Policy.retain: how many versions behind its
@@ -149,7 +151,7 @@ CHANNELS: Tuple[Channel, ...] = (
             takes=("retain",)),
     Channel("NewestWindow", "messages", frozenset({Reads.NEWEST}),
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
-            one_host=False, awaits=frozenset({Await.AT_LEAST, Await.NEWEST}),
+            one_host=False, awaits=frozenset({Await.AT_LEAST, Await.COUNT, Await.NEWEST}),
             max_update_bytes=MESSAGE_LIMIT, takes=("retain",)),
     # gossip's need met by pushes: nobody reads one-sidedly, so nobody waits for the
     # peer's MPI progress (a pull on MPICH's TCP path cost 6-10x MPI_Allreduce)
