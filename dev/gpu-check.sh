@@ -3,7 +3,7 @@
 # package registry (the mpich and mpi4py wheels travel in .whl/: see the device notes in
 # docs/GPU.md).  Builds asapmpi in a virtual environment over the machine's own torch,
 # runs the staged channel's tests (tests/test_device.py, tests/test_gpu.py), the
-# staging benchmark (asapmpi.bench.device_job) and `asapmpi train mlp` on cuda against
+# staging benchmark (asapmpi.torch.device_job) and `asapmpi train mlp` on cuda against
 # cpu.  Everything it measures lands in $OUT (default /tmp/gpu-check); about 6 minutes.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +39,7 @@ step "tests: the staged channel (stand-in and CUDA)"
 
 step "benchmark: staging a 64 MB and a 16 MB float32 buffer, $RANKS ranks on one GPU"
 for mb in 64 16; do
-    timeout 150 "$VENV/bin/mpiexec" -n "$RANKS" "$VENV/bin/python" -m asapmpi.bench.device_job \
+    timeout 150 "$VENV/bin/mpiexec" -n "$RANKS" "$VENV/bin/python" -m asapmpi.torch.device_job \
         --device cuda --mb "$mb" --out "$OUT/bench-${mb}MB.json" > "$OUT/bench-${mb}MB.log" 2>&1
     tail -n 12 "$OUT/bench-${mb}MB.log"
 done

@@ -2,7 +2,8 @@
 three loops after a warm-up, for before/after checks of per-step overhead.
 
     .venv/bin/mpiexec -n 8 .venv/bin/python dev/step_loop.py [SYNC] [--steps 1500]
-        [--floats 16384] [--graph root-expander]
+        [--floats 16384] [--graph root-expander] [--transport auto]
+        [--double-buffer]
 
 (the network path: run under the environment asapmpi.launchers.network_env gives).
 Not for elastic: its server takes more steps than its workers, so a loop of the same
@@ -24,11 +25,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--floats", type=int, default=16384)
     parser.add_argument("--graph", default="root-expander")
+    parser.add_argument("--transport", default="auto",
+                        help="the channel family (put, shared, messages): one window "
+                             "class per run")
+    parser.add_argument("--double-buffer", action="store_true")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     buf = np.zeros(args.floats, dtype=np.float32)
+    extra = {"double_buffer": True} if args.double_buffer else {}
     with asapmpi.Exchange(buf, graph=args.graph, sync=args.sync, comm=comm,
-                          timeout=60) as ex:
+                          timeout=60, transport=args.transport, **extra) as ex:
         for _ in range(200):
             ex.step()
         best = float("inf")
@@ -44,7 +50,8 @@ def main() -> None:
         ex.settle()
     worst = comm.reduce(best, op=MPI.MAX)
     if comm.rank == 0:
-        print(f"{args.sync} {worst * 1e6:.1f} us/step")
+        print(f"{args.sync} {ex.transport} {type(ex._win).__name__} "
+              f"{worst * 1e6:.1f} us/step {asapmpi.__file__}")
 
 
 if __name__ == "__main__":

@@ -88,10 +88,11 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
     assert report["chosen"] == auto[0]["transport"] and report["requested"] == "auto"
     rounds = report["rounds"]["same host"]                 # every rank on this host
     window = "shared" if path == "shm" else "put"
-    # the messages carry the update; so do the window words, except on the shared
-    # transport, whose reduce reads each update in place
-    assert report["message_bytes"] == 8000, report
-    assert report["window_bytes"] == (8 if window == "shared" else 8000), report
+    # the channels the resolver gives NOTIFY-ACK in each family are what was timed,
+    # each carrying the update (the shared one copies it once, into its own slot)
+    assert report["timed"] == {"words": "SharedWindow" if window == "shared"
+                               else "PutWindow", "messages": "MessageWindow"}, report
+    assert report["message_bytes"] == report["window_bytes"] == 8000, report
     assert auto[0]["transport"] == ("messages" if rounds["messages"] < rounds["words"]
                                     else window), report
     assert results[0]["put"]["report"]["reason"] == "asked for"
@@ -100,12 +101,16 @@ def test_auto_transport_is_measured_agreed_and_reported(path):
     gossip = results[0]["gossip"]
     steps = gossip["report"]["rounds"]["all peers"]
     assert gossip["report"]["unit"] == "us per model mixed", gossip
+    assert gossip["report"]["timed"] == {"words": "PutWindow",
+                                         "messages": "PushWindow"}, gossip
     assert gossip["transport"] == ("messages" if steps["messages"] < steps["words"]
                                    else "put"), gossip
-    # Hop and async run on window words or on a mailbox of messages: measured like
-    # NOTIFY-ACK, with the update on both sides (their slots are always put)
-    for sync in ("hop", "async"):
+    # Hop and async run on window words or on a mailbox of messages: their own
+    # channels timed through the verbs, NOTIFY-ACK's way, the update on both sides
+    for sync, mailbox in (("hop", "MailboxWindow"), ("async", "NewestWindow")):
         chosen = results[0][sync]
+        assert chosen["report"]["timed"] == {"words": "PutWindow",
+                                             "messages": mailbox}, chosen["report"]
         rounds = chosen["report"]["rounds"]["same host"]
         assert chosen["transport"] == ("messages" if rounds["messages"] < rounds["words"]
                                        else "put"), chosen["report"]

@@ -49,6 +49,60 @@ def test_put_wait_reduce_on_each_window_transport(name):
         assert win.bytes_put == 3 * N * 8
 
 
+#: the channels whose verbs step NOTIFY-ACK's way (waits_for_release) and the await
+#: mode a reader uses on each (a mailbox of newest versions has no exact one)
+VERB_CHANNELS = {"PutWindow": 0, "SharedWindow": 0, "MessageWindow": 0,
+                 "MailboxWindow": 0, "NewestWindow": 1}
+
+
+@pytest.mark.parametrize("name", sorted(VERB_CHANNELS))
+def test_each_channel_steps_through_the_verbs(name):
+    # release(0), then per version deliver, await_, the verified reduce, release: the
+    # same calls on every channel, each writer waiting for its reader's release
+    from asapmpi import _core
+
+    options = {"waits_for_release": True}
+    outbox = name == "SharedWindow"
+    if outbox:
+        segment = bytearray(_core.Layout(1, 1, 1, N * 8, 0, 0, True).segment_bytes)
+        options["outboxes"] = (segment, [segment])
+    _, win = _window(getattr(_core, name), outbox=outbox, **options)
+    with win:
+        assert win.waits_for_release
+        win.release(0)
+        for version in (1, 2, 3):
+            update = np.arange(N, dtype=np.float64) * version
+            win.deliver(update, version, 10.0)
+            win.await_(version, 10.0, VERB_CHANNELS[name])
+            _reduce_own(win, version, update)
+            win.progress()
+            win.release(version)
+        win.drain()
+
+
+def test_the_push_channel_refuses_the_verbs_it_cannot_give():
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    _, win = _window(_core.PushWindow, depth=0)
+    with win:
+        with pytest.raises(ConfigError, match="one peer at a time"):
+            win.deliver(np.zeros(N), 1, 1.0)
+        with pytest.raises(ConfigError, match="nobody waits"):
+            win.await_(1, 1.0)
+
+
+def test_the_message_channel_awaits_exact_versions_only():
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    _, win = _window(_core.MessageWindow)
+    with win:
+        win.release(0)
+        with pytest.raises(ConfigError, match="exact versions only"):
+            win.await_(1, 1.0, 1)
+
+
 def test_shared_window_reads_the_writers_own_slot_in_place():
     from asapmpi import _core
     from asapmpi._core.layout import HEADER_BYTES
@@ -67,16 +121,16 @@ def test_shared_window_reads_the_writers_own_slot_in_place():
         _reduce_own(win, 1, update)
 
 
-def test_message_window_sends_with_its_own_calls_and_refuses_put():
+def test_message_window_sends_through_the_verbs_and_refuses_put():
     from asapmpi import _core
     from asapmpi.errors import ConfigError
 
     _, win = _window(_core.MessageWindow)
     with win:
         update = np.full(N, 3.0)
-        win.post_receives(1)
-        win.send_update(update, 1)
-        win.wait_updates(1, 10.0)
+        win.release(0)                  # posts the receives of version 1
+        win.deliver(update, 1, 10.0)
+        win.await_(1, 10.0)
         _reduce_own(win, 1, update)
         with pytest.raises(ConfigError, match="does not put"):
             win.put(update, 2)
@@ -91,17 +145,17 @@ def test_a_message_window_sends_a_whole_step_from_the_buffer_and_holds_it_meanwh
     _, win = _window(_core.MessageWindow)
     with win:
         raw = bytearray(np.full(N, 5.0).tobytes())
-        win.post_receives(1)
-        win.send_update(raw, 1, copy=False)
+        win.release(0)
+        win.deliver(raw, 1, 10.0, copy=False)
         with pytest.raises(BufferError):
             raw.extend(b"x")
-        win.wait_updates(1, 10.0)
+        win.await_(1, 10.0)
         raw.extend(b"x")                        # released once the sends completed
         del raw[-1:]
         _reduce_own(win, 1, np.frombuffer(raw, np.float64))
         # sent and not waited for: free()'s drain completes the send, then lets go
-        win.post_receives(2)
-        win.send_update(raw, 2, copy=False)
+        win.release(1)
+        win.deliver(raw, 2, 10.0, copy=False)
     raw.extend(b"x")
 
 
@@ -331,25 +385,24 @@ def test_double_buffered_slot_stops_verifying_before_the_reduce_rewrites_it():
     # acks, or reads late, must find it TORN from then on, not header == footer == k-1
     # over bytes that change under it.
     from asapmpi import _core
-    from asapmpi.transports import make_transport
 
     layout = _core.Layout(1, 1, 2, N * 8, 0, 0, True)
     segment = bytearray(layout.segment_bytes)
     _, win = _window(_core.SharedWindow, depth=2, outbox=True,
-                     outboxes=(segment, [segment]))
+                     outboxes=(segment, [segment]), double_buffered=True,
+                     waits_for_release=True)
     slots = [np.frombuffer(segment, np.float64, N, layout.segment_payload(s))
              for s in (0, 1)]
-    transport = make_transport("shared", win, double_buffered=True)
 
     def send_and_wait(k):
         # version k was computed in slot k % 2; the reduce of step k writes the other
-        transport.send(slots[k % 2], k, 10.0, False)
-        transport.wait(k, 10.0)
+        win.deliver(slots[k % 2], k, 10.0)
+        win.await_(k, 10.0)
 
     def reduce_and_release(k):
         win.reduce(slots[(k + 1) % 2], 0.5, np.array([0.5]), k, k, k, require_all=True,
                    own=slots[k % 2])
-        transport.release(k, False)
+        win.release(k)
 
     with win:
         slots[1][:] = 1.0

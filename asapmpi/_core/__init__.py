@@ -12,6 +12,7 @@ from . import kernels  # noqa: E402
 from .layout import Layout  # noqa: E402
 from .slotwin import (  # noqa: E402
     AHEAD,
+    AWAIT_MODES,
     CONSISTENT,
     STALE,
     STATUS_NAMES,
@@ -27,8 +28,8 @@ from .slotwin import (  # noqa: E402
 )
 
 __all__ = [
-    "AHEAD", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout", "MailboxWindow",
-    "MessageWindow", "NewestWindow", "PushWindow", "PutWindow", "SharedWindow", "SlotStore",
-    "SlotWindow",
+    "AHEAD", "AWAIT_MODES", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout",
+    "MailboxWindow", "MessageWindow", "NewestWindow", "PushWindow", "PutWindow",
+    "SharedWindow", "SlotStore", "SlotWindow",
     "check_mpi_abi", "kernels",
 ]

@@ -434,13 +434,25 @@ cdef class MailboxWindow(SlotWindow):
             self.msg_words.ack(version)
             self._repost(version - self.retain)
 
-    def release(self, int64_t version):
-        """This rank is done reading every slot that holds a version <= `version` (1 <<
-        62: all of them): their receives are posted again, so that their writers' next
-        updates can land."""
+    def release(self, int64_t version, bint checksum=False):
+        """Verb: this rank is done reading every slot that holds a version <= `version`
+        (1 << 62: all of them): their receives are posted again, so that their writers'
+        next updates can land.  With waits_for_release its writers wait for a token:
+        as ack(version).  (`checksum`: every update carries its checksum here.)"""
         self._check_alive()
         with nogil:
-            self._repost(version)
+            if self.waits_for_release and version > 0:
+                self.msg_words.ack(version)
+                self._repost(version - self.retain)
+            else:
+                self._repost(version)
+
+    def drain(self):
+        """Verb: as SlotWindow.drain; the tokens and updates this mailbox holds back
+        leave now (waiting at most a second for a reader that stopped calling MPI)."""
+        self._check_alive()
+        with nogil:
+            self._settle(self.flush_timeout)
 
     cdef int _repost(self, int64_t upto) except -1 nogil:
         # repost the receive of every slot holding a version <= upto

@@ -8,11 +8,14 @@
 
 
 cdef class MessageWindow(SlotWindow):
-    """The message transport of NOTIFY-ACK: post_receives(k), send_update(buf, k),
-    wait_updates(k) instead of put, notify and ack (asapmpi.transports.messages)."""
+    """The message channel of NOTIFY-ACK: the channel verbs as messages.  release(k)
+    posts the receives of k + 1 (release(0): of version 1), deliver(buf, k) sends k,
+    await_(k) waits until k arrived and this rank's own sends of k were matched; its
+    writers always wait for their readers (a synchronous send), so waits_for_release
+    changes nothing here.  Only await_'s EXACT mode (Channel.awaits)."""
 
     cdef MPI_Comm msg_comm
-    # Every request in one array, so that a poll of wait_updates is one MPI_Testsome:
+    # Every request in one array, so that a poll of await_ is one MPI_Testsome:
     # one progress call (on UCX a worker progress, on MPICH's TCP path a poll of the
     # sockets), not one per request, which a waiting rank's CPU would pay on cores it
     # shares with the ranks it waits for.
@@ -22,15 +25,15 @@ cdef class MessageWindow(SlotWindow):
     cdef MPI_Request *recv_reqs     # per in-neighbour: payload, checksum (into reqs)
     cdef MPI_Request *send_reqs     # per out-neighbour: payload, checksum (into reqs)
     cdef int64_t *recv_cksum
-    # The update is sent from a copy: send_update() returns with the caller's buffer
+    # The update is sent from a copy: deliver() returns with the caller's buffer
     # free to write, as put() and the shared transport leave it (a synchronous send
-    # from the buffer itself would read it until wait_updates, and a write meanwhile
+    # from the buffer itself would read it until await_, and a write meanwhile
     # would reach the readers torn).  The checksum message follows the copy (8-aligned).
     cdef char *stage
-    # send_update(copy=False) sends from the caller's buffer: its view is held until
-    # the sends complete (wait_updates, the drain), or handed to the leftovers
+    # deliver(copy=False) sends from the caller's buffer: its view is held until
+    # the sends complete (await_, the drain at free), or handed to the leftovers
     cdef object _lent               # a memoryview of it, or None
-    cdef bint _sending              # a send_update() whose wait_updates() is to come
+    cdef bint _sending              # a deliver() whose await_() is to come
     cdef bint _msg_checksum
     cdef int64_t _posted            # version the receives are posted for (0: none)
     cdef int64_t _last_posted       # the newest version whose receives were posted
@@ -125,12 +128,17 @@ cdef class MessageWindow(SlotWindow):
             free(mine)
         return 0
 
-    def post_receives(self, int64_t version, bint checksum=False):
-        """Post the receives of `version` into every in-neighbour's slot version % depth
-        (the slots must not be read again until wait_updates(version))."""
+    def release(self, int64_t version, bint checksum=False):
+        """Verb: this rank reduced `version` (0: none yet): post the receives of
+        version + 1 into every in-neighbour's slot (version + 1) % depth, which is the
+        ack its writers wait for (the slots must not be read again until
+        await_(version + 1)); `checksum`: each update is followed by its checksum."""
+        self._check_alive()
+        self._post_receives(version + 1, checksum)
+
+    cdef int _post_receives(self, int64_t version, bint checksum) except -1:
         cdef int i
         cdef char *hdr
-        self._check_alive()
         self._check_version(version)
         if self._posted:
             raise ConfigError(f"the receives of version {self._posted} are still posted")
@@ -148,13 +156,15 @@ cdef class MessageWindow(SlotWindow):
                                      &self.recv_reqs[2 * i + 1]), "MPI_Irecv")
         self._posted = self._last_posted = version
         self._msg_checksum = checksum
+        return 0
 
-    def send_update(self, buf, int64_t version, bint checksum=False, bint copy=True):
-        """Send `buf` as `version` to every out-neighbour; the sends complete in
-        wait_updates(version).  From a copy: `buf` may be written as soon as this
-        returns.  copy=False (a whole step: the caller writes `buf` only after
-        wait_updates) sends from `buf` itself, one copy of the update fewer; its view
-        is held until the sends complete."""
+    def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
+                bint copy=True):
+        """Verb: send `buf` as `version` to every out-neighbour (never waits: `timeout`
+        is await_'s); the sends complete in await_(version).  From a copy: `buf` may
+        be written as soon as this returns.  copy=False (a whole step: the caller
+        writes `buf` only after await_) sends from `buf` itself, one copy of the
+        update fewer; its view is held until the sends complete."""
         cdef int j
         cdef Py_buffer view
         cdef const char *src = self.stage
@@ -162,7 +172,7 @@ cdef class MessageWindow(SlotWindow):
         self._check_alive()
         self._check_version(version)
         if self._sending:
-            raise ConfigError("send_update() twice without wait_updates()")
+            raise ConfigError("deliver() twice without await_()")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
@@ -173,7 +183,7 @@ cdef class MessageWindow(SlotWindow):
                     memcpy(self.stage, view.buf, self.nbytes)
             else:
                 # a view of its own, held while MPI reads the memory: released by
-                # wait_updates, or the leftovers' once the window dies first
+                # await_, or the leftovers' once the window dies first
                 self._lent = memoryview(buf)
                 src = <const char *>view.buf
         finally:
@@ -185,7 +195,7 @@ cdef class MessageWindow(SlotWindow):
             for j in range(self.n_out):
                 # Synchronous: the send completes only once the reader's receive of
                 # `version` matched it, i.e. once the reader reduced version - 1, and
-                # wait_updates waits for that.  A standard send below the eager limit
+                # await_ waits for that.  A standard send below the eager limit
                 # completes at once: on a directed ring of n ranks a writer then ran up
                 # to n - 1 versions ahead of its reader, its messages queued
                 # unexpected there (and tags, versions modulo 32768, could alias).
@@ -201,18 +211,23 @@ cdef class MessageWindow(SlotWindow):
                                      &self.send_reqs[2 * j + 1]), "MPI_Isend")
                 self.bytes_put += self.nbytes
 
-    def wait_updates(self, int64_t version, double timeout):
-        """Wait until `version` arrived from every in-neighbour (its slot stamped with
-        it) and this rank's own sends of `version` completed (each matched by its
+    def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
+               int count=0):
+        """Verb: wait until `version` arrived from every in-neighbour (its slot stamped
+        with it) and this rank's own sends of `version` completed (each matched by its
         reader's receive: no writer is more than one version ahead of its reader);
-        NeighbourTimeoutError naming the ranks after `timeout` seconds."""
+        NeighbourTimeoutError naming the ranks after `timeout` seconds.  EXACT only:
+        a receive is posted for one version."""
         cdef long polls = 0
         cdef double t0
         cdef int got_in = 0, got_out = 0
         cdef int i
         self._check_alive()
+        if mode != AWAIT_EXACT:
+            raise ConfigError(f"the message channel awaits exact versions only "
+                              f"(mode 0), got mode {mode}")
         if self._posted != version:
-            raise ConfigError(f"wait_updates({version}) but the receives are posted for "
+            raise ConfigError(f"await_({version}) but the receives are posted for "
                               f"version {self._posted}")
         with nogil:
             t0 = asap_now()

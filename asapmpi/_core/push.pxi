@@ -364,9 +364,21 @@ cdef class PushWindow(SlotWindow):
             memcpy(&o[0], self.buf_words + b * self.n_words, 8 * self.n_words)
         return out
 
-    def release(self, int64_t version):
-        """The reduce is done with every taken model of a version <= `version` (1 << 62:
-        all of them): their buffers receive again."""
+    def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
+                bint copy=True):
+        """Refused: a model goes to the one peer a schedule chose (push())."""
+        raise ConfigError("the push channel delivers to one peer at a time: push(buf, "
+                          "version, peer); Channel.delivers is False for it")
+
+    def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
+               int count=0):
+        """Refused: nobody waits for a pushed model (take() what arrived)."""
+        raise ConfigError("nobody waits for a pushed model: take() what arrived "
+                          "(Channel.awaits is empty for the push channel)")
+
+    def release(self, int64_t version, bint checksum=False):
+        """Verb: the reduce is done with every taken model of a version <= `version`
+        (1 << 62: all of them): their buffers receive again."""
         cdef int i
         self._check_alive()
         with nogil:

@@ -9,7 +9,15 @@ cdef class SharedWindow(SlotWindow):
     read in place by every out-neighbour (zero copy); notify and ack are window words.
 
     outboxes=(own, [in-neighbours']): buffers over this rank's segment and every
-    in-neighbour's (asapmpi._core.segments), held until free()."""
+    in-neighbour's (asapmpi._core.segments), held until free().
+
+    double_buffered (an Exchange(double_buffer=True), with waits_for_release and depth
+    2): version k is computed in own slot k % 2, the payload deliver(k) is given; the
+    neighbours may still read k - 1 from the other slot, so deliver waits for no
+    release, and await_(k) waits, after the notifies of k, for the releases of k - 1
+    (at least: a neighbour may have released k already) and marks slot (k + 1) % 2,
+    which the reduce writes next, as being rewritten: what it holds (k - 1) stops
+    verifying."""
 
     cdef object _outboxes
     cdef char *out_slots
@@ -17,12 +25,14 @@ cdef class SharedWindow(SlotWindow):
     cdef Py_buffer _own_segment
     cdef Py_buffer *_in_segments
     cdef int _segments_held
+    cdef readonly bint double_buffered
 
     def __cinit__(self):
         self.transport = "shared"
 
-    def __init__(self, *args, outboxes=None, **kwargs):
+    def __init__(self, *args, outboxes=None, bint double_buffered=False, **kwargs):
         self._outboxes = outboxes
+        self.double_buffered = double_buffered
         SlotWindow.__init__(self, *args, **kwargs)
 
     def __dealloc__(self):
@@ -37,26 +47,52 @@ cdef class SharedWindow(SlotWindow):
         if outboxes is None or len(outboxes) != 2 or len(outboxes[1]) != self.n_in:
             raise ConfigError("an outbox layout needs this rank's segment and every "
                               "in-neighbour's: outboxes=(own, [in-neighbours'])")
+        if self.double_buffered and self.depth != 2:
+            raise ConfigError(f"a double-buffered shared window has two slots per "
+                              f"sender (depth 2), got depth {self.depth}")
         self._hold_segments(outboxes[0], outboxes[1], layout.segment_bytes)
         return 0
 
     cdef void _release(self) noexcept:
         self._release_segments()
 
-    def begin_rewrite(self, int64_t version):
-        """This rank's own slot of `version` is about to be rewritten in place (a
-        double-buffered Exchange reduces into it what it will send as `version`, while
-        the slot still holds version - 2, acknowledged by every reader): mark its header
-        so that a reader that ignores acks, or reads late, finds header != footer (TORN)
-        instead of a stable header == footer over bytes that change.  put() of
-        `version` then writes header, payload and footer in the seqlock order."""
-        cdef char *hdr
+    def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
+                bint copy=True):
+        """Verb: one copy of `buf` into this rank's own slot of `version` (none when
+        `buf` is that slot's payload: double-buffered), then the notifies; single
+        buffered, first wait until every out-neighbour released version - 1."""
         self._check_alive()
+        if self.waits_for_release and not self.double_buffered:
+            self._await_acks(version - 1, timeout, False)
+        self._put_buffer(buf, version, version, True, checksum, self.notifies, 0)
+
+    def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
+               int count=0):
+        """Verb: as SlotWindow.await_; double-buffered, EXACT then waits for the
+        releases of version - 1 and marks the slot of version + 1 (see the class)."""
+        if mode != AWAIT_EXACT:
+            return SlotWindow.await_(self, version, timeout, mode, count)
+        self._check_alive()
+        self._await_notifies(version, timeout, False)
+        if self.double_buffered:
+            self._await_acks(version - 1, timeout, True)
+            self._begin_rewrite(version + 1)
+
+    cdef int _begin_rewrite(self, int64_t version) except -1:
+        # This rank's own slot of `version` is about to be rewritten in place (a
+        # double-buffered Exchange reduces into it what it will send as `version`, while
+        # the slot still holds version - 2, released by every reader): mark its header
+        # so that a reader that ignores acks, or reads late, finds header != footer
+        # (TORN) instead of a stable header == footer over bytes that change.  The
+        # deliver of `version` then writes header, payload and footer in the seqlock
+        # order.
+        cdef char *hdr
         self._check_version(version)
         hdr = self.out_slots + (version % self.depth) * self.slot_stride
         with nogil:
             asap_store_i64(hdr, -version)
             asap_fence()        # the mark is visible before any byte of the payload
+        return 0
 
     cdef char *_slot(self, int i, Py_ssize_t slot) noexcept nogil:
         return self.in_slots[i] + slot * self.slot_stride

@@ -23,6 +23,17 @@ from asapmpi._core import layout as _layout
 
 include "chkerr.pxi"
 
+# What a channel's await_() waits for (asapmpi.sync.Await: the same numbers, in the
+# order of AWAIT_MODES)
+cdef enum:
+    AWAIT_EXACT = 0
+    AWAIT_AT_LEAST = 1
+    AWAIT_COUNT = 2
+    AWAIT_NEWEST = 3
+
+#: the await modes by number (asapmpi.sync.Await names them alike)
+AWAIT_MODES = ("exact", "at_least", "count", "newest")
+
 cdef extern from "watchdog.h" nogil:
     int asap_watchdog_start()
     void asap_watchdog_arm(double seconds, const char *call, long long version,
@@ -520,6 +531,15 @@ cdef class SlotWindow:
     # PushWindow) rather than by the reader's pull of what the sender published
     # (publish, pull: PutWindow).  A capability, read by the gossip policy
     cdef readonly bint pushes
+    # The writer's discipline the channel verbs follow (the policy's Reads.EXACT): a
+    # deliver(k) waits until every reader released k - 1, and release(k) is what that
+    # writer waits for (an ack where the writer reads a window word).  Else a writer
+    # never waits for a reader, its deliver writes in the seqlock order, and release(k)
+    # only hands the slots back (a mailbox's receives)
+    cdef readonly bint waits_for_release
+    # deliver() publishes each version in the readers' notify words (else its readers
+    # never await it: async, BSP, whose reduce reads what the slots hold)
+    cdef readonly bint notifies
     cdef Py_ssize_t _max_transfer
     # reduce scratch
     cdef readonly SlotStore store   # the inputs and the verified reduce (slotstore.pxi)
@@ -551,7 +571,8 @@ cdef class SlotWindow:
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, dtype, int poll_yields=32,
-                 int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0):
+                 int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0,
+                 bint waits_for_release=False, bint notifies=True):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -564,6 +585,8 @@ cdef class SlotWindow:
         self.n_in = layout.n_in
         self.n_out = layout.n_out
         self.depth = layout.depth
+        self.waits_for_release = waits_for_release
+        self.notifies = notifies
         self.nbytes = layout.nbytes
         self.itemsize = element(dtype)[0]
         self.dtype = dtype
@@ -985,8 +1008,14 @@ cdef class SlotWindow:
         is already >= it (Hop 6.2: it can no longer use this update); counted in
         `suppressed`.  How the bytes travel is the transport's (its class's _send).
         """
-        cdef Py_buffer view
         self._check_alive()
+        self._put_buffer(buf, version, iteration, seqlock, checksum, notify,
+                         suppress_if_acked)
+
+    cdef int _put_buffer(self, buf, int64_t version, int64_t iteration, bint seqlock,
+                         bint checksum, bint notify, int64_t suppress_if_acked) except -1:
+        # put()'s checks and transfer, also deliver()'s
+        cdef Py_buffer view
         if version <= 0:
             raise ConfigError(f"versions start at 1, got {version}")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
@@ -999,6 +1028,7 @@ cdef class SlotWindow:
                        notify, suppress_if_acked)
         finally:
             PyBuffer_Release(&view)
+        return 0
 
     cdef int _mark_suppressed(self, int64_t threshold) except -1 nogil:
         cdef int j
@@ -1068,12 +1098,81 @@ cdef class SlotWindow:
         with nogil:
             self.words.ack(version)
 
-    def release(self, int64_t version):
-        """This rank is done reading every slot that holds a version <= `version` (1 <<
-        62: all of them).  A mailbox reposts their receives so that their writers' next
-        updates can land; on one-sided windows writers do not wait for it (nothing to
-        do)."""
+    # ------------------------------------------------------------------ the channel verbs
+    #
+    # Every channel (asapmpi.transports.channels) steps a policy through the same five
+    # verbs: deliver(k), await_(k, mode), release(k), progress(), drain().  What each
+    # means on a channel is its class's (this base: window words in an MPI window, put
+    # and shared; messages.pxi, mailbox.pxi, push.pxi override them); the await modes a
+    # channel gives are in its capability row (Channel.awaits), and the resolver hands
+    # a policy only a channel that gives the modes it uses (Policy.awaits).  Each verb
+    # is one call into this module: a step adds no Python between its MPI calls.
+
+    def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
+                bint copy=True):
+        """Verb: `buf` as `version` into every out-neighbour's slot, its notify after
+        it (unless the window was made with notifies=False).  With waits_for_release,
+        first wait until every out-neighbour released version - 1 (its ack;
+        NeighbourTimeoutError naming the late after `timeout` seconds); else write in
+        the seqlock order, for a reader that may overlap the write.  `buf` may be
+        written as soon as this returns (copy=False is for the channels that could
+        send from it: none of the one-sided ones)."""
         self._check_alive()
+        if self.waits_for_release:
+            self._await_acks(version - 1, timeout, False)
+        self._put_buffer(buf, version, version, not self.waits_for_release, checksum,
+                         self.notifies, 0)
+
+    def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
+               int count=0):
+        """Verb: wait for the in-neighbours' `version` (asapmpi.sync.Await, `mode`):
+        EXACT every in-neighbour's notify is `version`; AT_LEAST is >= it (read
+        atomically: writers that run ahead); COUNT at least `count` in-neighbours'
+        are `version` (returns how many were); NEWEST every in-neighbour has a whole
+        version in [count, version] (returns the newest per in-neighbour).
+        NeighbourTimeoutError naming the late after `timeout` seconds."""
+        self._check_alive()
+        if mode == AWAIT_EXACT or mode == AWAIT_AT_LEAST:
+            self._await_notifies(version, timeout, mode == AWAIT_AT_LEAST)
+            return None
+        if mode == AWAIT_COUNT:
+            return self.wait_notifies_count(version, count, timeout)
+        if mode == AWAIT_NEWEST:
+            return self.wait_newest(version, count, timeout)
+        raise ConfigError(f"await mode must be one of {', '.join(AWAIT_MODES)} (0 to "
+                          f"{len(AWAIT_MODES) - 1}), got {mode}")
+
+    def release(self, int64_t version, bint checksum=False):
+        """Verb: this rank is done reading every slot that holds a version <= `version`
+        (1 << 62: all of them), so their writers may refill them.  With
+        waits_for_release that is the ack its writers wait for (issued lazily: see
+        OneSidedWords._lazy; release(0) acks nothing, every slot starts free); else
+        nothing here (a writer into a window waits for no reader).  A mailbox reposts
+        the slots' receives, the message channel posts the receives of version + 1."""
+        self._check_alive()
+        if self.waits_for_release and version > 0:
+            self._check_rma("release()", -1)
+            with nogil:
+                self.words.ack(version)
+
+    def progress(self):
+        """Verb: one poll of this channel's progress (a window's: MPI may complete a
+        one-sided operation at its target only when the target calls into MPI; a
+        message channel's: complete what arrived).  Every wait does it between its
+        polls; a policy that computes for long without waiting may call it."""
+        self._check_alive()
+        with nogil:
+            self._progress()
+
+    def drain(self):
+        """Verb: complete what this rank issued that needs nothing of its neighbours:
+        the notifies and acks issued lazily (one-sided words) and the tokens and words
+        a mailbox holds back, so that no neighbour waits for them while this rank
+        computes or waits elsewhere.  What waits on a reader (a message the reader has
+        not taken) completes in free()'s collective drain."""
+        self._check_alive()
+        with nogil:
+            self.words.settle(self.flush_timeout)
 
     def wait_delivered(self, int64_t version, double timeout):
         """After a collective that every in-neighbour entered once it had sent
@@ -1366,10 +1465,15 @@ cdef class SlotWindow:
     def wait_notifies(self, int64_t version, double timeout, bint at_least=False):
         """Wait until every in-neighbour published `version` in its notify word (or, with
         at_least, any version >= it, read atomically: for writers that may run ahead)."""
+        self._check_alive()
+        self._await_notifies(version, timeout, at_least)
+
+    cdef int _await_notifies(self, int64_t version, double timeout,
+                             bint at_least) except -1:
+        # wait_notifies(), also await_()'s
         cdef int i
         cdef int r
         cdef Py_ssize_t slot
-        self._check_alive()
         self._check_version(version)
         slot = version % self.depth
         for i in range(self.n_in):
@@ -1382,15 +1486,20 @@ cdef class SlotWindow:
         if r:
             self._raise_timeout(f"the notify of version {version}", self.n_in,
                                 self._in, timeout, at_least)
+        return 0
 
     def wait_acks(self, int64_t version, double timeout, bint at_least=False):
         """Wait until every out-neighbour acknowledged `version` (0: nothing to wait for),
         or, with at_least, wrote any value >= it (read atomically: Hop's tokens)."""
+        self._check_alive()
+        self._await_acks(version, timeout, at_least)
+
+    cdef int _await_acks(self, int64_t version, double timeout, bint at_least) except -1:
+        # wait_acks(), also deliver()'s
         cdef int j
         cdef int r
-        self._check_alive()
         if version <= 0:
-            return
+            return 0
         for j in range(self.n_out):
             self.wait_offs[j] = self.off_ack + 8 * j
             self.wait_expected[j] = version
@@ -1401,6 +1510,7 @@ cdef class SlotWindow:
         if r:
             self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
                                 timeout, at_least)
+        return 0
 
     def wait_notifies_count(self, int64_t version, int min_count, double timeout):
         """Wait until at least `min_count` in-neighbours published exactly `version`

@@ -34,12 +34,9 @@ rank moves when every rank copies arrays 4x the last-level cache at once.
 """
 from __future__ import annotations
 
-import datetime
 import json
-import socket
 import statistics
 import sys
-import warnings
 from functools import partial
 from typing import Any, Callable, Dict, Optional
 
@@ -59,44 +56,28 @@ from .timing import Timer, measure_memory_bandwidth, time_memcpy
 
 
 class Gloo:
-    """torch.distributed with the gloo backend on this job's ranks (loopback TCP store),
-    or unavailable (`reason` says why) when torch cannot be imported or set up."""
+    """torch.distributed's gloo all_reduce on this job's ranks (asapmpi.torch.gloo: only
+    the bindings import torch), or unavailable (`reason` says why) when torch cannot be
+    imported."""
 
     def __init__(self, comm: MPI.Comm, timeout: float):
-        self.comm, self.dist, self.reason = comm, None, None
+        self.group, self.reason = None, None
         try:
-            import torch
-            import torch.distributed as dist
+            from ..torch.gloo import GlooGroup
         except ImportError as exc:
             self.reason = f"torch not importable ({exc})"
             return
-        port = None
-        if comm.Get_rank() == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port)
-        torch.set_num_threads(1)     # one core per rank, as the MPI ranks have
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            # a rank that never joins is an error after `timeout`, not a hang
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                    rank=comm.Get_rank(), world_size=comm.Get_size(),
-                                    timeout=datetime.timedelta(seconds=timeout))
-        self.torch, self.dist = torch, dist
+        self.group = GlooGroup(comm, timeout)
 
     def all_reduce_call(self, buf: np.ndarray) -> Optional[Callable[[], None]]:
         """A callable running all_reduce on a tensor sharing `buf`'s memory, or None."""
-        if self.dist is None:
-            return None
-        tensor = self.torch.from_numpy(buf)
-        return lambda: self.dist.all_reduce(tensor)
+        return None if self.group is None else self.group.all_reduce_call(buf)
 
     def close(self) -> None:
         """Tear the process group down."""
-        if self.dist is not None:
-            self.dist.destroy_process_group()
-            self.dist = None
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
 
 class MPIExchange:

@@ -33,8 +33,10 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
 
     What fits the policy is the resolver's (asapmpi.transports.channels).  An explicit
     choice wins.  Under "auto", a policy that one family fits gets it; where several fit
-    (window words or messages) a NOTIFY-ACK step of each, moving an update of `nbytes`,
-    is timed (asapmpi.exchange.probe), per neighbour class, and the faster one taken:
+    (window words or messages) a step of the channel each gives the policy, moving an
+    update of `nbytes`, is timed (asapmpi.exchange.probe: through the channel verbs, as
+    NOTIFY-ACK steps; gossip's pulls and pushes as gossip steps), per neighbour class,
+    and the faster one taken (the report names the window classes timed, "timed"):
     the step waits for its slowest neighbour, so a transport costs its slowest class.
     `oversubscribed`: this rank's host has fewer cores than ranks (pushes then yield,
     as the exchange's will: PushWindow.yields)."""
@@ -71,9 +73,10 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
         return window, report
     if policy.reads is Reads.PULL:
         return _choose_gossip(comm, timeout, slack_ns, nbytes, window, messages_family,
-                              report, oversubscribed)
-    # both move the update, as the exchange will (a signal's cost does not rank them
-    # for a megabyte), except where the window's reduce reads each update in place
+                              channel, report, oversubscribed)
+    # the channels the resolver gives the policy in each family, each moving the
+    # update as the exchange will (a signal's cost does not rank them for a megabyte)
+    timed = {"words": channel[window], "messages": channel[messages_family]}
     in_place = channel[window].in_place_read
     measured: Dict[str, Dict[str, float]] = {}
     for name in ("same host", "other host"):
@@ -81,8 +84,8 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
                  if (hosts[j] == hosts[r]) == (name == "same host")] for r in range(g.n)]
         if not any(keep):
             continue
-        measured[name] = probe.measure(comm, Graph(g.n, keep, name), timeout, slack_ns,
-                                       nbytes, not in_place)
+        measured[name] = probe.measure(comm, Graph(g.n, keep, name), timed, timeout,
+                                       slack_ns, nbytes)
     if not measured:
         report.update(chosen=window, reason="no neighbours to measure")
         return window, report
@@ -98,18 +101,20 @@ def choose_transport(requested: str, policy, comm: MPI.Comm, g: Graph, hosts: Li
                                         f"{' (read in place)' if in_place else ''}, "
                                         f"messages {messages_us:.0f} us a round",
                   rounds=rounds, unit="us per round", message_bytes=nbytes,
-                  window_bytes=8 if in_place else nbytes)
+                  window_bytes=nbytes,
+                  timed={name: c.window for name, c in timed.items()})
     return chosen, report
 
 
 def _choose_gossip(comm: MPI.Comm, timeout: float, slack_ns: int, nbytes: int,
-                   window: str, messages_family: str,
+                   window: str, messages_family: str, channel: Dict[str, Any],
                    report: Dict[str, Any], oversubscribed: bool = False
                    ) -> Tuple[str, Dict[str, Any]]:
     """Gossip: pulls (one-sided reads of a peer's published model) against pushes, each
     timed as gossip steps per model mixed (probe.measure_gossip); a tie keeps the
     window."""
-    measured = probe.measure_gossip(comm, timeout, slack_ns, nbytes, oversubscribed)
+    timed = {"words": channel[window], "messages": channel[messages_family]}
+    measured = probe.measure_gossip(comm, timed, timeout, slack_ns, nbytes, oversubscribed)
     rounds = {"all peers": {k: round(v * 1e6, 1) for k, v in measured.items()}}
     pull_us, push_us = rounds["all peers"]["words"], rounds["all peers"]["messages"]
     chosen = messages_family if push_us < pull_us else window
@@ -117,5 +122,6 @@ def _choose_gossip(comm: MPI.Comm, timeout: float, slack_ns: int, nbytes: int,
                                         f"pulls {pull_us:.0f} us, pushes {push_us:.0f} us "
                                         f"per model mixed",
                   rounds=rounds, unit="us per model mixed", message_bytes=nbytes,
-                  window_bytes=nbytes)
+                  window_bytes=nbytes,
+                  timed={name: c.window for name, c in timed.items()})
     return chosen, report

@@ -75,12 +75,14 @@ def exchange_window(comm: MPI.Comm, g: Graph, rank: int, policy, channel, nbytes
                             policy.user_words(r, g.n), publish, outbox)
                for r in range(g.n)]
     policy.layouts = layouts
-    # the policy's needs the window takes (a mailbox's retain)
+    # the policy's needs the window takes (a mailbox's retain, whether writers wait
+    # for their readers' release)
     options: Dict[str, Any] = channel.window_options(policy)
     segments = None
     if outbox:
         segments = SharedSegments(comm, layouts[rank].segment_bytes, g.in_neighbours(rank))
         options["outboxes"] = (segments.own, segments.peers)
+        options["double_buffered"] = double_buffered
     try:
         win = open_window(comm, g, layouts, rank, channel.window_class(), dtype, timeout,
                           slack_ns, **options)

@@ -26,9 +26,9 @@ from ..launch import cores, shm_leftovers
 from ..launch.faults import install_abort_hook
 from ..launch.ranks import check_world_size
 from ..rc import rc
-from ..sync import Reads, StepContext
+from ..sync import StepContext
 from ..sync.records import Records
-from ..transports import make_transport, resolve
+from ..transports import resolve
 from . import survive
 from .agreement import agree
 from .checks import GraphSpec, check_locally
@@ -252,13 +252,9 @@ class Exchange:
                 # a gossip loop never waits: where ranks share cores, it yields once a
                 # step while its pushes are in flight (PushWindow.yields)
                 self._win.yields = self.oversubscribed
-            if self._policy.reads is Reads.EXACT:
-                # NOTIFY-ACK's steps go through a transport over the channel; every other
-                # policy's through the window's own put, waits and ack
-                self._ctx.channel = make_transport(self.transport, self._win,
-                                                   self.double_buffered)
-                # the "ack" of version 0: every slot is free for version 1
-                self._ctx.channel.start(self._ctx.checksum)
+            # the release of version 0: every slot is free for version 1 (a message
+            # channel posts the receives of version 1; the others have nothing to do)
+            self._win.release(0, self._ctx.checksum)
             if self.double_buffered:
                 self._enter_slots()
             if self._stager is not None and self._policy.reduces_last and rc.device_reduce:

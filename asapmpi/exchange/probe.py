@@ -8,11 +8,16 @@ the MPI stack, not of its name: on shared memory a window word costs a store, on
 MPICH's active-message network path and on Open MPI's UCX over TCP it is several round
 trips that wait for the target's CPU, while a message costs one.
 
-`measure` opens two slot windows on the graph given (asapmpi.exchange.construction, as
-the exchange makes its own), one with window words and one with messages, and times
-ROUNDS NOTIFY-ACK steps on each after WARMUP steps, alternating, so that both see the
-same load (ranks oversubscribing cores, other jobs).  It runs the slot window's own
-code, with its waits, progress and timeouts.  Collective.
+`measure` opens, on the graph given, the window of each channel the resolver gives the
+policy (asapmpi.transports.channels: SharedWindow or PutWindow against MessageWindow
+for NOTIFY-ACK, PutWindow against MailboxWindow for Hop and BSP, against NewestWindow
+for async, backup_ps and elastic), and times ROUNDS steps through the channel verbs on
+each after WARMUP steps, alternating, so that both see the same load (ranks
+oversubscribing cores, other jobs).  A step is deliver(k), await_(k), release(k), each
+writer waiting for its readers' release of k - 1 (waits_for_release): one signal per
+neighbour and direction, whatever the policy's own pace, so that the two channels are
+compared on the same round trip.  It runs the window's own code, with its waits,
+progress and timeouts.  Collective.
 
 Both carry the update's size (up to MESSAGE_PROBE_BYTES, the time scaled above), as
 the exchange will: what a signal costs is not what moving a megabyte costs, and the
@@ -20,11 +25,9 @@ two can rank the transports differently.  Over TCP to a host whose CPU is starve
 put's flush waits for the target to copy every put into its window (MPICH's
 active-message RMA), while the messages' receives were posted ahead: timed with 8-byte
 signals the two were within noise and either was taken, and backup_ps ran at 1.5 or
-7.3 it/s by which (docs/BENCHMARKS.md, issue 32).  Where the window alternative is the
-shared transport (one host), whose reduce reads each update in place, the window words
-carry 8 bytes: the shared transport moves no payload, a message moves its bytes
-through MPI into the reader's slot (3x at 1 MB on Open MPI's shared memory, 1.5x at
-64 KB on MPICH's, where messages signal faster).
+7.3 it/s by which (docs/BENCHMARKS.md, issue 32).  The shared channel's deliver copies
+the update once, into its own slot, which its readers reduce in place; a message moves
+it through MPI into the reader's slot.
 
 Gossip (`measure_gossip`) has no NOTIFY-ACK step: its probe times gossip's own steps on
 each channel, a pull (publish, MPI_Rget of a random peer's two published slots,
@@ -39,16 +42,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Dict
+from typing import Any, Dict
 
 import numpy as np
 from mpi4py import MPI
 
-from .._core import Layout, MessageWindow, PushWindow, PutWindow
+from .._core import Layout
+from .._core.segments import SharedSegments
 from .._core.slotwin import settle_all
 from ..errors import NeighbourTimeoutError
 from ..reduce.graphs import graph as make_graph
-from ..transports import MessageTransport, PutTransport
+from ..sync import Await
 from .construction import open_window
 
 WARMUP = 3
@@ -57,57 +61,72 @@ ROUNDS = 15
 MESSAGE_PROBE_BYTES = 1 << 20
 
 
-def _window(comm: MPI.Comm, g, messages: bool, timeout: float, slack_ns: int,
-            nbytes: int = 8):
-    layouts = [Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0, False)
-               for r in range(g.n)]
-    win = open_window(comm, g, layouts, comm.Get_rank(),
-                      MessageWindow if messages else PutWindow, "float64", timeout,
-                      slack_ns)
-    transport = (MessageTransport if messages else PutTransport)(win)
-    transport.start(False)
-    return transport
+def _window(comm: MPI.Comm, g, channel, timeout: float, slack_ns: int, nbytes: int):
+    """`channel`'s window on `g` with one slot per sender of `nbytes`, its writers
+    waiting for their readers' release; (window, its shared-memory segments or None)."""
+    rank = comm.Get_rank()
+    layouts = [Layout(g.in_degree(r), g.out_degree(r), 1, nbytes, 0, 0,
+                      channel.in_place_read) for r in range(g.n)]
+    # a mailbox keeps no version past its release (retain 0: one slot)
+    options = {"waits_for_release": True, **dict.fromkeys(channel.takes, 0)}
+    segments = None
+    if channel.in_place_read:
+        segments = SharedSegments(comm, layouts[rank].segment_bytes, g.in_neighbours(rank))
+        options["outboxes"] = (segments.own, segments.peers)
+    try:
+        win = open_window(comm, g, layouts, rank, channel.window_class(), "float64",
+                          timeout, slack_ns, **options)
+    except BaseException:
+        if segments is not None:
+            segments.close()
+        raise
+    # the release of version 0: every slot is free for version 1
+    win.release(0)
+    return win, segments
 
 
-def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
-            update_bytes: int = 8, words_carry_update: bool = True) -> Dict[str, float]:
-    """Seconds per notify/ack round of window words ("words") and of messages
-    ("messages") over graph `g`, each step moving an update of `update_bytes` (the
-    words: 8 bytes unless `words_carry_update`, for a window whose reduce reads in
-    place), the time scaled by update_bytes / MESSAGE_PROBE_BYTES above it: the median
-    round after the warm-up, the slowest rank's; the windows' waits sleep with timer
-    slack `slack_ns` (0: the thread's own), as the exchange's will.  Collective."""
+def measure(comm: MPI.Comm, g, channels: Dict[str, Any], timeout: float,
+            slack_ns: int = 0, update_bytes: int = 8) -> Dict[str, float]:
+    """Seconds per round of each channel in `channels` (a name: the Channel the
+    resolver gave the policy in a family, asapmpi.transports.channels) over graph `g`,
+    each step moving an update of `update_bytes`, the time scaled by update_bytes /
+    MESSAGE_PROBE_BYTES above it: the median round after the warm-up, the slowest
+    rank's; the windows' waits sleep with timer slack `slack_ns` (0: the thread's own),
+    as the exchange's will.  Collective."""
     sent = max(8, min(update_bytes, MESSAGE_PROBE_BYTES)) // 8 * 8
-    words_sent = sent if words_carry_update else 8
-    sizes = {"words": words_sent, "messages": sent}
-    bufs = {name: np.zeros(size // 8, dtype=np.float64) for name, size in sizes.items()}
-    times: Dict[str, list] = {"words": [], "messages": []}
+    bufs = {name: np.zeros(sent // 8, dtype=np.float64) for name in channels}
+    times: Dict[str, list] = {name: [] for name in channels}
+    # exact versions where the channel gives them; a mailbox of newest versions may
+    # replace k by k + 1 before anyone sees it: at least k there
+    modes = {name: Await.EXACT if Await.EXACT in c.awaits else Await.AT_LEAST
+             for name, c in channels.items()}
     # on an error (a neighbour's timeout) the windows are left to MPI_Abort or
     # MPI_Finalize: freeing is collective and could wait for the rank that failed
-    transports = {"words": _window(comm, g, False, timeout, slack_ns, words_sent)}
-    transports["messages"] = _window(comm, g, True, timeout, slack_ns, sent)
+    wins = {name: _window(comm, g, c, timeout, slack_ns, sent)
+            for name, c in channels.items()}
     for k in range(1, WARMUP + ROUNDS + 1):
-        for name, transport in transports.items():
-            # each round from a common start: a slow round of the other transport (large
+        for name, (win, _) in wins.items():
+            # each round from a common start: a slow round of the other channel (large
             # messages) must not leave its skew to this one.  The lazy notifies and acks
             # go first: a neighbour may still wait for them (an MPI may issue them only
             # at a flush: Open MPI's osc over tcp does).  The window's barrier has a
             # deadline: a rank that failed its round leaves the others a timeout error,
             # not a hang
             settle_all(timeout)
-            transport.window.barrier(timeout)
-            # one NOTIFY-ACK step, as the policy runs it (asapmpi.sync.notify_ack)
+            win.barrier(timeout)
+            # one step through the channel verbs, as NOTIFY-ACK runs it
             t0 = time.perf_counter()
-            transport.send(bufs[name], k, timeout, False)
-            transport.wait(k, timeout)
-            transport.release(k, False)
+            win.deliver(bufs[name], k, timeout)
+            win.await_(k, timeout, modes[name])
+            win.release(k)
             if k > WARMUP:
                 times[name].append(time.perf_counter() - t0)
-    for transport in transports.values():
-        transport.free()
-    scale = {"words": max(1.0, update_bytes / sent) if words_carry_update else 1.0,
-             "messages": max(1.0, update_bytes / sent)}
-    return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX) * scale[name]
+    for win, segments in wins.values():
+        win.free()
+        if segments is not None:
+            segments.close()
+    scale = max(1.0, update_bytes / sent)
+    return {name: comm.allreduce(statistics.median(ts), op=MPI.MAX) * scale
             for name, ts in times.items()}
 
 
@@ -115,14 +134,15 @@ def measure(comm: MPI.Comm, g, timeout: float, slack_ns: int = 0,
 GOSSIP_STEPS = 4
 
 
-def _gossip_window(comm: MPI.Comm, g, push: bool, timeout: float, slack_ns: int,
+def _gossip_window(comm: MPI.Comm, g, channel, timeout: float, slack_ns: int,
                    nbytes: int):
     # the gossip exchange's layout: complete graph, no receive slots, two published
-    # slots (a pull's) and the time table's words (what a push carries)
-    layouts = [Layout(g.in_degree(r), g.out_degree(r), 0, nbytes, 1 + g.n, 0 if push else 2,
+    # slots where a pull reads them and the time table's words (what a push carries)
+    publish = 2 if channel.reads_published else 0
+    layouts = [Layout(g.in_degree(r), g.out_degree(r), 0, nbytes, 1 + g.n, publish,
                       False) for r in range(g.n)]
-    win = open_window(comm, g, layouts, comm.Get_rank(),
-                      PushWindow if push else PutWindow, "float64", timeout, slack_ns)
+    win = open_window(comm, g, layouts, comm.Get_rank(), channel.window_class(),
+                      "float64", timeout, slack_ns)
     return win, layouts
 
 
@@ -151,10 +171,12 @@ def _gossip_step(win, layouts, buf, tmp, version: int, rng, timeout: float) -> i
     return 1
 
 
-def measure_gossip(comm: MPI.Comm, timeout: float, slack_ns: int = 0,
-                   update_bytes: int = 8, oversubscribed: bool = False) -> Dict[str, float]:
-    """Seconds per model mixed of gossip by pulls ("words": a window's one-sided read)
-    and by pushes ("messages"), each step moving a model of `update_bytes` (up to
+def measure_gossip(comm: MPI.Comm, channels: Dict[str, Any], timeout: float,
+                   slack_ns: int = 0, update_bytes: int = 8,
+                   oversubscribed: bool = False) -> Dict[str, float]:
+    """Seconds per model mixed of gossip on each channel of `channels` (a name: the
+    Channel the resolver gave gossip in a family: a window's one-sided pull, or pushes),
+    each step moving a model of `update_bytes` (up to
     MESSAGE_PROBE_BYTES, the time scaled above): the median round of GOSSIP_STEPS steps
     after the warm-up, the slowest rank's, per step, times (steps x ranks) / models
     mixed; the pushes yield where the ranks share cores (`oversubscribed`), as the
@@ -163,10 +185,12 @@ def measure_gossip(comm: MPI.Comm, timeout: float, slack_ns: int = 0,
     g = make_graph("complete", n)
     sent = max(8, min(update_bytes, MESSAGE_PROBE_BYTES)) // 8 * 8
     rng = np.random.default_rng([7, rank])
-    names = {"words": False, "messages": True}
-    wins = {name: _gossip_window(comm, g, push, timeout, slack_ns, sent)
-            for name, push in names.items()}
-    wins["messages"][0].yields = oversubscribed
+    names = list(channels)
+    wins = {name: _gossip_window(comm, g, c, timeout, slack_ns, sent)
+            for name, c in channels.items()}
+    for win, _ in wins.values():
+        if win.pushes:
+            win.yields = oversubscribed
     bufs = {name: np.full(sent // 8, float(rank)) for name in names}
     tmp = np.empty(sent // 8)
     times: Dict[str, list] = {name: [] for name in names}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import ConfigError
 from .allreduce import Allreduce
 from .backup_ps import BackupPS
-from .base import Policy, Reads, StepContext
+from .base import Await, Policy, Reads, StepContext
 from .baselines import BSP, Async
 from .elastic import ElasticBSP
 from .gossip import Gossip
@@ -64,6 +64,6 @@ def _typed(name: str, options: dict) -> dict:
 
 
 __all__ = [
-    "BSP", "POLICIES", "Allreduce", "Async", "BackupPS", "ElasticBSP", "Gossip", "Hop",
+    "BSP", "POLICIES", "Allreduce", "Async", "Await", "BackupPS", "ElasticBSP", "Gossip", "Hop",
     "NotifyAck", "Policy", "Reads", "StepContext", "policy",
 ]

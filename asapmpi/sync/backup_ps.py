@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import ConfigError, NeighbourTimeoutError, ProtocolError
 from ..options import Option, Options
-from .base import Policy, Reads, StepContext, server_star
+from .base import Await, Policy, Reads, StepContext, server_star
 from .baselines import NEWEST
 from .feedback import RoundingFeedback
 
@@ -50,6 +50,9 @@ class BackupPS(Policy):
     #: theta once it takes updates again (on messages: docs/PROTOCOL.md 2e)
     reads = Reads.NEWEST
     writer_runs_ahead = True
+    #: the server awaits a count of workers' version k, a worker the server's k or
+    #: newer (the channel verbs); the server delivers with the seqlock sequence
+    awaits = frozenset({Await.COUNT, Await.AT_LEAST})
 
     OPTIONS = Options(
         Option("backup", int, 0, "backup workers b: the server averages workers - b", low=0),
@@ -106,7 +109,7 @@ class BackupPS(Policy):
 
     def _serve(self, win, buf, k: int, ctx: StepContext) -> None:
         need = win.n_in - self.backup
-        win.wait_notifies_count(k, need, ctx.timeout)
+        win.await_(k, ctx.timeout, Await.COUNT, need)
         arrived = np.flatnonzero(win.newest_versions(k) == k)
         chosen = self._rng.permutation(arrived)[:need]
         versions = np.zeros(win.n_in, dtype=np.int64)
@@ -122,13 +125,13 @@ class BackupPS(Policy):
         self.reduced.append((k, *versions))
         self._rounding.round_into(buf, ctx)
         # workers may be reading the previous version: seqlock write
-        win.put(buf, k, k, seqlock=True, checksum=ctx.checksum)
+        win.deliver(buf, k, ctx.timeout, ctx.checksum)
 
     def _fetch(self, win, buf, k: int, ctx: StepContext) -> int:
         start = time.monotonic()
         while True:
-            win.wait_notifies(k, max(ctx.timeout - (time.monotonic() - start), 1e-3),
-                              at_least=True)
+            win.await_(k, max(ctx.timeout - (time.monotonic() - start), 1e-3),
+                       Await.AT_LEAST)
             if win.reduce(buf, 0.0, np.ones(1), k, k, NEWEST, seqlock=True,
                           checksum=ctx.checksum, renormalize=False) == 1:
                 got = int(win.last_versions[0])

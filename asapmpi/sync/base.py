@@ -37,6 +37,23 @@ class Reads(str, enum.Enum):
     NOTHING = "nothing"
 
 
+class Await(enum.IntEnum):
+    """What a channel's await_(k) waits for (the channel verbs, asapmpi.transports):
+    a policy on the verbs declares the modes it uses (Policy.awaits), a channel the
+    modes it gives (Channel.awaits).  The numbers are the core's (asapmpi._core's
+    AWAIT_MODES, in this order)."""
+
+    #: every in-neighbour's version k
+    EXACT = 0
+    #: every in-neighbour's version k or a newer one (writers that run ahead)
+    AT_LEAST = 1
+    #: version k from at least `count` in-neighbours (backup workers)
+    COUNT = 2
+    #: from every in-neighbour a whole version in [count, k], the newest per
+    #: in-neighbour (bounded staleness)
+    NEWEST = 3
+
+
 @dataclass
 class StepContext:
     """What a policy needs for one step, fixed at Exchange creation."""
@@ -51,10 +68,6 @@ class StepContext:
     #: double buffering (Exchange(double_buffer=True)): this rank's two own slots;
     #: version k is computed in buffers[k % 2] and reduced into the other
     buffers: Tuple[np.ndarray, ...] = ()
-    #: NOTIFY-ACK's step over the channel the exchange resolved (an
-    #: asapmpi.transports.Transport: send(k), wait(k), release(k)), for policies that
-    #: read exact versions (Reads.EXACT); the others drive the window itself
-    channel: Optional[Any] = None
     #: a 16-bit buffer's float32 mix (the sums before rounding) also goes here when set
     #: (Exchange.keep_float32_mix), counted in wide_count (policies without a window)
     wide: Optional[np.ndarray] = None
@@ -97,6 +110,14 @@ class Policy:
     #: rewritten, or only the newest of several versions): a channel must let a writer
     #: run ahead
     writer_runs_ahead = False
+    #: the await modes (Await) it uses through the channel verbs (deliver, await_,
+    #: release, progress, drain: asapmpi.transports); the resolver gives it only a
+    #: channel that has them.  Empty: it drives its window by the window's own calls
+    #: (the policies not yet on the verbs: tests/test_channels.py lists them)
+    awaits: FrozenSet[Await] = frozenset()
+    #: whether it delivers each version to every out-neighbour (deliver(k)); a channel
+    #: that sends to one chosen peer (a push) does not
+    delivers = False
     #: how many versions behind its last ack the reader may still reduce: after ack(c)
     #: the oldest version a later iteration reads is c + 1 - retain, so a channel that
     #: refills slots by itself (a mailbox) must keep versions > c - retain (Hop's

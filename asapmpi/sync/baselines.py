@@ -25,10 +25,13 @@ class BSP(Policy):
     reduces_last = True
     #: its slots after the barrier, by their notify words
     reads = Reads.WORDS
+    #: deliver on the channel verbs (the seqlock sequence, no notify: the barrier tells
+    #: the readers); the barrier and wait_delivered are still the window's own
+    delivers = True
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Write version k with the seqlock sequence."""
-        win.put(buf, version, version, seqlock=True, notify=False, checksum=ctx.checksum)
+        """Deliver version k (the seqlock sequence: its writers wait for no reader)."""
+        win.deliver(buf, version, ctx.timeout, ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Barrier, then reduce the version-k inputs found whole."""
@@ -50,10 +53,13 @@ class Async(Policy):
     #: any whole version in each slot, the newest that arrived; puts never wait
     reads = Reads.NEWEST
     writer_runs_ahead = True
+    #: on the channel verbs: deliver (never waiting, in the seqlock order, without a
+    #: notify: nobody awaits), then the reduce of what the slots hold
+    delivers = True
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Write version k with the seqlock sequence."""
-        win.put(buf, version, version, seqlock=True, notify=False, checksum=ctx.checksum)
+        """Deliver version k (the seqlock sequence: its writers wait for no reader)."""
+        win.deliver(buf, version, ctx.timeout, ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Reduce whatever whole versions the slots hold, without waiting."""

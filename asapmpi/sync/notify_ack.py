@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from .base import Policy, Reads, StepContext
+from .base import Await, Policy, Reads, StepContext
 from .records import entry_trace
 
 
@@ -50,6 +50,9 @@ class NotifyAck(Policy):
     # exactly version k from every in-neighbour; a slot is rewritten only after every
     # out-neighbour acknowledged it (so it may also be read in place)
     reads = Reads.EXACT
+    # it steps through the channel verbs: deliver(k), await_(k, EXACT), release(k)
+    awaits = frozenset({Await.EXACT})
+    delivers = True
     # what asapmpi.trace needs to pick the bound of Hop's Table 1 for NOTIFY-ACK
     setting = "notify_ack"
     max_gap = 1
@@ -82,22 +85,21 @@ class NotifyAck(Policy):
         return self.receive(win, buf, version, ctx)
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Steps 1-2: once the slots are free (acks of version-1), deliver and notify
+        """Steps 1-2: once the slots are free (the releases of version-1), deliver
         `version`, on whichever channel the exchange resolved (asapmpi.transports)."""
         self._started = time.monotonic()
-        ctx.channel.send(buf, version, ctx.timeout, ctx.checksum,
-                         copy=not self._whole_step)
+        win.deliver(buf, version, ctx.timeout, ctx.checksum, not self._whole_step)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Steps 3-5: wait for `version` from every in-neighbour, reduce, acknowledge."""
-        ctx.channel.wait(version, ctx.timeout)
+        win.await_(version, ctx.timeout)
         out, own = buf, None
         if ctx.buffers:
             out, own = ctx.buffers[(version + 1) % 2], buf
         # every in-neighbour's version k, or ProtocolError before the buffer is touched
         win.reduce(out, ctx.w_self, ctx.weights, version, version, version,
                    checksum=ctx.checksum, require_all=True, own=own)
-        ctx.channel.release(version, ctx.checksum)
+        win.release(version, ctx.checksum)
         # iteration k+1 cannot have begun before step k started, and has begun by now
         row = self.entries.next_row(2)
         row[0], row[1] = self._started, time.monotonic()

@@ -1,4 +1,4 @@
-"""How NOTIFY-ACK's updates reach the slots: one class per transport, one interface.
+"""How the policies' updates reach the slots: one channel per window class, one verb set.
 
 Every transport moves version k of this rank's buffer into its out-neighbours' slots
 for that sender, and tells a reader when all of its slots hold version k; the slot
@@ -16,48 +16,37 @@ messages   one two-sided message per               the reader's next receive, po
            out-neighbour, received into the slot
 =========  ======================================  ==================================
 
-Policies that wait on window words rather than steps (Hop's rotating slots and token
-counters, BSP's slots after its barrier) drive the window themselves; on "messages"
-their window is a mailbox (asapmpi._core.MailboxWindow, asapmpi/_core/mailbox.pxi)
-whose own put, waits and ack move the messages.  Policies that read each sender's newest
-version (async, backup_ps, elastic) get a mailbox of newest versions there
-(NewestWindow, newest.pxi), whose writers never wait for a reader; gossip pushes there
-(PushWindow, push.pxi: each rank sends its model to the peer its schedule chose).
+Every window class of asapmpi._core (put, shared, messages, mailbox, newest, push: a
+SlotWindow subclass in its own .pxi file) implements the same channel verbs, each one
+call into the core: deliver(k) (the update to every out-neighbour's slot: a put, one
+copy into the own shared slot, a message, a mailbox's staged message), await_(k, mode)
+(asapmpi.sync.Await: exact, at least, a count of, or the newest versions from the
+in-neighbours), release(k) (this rank is done with k: an ack word, the next receive, a
+repost), progress() (one poll of its progress) and drain() (complete the lazily issued
+words and the tokens held back).  Its writer's discipline is fixed when the window is
+made (Channel.window_options): waits_for_release (a policy that reads exact versions,
+NOTIFY-ACK) makes deliver(k) wait for the releases of k - 1 and release(k) the ack its
+writers wait for, else deliver writes in the seqlock order; notifies=False (a policy
+on the verbs that never awaits: async, BSP) leaves out the notify.
 
-Which of these a policy gets is decided in one place, asapmpi.transports.channels: every
-window class of asapmpi._core (put, shared, messages, mailbox, newest, push: a SlotWindow
-subclass in its own .pxi file, with one hook per job: send an update, where a slot is,
-progress, drain at free) advertises the needs it serves and what it can do, a policy
-declares what it needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain), and
-`channels.resolve(family, policy)` gives the channel.  NOTIFY-ACK's step over a channel
-is one Transport class here.  `asapmpi.exchange.probe` times the window words against
-messages and `Exchange(transport="auto")` takes the faster among the families that fit.
-A new channel (GPU memory, say) is one more window class, one more row in
-channels.CHANNELS and, for NOTIFY-ACK, one more module with a Transport subclass,
-registered in TRANSPORT_CLASSES.
+Which channel a policy gets is decided in one place, asapmpi.transports.channels: every
+window class advertises the needs it serves and what it can do (including the verbs
+that mean something on it: Channel.delivers, Channel.awaits), a policy declares what it
+needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain, Policy.awaits,
+Policy.delivers), and `channels.resolve(family, policy)` gives the channel.
+NOTIFY-ACK and async step through the verbs alone, BSP but for its barrier, backup_ps
+but for its workers' ordered put; the other policies still call window methods of their
+own besides (tests/test_channels.py lists them).  `asapmpi.exchange.probe`
+times the channels the resolver gives the policy in each family, and
+`Exchange(transport="auto")` takes the faster among the families that fit.  A new
+channel (GPU memory, say) is one more window class with the verbs and one more row in
+channels.CHANNELS.
 """
 from __future__ import annotations
 
-from .base import Transport
 from .channels import CHANNELS, FAMILIES, Channel, families, resolve
-from .messages import MessageTransport
-from .put import PutTransport
-from .shared import SharedTransport
 
-#: NOTIFY-ACK's step over each family's channel (Reads.EXACT)
-TRANSPORT_CLASSES = {cls.name: cls for cls in (PutTransport, SharedTransport,
-                                               MessageTransport)}
 #: what Exchange(transport=...) takes
 TRANSPORTS = ("auto", *FAMILIES)
 
-
-def make_transport(name: str, window, double_buffered: bool = False) -> Transport:
-    """The transport `name` ("put", "shared", "messages") over `window`."""
-    if name == "shared":
-        return SharedTransport(window, double_buffered)
-    return TRANSPORT_CLASSES[name](window)
-
-
-__all__ = ["CHANNELS", "FAMILIES", "TRANSPORTS", "TRANSPORT_CLASSES", "Channel",
-           "MessageTransport", "PutTransport", "SharedTransport", "Transport", "families",
-           "make_transport", "resolve"]
+__all__ = ["CHANNELS", "FAMILIES", "TRANSPORTS", "Channel", "families", "resolve"]

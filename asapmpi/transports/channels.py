@@ -11,18 +11,38 @@ backup_ps and elastic a mailbox of newest versions, gossip pushes (each rank sen
 model to the peer its schedule chose; the receiver mixes the newest whole versions that
 arrived: a "pull" need served without a one-sided read, docs/PROTOCOL.md 2h).
 
-=============  ========  ===================  ========  =======  =====  ========  ====
-window class   family    serves (Reads)       in-place  remote   runs   needs     one
-                                              read      atomics  ahead  progress  host
-=============  ========  ===================  ========  =======  =====  ========  ====
-PutWindow      put       exact, words,        -         yes      yes    yes       -
-                         newest, pull
-SharedWindow   shared    exact                yes       yes      -      -         yes
-MessageWindow  messages  exact                -         -        -      -         -
-MailboxWindow  messages  words                -         -        -      -         -
-NewestWindow   messages  newest               -         -        yes    -         -
-PushWindow     messages  pull                 -         -        yes    -         -
-=============  ========  ===================  ========  =======  =====  ========  ====
+=============  ========  ===================  ========  =======  =====  ====  =======  ===========
+window class   family    serves (Reads)       in-place  remote   runs   one   deliver  await_
+                                              read      atomics  ahead  host           (Await)
+=============  ========  ===================  ========  =======  =====  ====  =======  ===========
+PutWindow      put       exact, words,        -         yes      yes    -     yes      exact,
+                         newest, pull                                                  at_least,
+                                                                                       count,
+                                                                                       newest
+SharedWindow   shared    exact                yes       yes      -      yes   yes      exact,
+                                                                                       at_least,
+                                                                                       count,
+                                                                                       newest
+MessageWindow  messages  exact                -         -        -      -     yes      exact
+MailboxWindow  messages  words                -         -        -      -     yes      exact,
+                                                                                       at_least,
+                                                                                       count,
+                                                                                       newest
+NewestWindow   messages  newest               -         -        yes    -     yes      at_least,
+                                                                                       count,
+                                                                                       newest
+PushWindow     messages  pull                 -         -        yes    -     -        -
+=============  ========  ===================  ========  =======  =====  ====  =======  ===========
+
+Every channel implements the same verbs (asapmpi._core.SlotWindow: deliver(k),
+await_(k, mode), release(k), progress(), drain()); the last two columns say which of
+them mean something on it: whether deliver(k) reaches every out-neighbour (a push goes
+to one peer its policy chose: push()) and which await modes (asapmpi.sync.Await) it
+gives (a message channel's receive is posted for one version: exact only; a mailbox of
+newest versions may replace version k by k + 1 before anyone sees it: no exact; a count
+of version k counts the senders whose newest is k, for a policy whose writers cannot
+pass k before it reads, backup_ps's workers).  A policy on the verbs declares the modes
+it uses (Policy.awaits, Policy.delivers), and a channel fits it only when it has them.
 
 The message channels carry an update of at most MESSAGE_LIMIT bytes (one message), and
 the mailboxes take the reader's `retain` (Policy.retain: how many versions behind its
@@ -44,7 +64,11 @@ from dataclasses import dataclass
 from typing import FrozenSet, Optional, Tuple
 
 from ..errors import ConfigError
-from ..sync.base import Reads
+from ..sync.base import Await, Reads
+
+#: the await modes of a channel whose waits read window words (its own, written by
+#: one-sided atomics or by its message pump)
+_WORD_AWAITS = frozenset(Await)
 
 #: the largest update the message channels send (one message, MPI's int count of bytes,
 #: and the mailbox's 32-byte trailer)
@@ -68,11 +92,12 @@ class Channel:
     remote_atomics: bool
     #: a writer's update never waits for its reader
     writer_may_run_ahead: bool
-    #: a one-sided operation may stay incomplete until its target calls into MPI
-    #: (passive-target progress), which a network path may not give
-    needs_progress: bool
     #: every rank must be on one host (it maps the others' memory)
     one_host: bool
+    #: the await modes (asapmpi.sync.Await) its await_() gives
+    awaits: FrozenSet[Await] = frozenset()
+    #: its deliver(k) reaches every out-neighbour
+    delivers: bool = True
     #: the largest update it carries in bytes (None: any)
     max_update_bytes: Optional[int] = None
     #: the policy needs (Policy attributes) the window class takes as keywords
@@ -89,12 +114,21 @@ class Channel:
 
     def fits(self, policy) -> bool:
         """Whether this channel serves what `policy` needs."""
-        return policy.reads in self.serves and (self.writer_may_run_ahead
-                                                or not policy.writer_runs_ahead)
+        return (policy.reads in self.serves
+                and (self.writer_may_run_ahead or not policy.writer_runs_ahead)
+                and policy.awaits <= self.awaits
+                and (self.delivers or not policy.delivers))
 
     def window_options(self, policy) -> dict:
-        """The keywords the window class takes from `policy`'s needs (retain)."""
-        return {name: getattr(policy, name) for name in self.takes}
+        """The keywords the window class takes from `policy`'s needs: retain where the
+        channel takes it, whether its writers wait for their readers' release
+        (waits_for_release: a policy that reads exact versions) and whether deliver()
+        notifies (not for a policy on the verbs that never awaits: its readers take
+        what the slots hold)."""
+        options = {name: getattr(policy, name) for name in self.takes}
+        options["waits_for_release"] = policy.reads is Reads.EXACT
+        options["notifies"] = bool(policy.awaits) or not policy.delivers
+        return options
 
 
 #: every channel, one per window class of asapmpi._core; a family's channels in the
@@ -103,26 +137,27 @@ CHANNELS: Tuple[Channel, ...] = (
     Channel("PutWindow", "put", frozenset({Reads.EXACT, Reads.WORDS, Reads.NEWEST,
                                            Reads.PULL}),
             in_place_read=False, remote_atomics=True, writer_may_run_ahead=True,
-            needs_progress=True, one_host=False, reads_published=True),
+            one_host=False, awaits=_WORD_AWAITS, reads_published=True),
     Channel("SharedWindow", "shared", frozenset({Reads.EXACT}),
             in_place_read=True, remote_atomics=True, writer_may_run_ahead=False,
-            needs_progress=False, one_host=True),
+            one_host=True, awaits=_WORD_AWAITS),
     Channel("MessageWindow", "messages", frozenset({Reads.EXACT}),
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=False,
-            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT),
+            one_host=False, awaits=frozenset({Await.EXACT}),
+            max_update_bytes=MESSAGE_LIMIT),
     Channel("MailboxWindow", "messages", frozenset({Reads.WORDS}),
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=False,
-            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT,
+            one_host=False, awaits=_WORD_AWAITS, max_update_bytes=MESSAGE_LIMIT,
             takes=("retain",)),
     Channel("NewestWindow", "messages", frozenset({Reads.NEWEST}),
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
-            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT,
-            takes=("retain",)),
+            one_host=False, awaits=frozenset({Await.AT_LEAST, Await.COUNT, Await.NEWEST}),
+            max_update_bytes=MESSAGE_LIMIT, takes=("retain",)),
     # gossip's need met by pushes: nobody reads one-sidedly, so nobody waits for the
     # peer's MPI progress (a pull on MPICH's TCP path cost 6-10x MPI_Allreduce)
     Channel("PushWindow", "messages", frozenset({Reads.PULL}),
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
-            needs_progress=False, one_host=False, max_update_bytes=MESSAGE_LIMIT),
+            one_host=False, delivers=False, max_update_bytes=MESSAGE_LIMIT),
 )
 
 #: the families, in the order they are offered (what Exchange(transport=...) takes,

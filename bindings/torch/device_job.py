@@ -1,6 +1,7 @@
-"""One job of the staged device channel's benchmark (issue 30): on every rank at once,
+"""One job of the staged device channel's benchmark (issue 30; with the bindings: it
+makes torch tensors on the device), on every rank at once:
 
-    mpiexec -n 4 python -m asapmpi.bench.device_job --device cuda --mb 64 --out OUT.json
+    mpiexec -n 4 python -m asapmpi.torch.device_job --device cuda --mb 64 --out OUT.json
 
   floor    one copy each way between the device buffer and its pinned host buffer
            (the staged channel's own ops: to_host, wait_host, to_device, wait_device),
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     from asapmpi.device import Stager, device_buffer
     from asapmpi.outputs import output_file
 
-    parser = argparse.ArgumentParser(prog="python -m asapmpi.bench.device_job")
+    parser = argparse.ArgumentParser(prog="python -m asapmpi.torch.device_job")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--mb", type=float, default=64.0, help="buffer size, MB")
     parser.add_argument("--sync", default="notify_ack")
