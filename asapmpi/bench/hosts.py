@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import AsapError, ConfigError
 
@@ -113,13 +113,23 @@ class OneHost:
         """One line for the report."""
         return "one host (no emulated links: every rank shares memory)"
 
+    def command(self, ranks: int, program: Sequence[str], timeout: float,
+                env: Optional[Dict[str, str]] = None, fault_tolerance: bool = False
+                ) -> Tuple[List[str], Dict[str, str]]:
+        """The command line and whole environment that run `program` on `ranks` ranks;
+        `fault_tolerance`: launched so that the ranks survive a dead one in place
+        (ConfigError where this MPI cannot)."""
+        from ..launch.ranks import launch_command
+
+        cmd, job_env = launch_command(ranks, list(program), None, timeout, fault_tolerance)
+        return cmd, {**job_env, **(env or {})}
+
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks; its exit code."""
-        from ..launch.ranks import call_job, launch_command
+        from ..launch.ranks import call_job
 
-        cmd, job_env = launch_command(ranks, list(program), None, timeout)
-        return call_job(cmd, {**job_env, **(env or {})})
+        return call_job(*self.command(ranks, program, timeout, env))
 
 
 class EmulatedHosts:
@@ -227,10 +237,15 @@ class EmulatedHosts:
         """The ranks netns-hosts puts on `host` (round-robin over the hosts)."""
         return [r for r in range(ranks) if r % self.hosts == host]
 
-    def run(self, ranks: int, program: Sequence[str], timeout: float,
-            env: Optional[Dict[str, str]] = None) -> int:
-        """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
-        from ..launch.ranks import call_job, find_mpiexec
+    def command(self, ranks: int, program: Sequence[str], timeout: float,
+                env: Optional[Dict[str, str]] = None, fault_tolerance: bool = False
+                ) -> Tuple[List[str], Dict[str, str]]:
+        """The command line and whole environment that run `program` on `ranks` ranks
+        spread over the hosts; `fault_tolerance`: launched so that the ranks survive a
+        dead one in place (Open MPI 5's `--with-ft ulfm`; ConfigError where this MPI
+        cannot)."""
+        from ..launch.ranks import find_mpiexec
+        from ..launchers import ulfm_refusal
 
         job_env = dict(os.environ, **(env or {}))
         # the launcher of the MPI mpi4py uses, not the first mpiexec on PATH
@@ -246,6 +261,19 @@ class EmulatedHosts:
             # their training clock runs (asapmpi.launch.budget): a starved host does not
             # spend minutes importing torch, evaluating and shutting down
             job_env["NETNS_HOSTS_BUDGET"] = "deferred"
+        ft: List[str] = []
+        if fault_tolerance:
+            why = ulfm_refusal(job_env["MPIEXEC"])
+            if why:
+                raise ConfigError(why)
+            ft = ["--with-ft", "ulfm"]
+        return [str(NETNS_HOSTS), "mpiexec", self.prefix, *ft, "-n", str(ranks),
+                *program], job_env
+
+    def run(self, ranks: int, program: Sequence[str], timeout: float,
+            env: Optional[Dict[str, str]] = None) -> int:
+        """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
+        from ..launch.ranks import call_job
+
         # (the script execs mpiexec: it dies with this process, and the ranks with it)
-        return call_job([str(NETNS_HOSTS), "mpiexec", self.prefix, "-n", str(ranks),
-                         *program], job_env)
+        return call_job(*self.command(ranks, program, timeout, env))
