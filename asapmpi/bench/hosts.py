@@ -267,6 +267,9 @@ class EmulatedHosts:
             if why:
                 raise ConfigError(why)
             ft = ["--with-ft", "ulfm"]
+            # as asapmpi.launchers.command: osc ucx cannot run over ob1 (ULFM's pml)
+            # and would print its refusal on every rank
+            job_env.setdefault("OMPI_MCA_osc", "^ucx")
         return [str(NETNS_HOSTS), "mpiexec", self.prefix, *ft, "-n", str(ranks),
                 *program], job_env
 
