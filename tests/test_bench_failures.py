@@ -48,6 +48,13 @@ def test_bad_input_is_one_line_before_any_job(args, words):
     assert len(lines) == 1 and words in lines[0], proc.stderr
 
 
+def test_inside_an_mpi_job_it_says_run_it_outside():
+    # it launches its jobs itself: started by mpiexec, every rank would launch them all
+    proc = _bench(env=dict(os.environ, PMI_RANK="0"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "run it outside mpiexec/srun" in proc.stderr, proc.stderr
+
+
 def _row(label, seed, way, acc, ranks=8, lost=()):
     return {"label": label, "seed": seed, "way": way, "exit": 0, "accuracy": acc,
             "time_to_target_s": None, "ranks_at_end": ranks, "iterations": 300,

@@ -128,8 +128,12 @@ def workload_of(args: argparse.Namespace) -> Workload:
 def check(args: argparse.Namespace, work: Workload) -> List[Tuple[str, str, Dict[str, Any]]]:
     """ConfigError before anything starts; the runs as (label, sync, graph, options).
     Fills in the default kill."""
+    from ..launch.ranks import inside_mpi_job
     from ..train.config import parse_run_spec
 
+    if inside_mpi_job():
+        raise ConfigError("bench failures launches one job per run itself; run it outside "
+                          "mpiexec/srun, with -n for the ranks")
     if args.ranks < 3:
         raise ConfigError(f"-n must be at least 3 (a rank dies, two go on), got {args.ranks}")
     if work.iters < 2:
