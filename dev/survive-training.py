@@ -27,6 +27,9 @@ def main() -> int:
     p.add_argument("--out", required=True)
     args, rest = p.parse_known_args()
     os.makedirs(args.out, exist_ok=True)
+    # Open MPI refuses root without these (the emulated hosts need root)
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return asapmpi(["bench", "failures", "-n", "8", "--hosts", "4", "--workload", "mlp",
                     "--iters", "300", "--eval-every", "60", "--timeout", "60",
                     "--policies", args.policies, "--seeds", args.seeds,
