@@ -45,14 +45,7 @@ from ..errors import ConfigError
 from ..outputs import output_file, output_folder
 from ..train.metric import ACCURACY
 from .common import publish
-from .hosts import (
-    EmulatedHosts,
-    OneHost,
-    cgroup_cpu_unavailable,
-    check_rate,
-    default_cores,
-    emulation_unavailable,
-)
+from .hosts import add_host_arguments, check_rate, choose_hosts
 from .training import WORKLOADS, Workload, _list, smoothed
 
 WAYS = ("none", "survive", "restart")
@@ -72,16 +65,7 @@ def kill_spec(text: str) -> Tuple[int, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `asapmpi bench failures`."""
-    parser.add_argument("-n", "--ranks", type=int, default=8, help="ranks (default 8)")
-    parser.add_argument("--hosts", type=int, default=4,
-                        help="emulated hosts the ranks are spread over (default 4)")
-    parser.add_argument("--bandwidth", default="10gbit",
-                        help="each host's link (tc rate, default 10gbit)")
-    parser.add_argument("--one-host", action="store_true",
-                        help="no emulated hosts: every rank on this host")
-    parser.add_argument("--host-cores", type=float,
-                        help="each emulated host's CPU budget in cores (default: 0.9 of "
-                             "this machine's cores shared by the hosts)")
+    add_host_arguments(parser, "10gbit")
     parser.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS),
                         help="what each run trains, as `bench training` (default mlp)")
     parser.add_argument("--iters", type=int, help="iterations per run (workload default)")
@@ -392,18 +376,7 @@ def run(args: argparse.Namespace) -> int:
     check_runs(args, work, runs, ways)
     if note:
         _say(note)
-    why_not = None if args.one_host else emulation_unavailable()
-    if why_not:
-        _say(f"no emulated hosts ({why_not}): every rank on this host")
-    cores = None
-    if not (args.one_host or why_not):
-        no_cgroup = cgroup_cpu_unavailable()
-        if no_cgroup:
-            _say(f"no CPU budgets ({no_cgroup})")
-        else:
-            cores = args.host_cores or default_cores(args.hosts)
-    hosts = OneHost() if args.one_host or why_not else \
-        EmulatedHosts(args.hosts, args.bandwidth, cores=cores)
+    hosts, _ = choose_hosts(args, _say)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     rows = []
     with tempfile.TemporaryDirectory(prefix="asapmpi-bench-failures-") as tmp:

@@ -96,6 +96,40 @@ def cgroup_cpu_unavailable() -> Optional[str]:
     return "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu, or v2 with cpu)"
 
 
+def add_host_arguments(parser, bandwidth: str) -> None:
+    """-n, --hosts, --bandwidth (default `bandwidth`), --one-host and --host-cores: the
+    options of the benchmarks that run on emulated hosts."""
+    parser.add_argument("-n", "--ranks", type=int, default=8, help="ranks (default 8)")
+    parser.add_argument("--hosts", type=int, default=4,
+                        help="emulated hosts the ranks are spread over (default 4)")
+    parser.add_argument("--bandwidth", default=bandwidth,
+                        help=f"each host's link (tc rate, default {bandwidth})")
+    parser.add_argument("--one-host", action="store_true",
+                        help="no emulated hosts: every rank on this host")
+    parser.add_argument("--host-cores", type=float,
+                        help="each emulated host's CPU budget in cores (default: 0.9 of "
+                             "this machine's cores shared by the hosts)")
+
+
+def choose_hosts(args, say, budgets: bool = True, period_us: int = 10000):
+    """(EmulatedHosts, or OneHost with --one-host or where they cannot be made, and the
+    cores of each host's CPU budget or None): what add_host_arguments' options ask for;
+    `say` gets one line for each thing that cannot be had here."""
+    why_not = None if args.one_host else emulation_unavailable()
+    if why_not:
+        say(f"no emulated hosts ({why_not}): every rank on this host")
+    cores = None
+    if budgets and not (args.one_host or why_not):
+        no_cgroup = cgroup_cpu_unavailable()
+        if no_cgroup:
+            say(f"no CPU budgets ({no_cgroup}): slow ranks spin, hosts share the cores")
+        else:
+            cores = args.host_cores or default_cores(args.hosts)
+    if args.one_host or why_not:
+        return OneHost(), cores
+    return EmulatedHosts(args.hosts, args.bandwidth, cores=cores, period_us=period_us), cores
+
+
 class OneHost:
     """Every rank on this host: shared memory between all of them, no links."""
 
