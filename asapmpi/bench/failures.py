@@ -192,15 +192,19 @@ def check_runs(args: argparse.Namespace, work: Workload, runs, ways: Sequence[st
     """Each job's `asapmpi train` arguments checked as the job would check them (a
     ConfigError in one line before any job): policy options, --survive's refusals, the
     graph on the ranks at the start and, restarting, on the ranks left."""
-    from ..cli import build_parser
+    from ..launch import restart
     from ..train import cli as train_cli
 
-    parser = build_parser()
+    # `asapmpi train`'s own options (asapmpi.cli adds them so; importing asapmpi.cli
+    # here would make an import cycle)
+    parser = argparse.ArgumentParser(prog="asapmpi train")
+    train_cli.add_arguments(parser)
+    restart.add_arguments(parser)
     for run in runs:
         for way in ways:
             argv = train_argv(args, work, run, args.seeds[0], way, tempfile.gettempdir())
             try:
-                configs = train_cli.configs(parser.parse_args(argv))
+                configs = train_cli.configs(parser.parse_args(argv[1:]))
                 train_cli.check_size(configs, args.ranks)
                 if way == "restart":
                     train_cli.check_size(configs, args.ranks - len(args.kill))
