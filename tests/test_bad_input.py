@@ -46,6 +46,9 @@ CASES = [
     (["train", "svm", "--kill-rank", "1", "--kill-in", "step"],
      "--kill-in step needs --kill-at K"),
     (["train", "svm", "--stop-for", "2"], "--stop-for continues a rank stopped by"),
+    (["train", "svm", "--kill", "1"], "give RANK@ITERATION, e.g. 5@120"),
+    (["train", "svm", "--kill", "1@5", "--kill-rank", "1"], "drop --kill-rank/--kill-at"),
+    (["train", "svm", "--kill", "1@5", "--kill", "1@9"], "each rank at most once"),
     # --survive: what it cannot carry over a failure, named (issue 31)
     (["train", "svm", "--lost-shards", "drop"], "--lost-shards says what the survivors"),
     (["train", "svm", "--survive", "--sync", "allreduce"],

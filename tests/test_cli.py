@@ -132,6 +132,8 @@ OUTPUTS = [
     (("bench", "training"), "--h5", "file"),
     (("bench", "training"), "--png", "file"),
     (("bench", "training"), "--keep", "folder"),
+    (("bench", "failures"), "--json", "file"),
+    (("bench", "failures"), "--keep", "folder"),
 ]
 
 

@@ -225,6 +225,34 @@ def test_the_optimizer_survives_and_averages_over_the_survivors(tmp_path):
         assert res["loss_end"] < res["loss_start"], res
 
 
+@needs_ulfm
+def test_the_numpy_example_trains_on_through_a_killed_rank(tmp_path):
+    # examples/survive_numpy.py: a NumPy logistic regression over an Exchange with
+    # fault_tolerance=True; rank 2 of 4 killed before its step 41 of 100; the survivors
+    # re-split the data and go on (how close to a run without a failure: docs/FAILURES.md)
+    from asapmpi.launchers import command
+
+    summary = tmp_path / "s.json"
+    cmd, extra = command("openmpi", MPIEXEC, 4, [
+        PYTHON, os.path.join(ROOT, "examples", "survive_numpy.py"), "--steps", "100",
+        "--kill-rank", "2", "--kill-at", "40", "--json", str(summary)],
+        job_timeout=120, fault_tolerance=True)
+    proc = subprocess.run(cmd, env={**_clean_env(), **extra}, capture_output=True,
+                          text=True, check=False, timeout=150, cwd=tmp_path)
+    assert proc.returncode == 0, _shown(proc)
+    assert "rank 2: fault injection: SIGKILL before step 41" in proc.stderr, _shown(proc)
+    found = json.loads(summary.read_text())
+    assert found["ranks"] == 3 and found["steps"] == 100, found
+    assert found["survivals"][0]["failed"] == [2], found
+    # every survivor made a step after the recovery; trained well above chance (50%)
+    assert len(found["resumed_monotonic"]) == 3 and all(
+        len(t) == 1 and t[0] for t in found["resumed_monotonic"]), found
+    assert found["accuracy_min"] > 0.7, found
+    said = re.findall(r"survived the failure of rank\(s\) 2 in step \d+; .*; data re-split "
+                      r"over 3 ranks: (\d+) examples here", proc.stderr)
+    assert sorted(said) == ["5461", "5461", "5462"], _shown(proc)
+
+
 def test_fault_tolerance_on_an_mpi_without_ulfm_is_refused_before_communicating():
     # this test run's MPI, the embedded MPICH: no ULFM here.  In this process only: on
     # Open MPI the suite's process leaves MPI uninitialized (tests/conftest.py), and

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import AsapError, ConfigError
 
@@ -96,6 +96,40 @@ def cgroup_cpu_unavailable() -> Optional[str]:
     return "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu, or v2 with cpu)"
 
 
+def add_host_arguments(parser, bandwidth: str) -> None:
+    """-n, --hosts, --bandwidth (default `bandwidth`), --one-host and --host-cores: the
+    options of the benchmarks that run on emulated hosts."""
+    parser.add_argument("-n", "--ranks", type=int, default=8, help="ranks (default 8)")
+    parser.add_argument("--hosts", type=int, default=4,
+                        help="emulated hosts the ranks are spread over (default 4)")
+    parser.add_argument("--bandwidth", default=bandwidth,
+                        help=f"each host's link (tc rate, default {bandwidth})")
+    parser.add_argument("--one-host", action="store_true",
+                        help="no emulated hosts: every rank on this host")
+    parser.add_argument("--host-cores", type=float,
+                        help="each emulated host's CPU budget in cores (default: 0.9 of "
+                             "this machine's cores shared by the hosts)")
+
+
+def choose_hosts(args, say, budgets: bool = True, period_us: int = 10000):
+    """(EmulatedHosts, or OneHost with --one-host or where they cannot be made, and the
+    cores of each host's CPU budget or None): what add_host_arguments' options ask for;
+    `say` gets one line for each thing that cannot be had here."""
+    why_not = None if args.one_host else emulation_unavailable()
+    if why_not:
+        say(f"no emulated hosts ({why_not}): every rank on this host")
+    cores = None
+    if budgets and not (args.one_host or why_not):
+        no_cgroup = cgroup_cpu_unavailable()
+        if no_cgroup:
+            say(f"no CPU budgets ({no_cgroup}): slow ranks spin, hosts share the cores")
+        else:
+            cores = args.host_cores or default_cores(args.hosts)
+    if args.one_host or why_not:
+        return OneHost(), cores
+    return EmulatedHosts(args.hosts, args.bandwidth, cores=cores, period_us=period_us), cores
+
+
 class OneHost:
     """Every rank on this host: shared memory between all of them, no links."""
 
@@ -113,13 +147,23 @@ class OneHost:
         """One line for the report."""
         return "one host (no emulated links: every rank shares memory)"
 
+    def command(self, ranks: int, program: Sequence[str], timeout: float,
+                env: Optional[Dict[str, str]] = None, fault_tolerance: bool = False
+                ) -> Tuple[List[str], Dict[str, str]]:
+        """The command line and whole environment that run `program` on `ranks` ranks;
+        `fault_tolerance`: launched so that the ranks survive a dead one in place
+        (ConfigError where this MPI cannot)."""
+        from ..launch.ranks import launch_command
+
+        cmd, job_env = launch_command(ranks, list(program), None, timeout, fault_tolerance)
+        return cmd, {**job_env, **(env or {})}
+
     def run(self, ranks: int, program: Sequence[str], timeout: float,
             env: Optional[Dict[str, str]] = None) -> int:
         """Run `program` on `ranks` ranks; its exit code."""
-        from ..launch.ranks import call_job, launch_command
+        from ..launch.ranks import call_job
 
-        cmd, job_env = launch_command(ranks, list(program), None, timeout)
-        return call_job(cmd, {**job_env, **(env or {})})
+        return call_job(*self.command(ranks, program, timeout, env))
 
 
 class EmulatedHosts:
@@ -227,10 +271,15 @@ class EmulatedHosts:
         """The ranks netns-hosts puts on `host` (round-robin over the hosts)."""
         return [r for r in range(ranks) if r % self.hosts == host]
 
-    def run(self, ranks: int, program: Sequence[str], timeout: float,
-            env: Optional[Dict[str, str]] = None) -> int:
-        """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
-        from ..launch.ranks import call_job, find_mpiexec
+    def command(self, ranks: int, program: Sequence[str], timeout: float,
+                env: Optional[Dict[str, str]] = None, fault_tolerance: bool = False
+                ) -> Tuple[List[str], Dict[str, str]]:
+        """The command line and whole environment that run `program` on `ranks` ranks
+        spread over the hosts; `fault_tolerance`: launched so that the ranks survive a
+        dead one in place (Open MPI 5's `--with-ft ulfm`; ConfigError where this MPI
+        cannot)."""
+        from ..launch.ranks import find_mpiexec
+        from ..launchers import ulfm_refusal
 
         job_env = dict(os.environ, **(env or {}))
         # the launcher of the MPI mpi4py uses, not the first mpiexec on PATH
@@ -246,6 +295,22 @@ class EmulatedHosts:
             # their training clock runs (asapmpi.launch.budget): a starved host does not
             # spend minutes importing torch, evaluating and shutting down
             job_env["NETNS_HOSTS_BUDGET"] = "deferred"
+        ft: List[str] = []
+        if fault_tolerance:
+            why = ulfm_refusal(job_env["MPIEXEC"])
+            if why:
+                raise ConfigError(why)
+            ft = ["--with-ft", "ulfm"]
+            # as asapmpi.launchers.command: osc ucx cannot run over ob1 (ULFM's pml)
+            # and would print its refusal on every rank
+            job_env.setdefault("OMPI_MCA_osc", "^ucx")
+        return [str(NETNS_HOSTS), "mpiexec", self.prefix, *ft, "-n", str(ranks),
+                *program], job_env
+
+    def run(self, ranks: int, program: Sequence[str], timeout: float,
+            env: Optional[Dict[str, str]] = None) -> int:
+        """Run `program` on `ranks` ranks spread over the hosts; its exit code."""
+        from ..launch.ranks import call_job
+
         # (the script execs mpiexec: it dies with this process, and the ranks with it)
-        return call_job([str(NETNS_HOSTS), "mpiexec", self.prefix, "-n", str(ranks),
-                         *program], job_env)
+        return call_job(*self.command(ranks, program, timeout, env))

@@ -77,14 +77,7 @@ from ..outputs import output_file, output_folder
 from ..train.config import LM_TARGET
 from ..train.metric import ACCURACY, Metric, metric_of
 from .common import publish
-from .hosts import (
-    EmulatedHosts,
-    OneHost,
-    cgroup_cpu_unavailable,
-    check_rate,
-    default_cores,
-    emulation_unavailable,
-)
+from .hosts import add_host_arguments, check_rate, choose_hosts
 
 SCENARIOS = ("homogeneous", "straggler-host", "random-6x", "narrow-link")
 DEFAULT_POLICIES = ("allreduce,notify_ack@root-expander,notify_ack@ring,hop:backup=1,"
@@ -168,15 +161,9 @@ def _list(kind, what: str):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `asapmpi bench training`."""
-    parser.add_argument("-n", "--ranks", type=int, default=8, help="ranks (default 8)")
-    parser.add_argument("--hosts", type=int, default=4,
-                        help="emulated hosts the ranks are spread over (default 4)")
-    parser.add_argument("--bandwidth", default="1gbit",
-                        help="each host's link (tc rate, default 1gbit)")
+    add_host_arguments(parser, "1gbit")
     parser.add_argument("--narrow-bandwidth", default="100mbit",
                         help="narrow-link: the last host's link (default 100mbit)")
-    parser.add_argument("--one-host", action="store_true",
-                        help="no emulated hosts: every rank on this host")
     parser.add_argument("--workload", default="rcv1", choices=sorted(WORKLOADS),
                         help="; ".join(f"{k}: {w.about}" for k, w in WORKLOADS.items()))
     parser.add_argument("--iters", type=int, help="iterations per run (workload default)")
@@ -197,9 +184,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds of the runs (default 0,1,2)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run each (scenario, seed) job this many times (default 1)")
-    parser.add_argument("--host-cores", type=float,
-                        help="each emulated host's CPU budget in cores (default: 0.9 of "
-                             "this machine's cores shared by the hosts)")
     parser.add_argument("--cpu-period", type=int, default=10000, metavar="US",
                         help="the CPU quota's period in microseconds (default 10000)")
     parser.add_argument("--no-cpu-budgets", action="store_true",
@@ -866,19 +850,8 @@ def run(args: argparse.Namespace) -> int:
     """Check, set up the hosts, run every job, report."""
     labels = check(args)
     work = workload_of(args)
-    why_not = None if args.one_host else emulation_unavailable()
-    if why_not:
-        print(f"[bench training] no emulated hosts ({why_not}): every rank on this host",
-              file=sys.stderr, flush=True)
-    cores = None
-    if not (args.one_host or why_not or args.no_cpu_budgets):
-        no_cgroup = cgroup_cpu_unavailable()
-        if no_cgroup:
-            _say(f"no CPU budgets ({no_cgroup}): slow ranks spin, hosts share the cores")
-        else:
-            cores = args.host_cores or default_cores(args.hosts)
-    hosts = OneHost() if args.one_host or why_not else \
-        EmulatedHosts(args.hosts, args.bandwidth, cores=cores, period_us=args.cpu_period)
+    hosts, cores = choose_hosts(args, _say, budgets=not args.no_cpu_budgets,
+                                period_us=args.cpu_period)
     links: List[str] = []
     budgets: Dict[str, str] = {}
     # a `kill` (SIGTERM) unwinds like Ctrl-C, so that the hosts, their CPU budgets and

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from ..bench import consistency as bench_consistency
     from ..bench import core as bench_core
+    from ..bench import failures as bench_failures
     from ..bench import reduce as bench_reduce
     from ..bench import soak as bench_soak
     from ..bench import stragglers as bench_stragglers
@@ -118,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "under stragglers and narrow links, "
                                                        "on emulated hosts with shaped links")
     bench_training.add_arguments(p_training)
+    p_failures = bench_sub.add_parser("failures", help="final accuracy and time to target "
+                                                       "with ranks killed: surviving in "
+                                                       "place (ULFM) and restarting from "
+                                                       "checkpoints, against no failure")
+    bench_failures.add_arguments(p_failures)
     return parser
 
 
@@ -147,6 +153,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from ..bench import training as bench_training
 
             return bench_training.run(args)     # one job per scenario and seed
+        if args.command == "bench" and args.bench == "failures":
+            from ..bench import failures as bench_failures
+
+            return bench_failures.run(args)     # one job per policy, seed and way
         if args.command in MULTI_RANK:
             return _run_multi_rank(args, argv)
         if args.command == "graph":

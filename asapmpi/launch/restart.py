@@ -145,10 +145,11 @@ def read_pids(folder: str) -> Dict[int, int]:
     return out
 
 
-def run_watched(cmd: Sequence[str], env: Mapping[str, str]) -> "tuple[int, JobReport]":
+def run_watched(cmd: Sequence[str], env: Mapping[str, str],
+                log=None) -> "tuple[int, JobReport]":
     """Run the job (call_job's rules: it dies with this process, Ctrl-C ends it and
-    propagates), forwarding its stdout and stderr as they come; return its exit code and
-    what they said."""
+    propagates), forwarding its stdout and stderr as they come (to the text file
+    `log` instead, when given); return its exit code and what they said."""
     from .ranks import child_setup
 
     report = JobReport()
@@ -162,7 +163,8 @@ def run_watched(cmd: Sequence[str], env: Mapping[str, str]) -> "tuple[int, JobRe
         # both: hydra writes its "BAD TERMINATION" block to stdout, the ranks' errors
         # reach stderr
         readers = [threading.Thread(target=_forward, args=(pipe, to, report), daemon=True)
-                   for pipe, to in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+                   for pipe, to in ((proc.stdout, log or sys.stdout),
+                                    (proc.stderr, log or sys.stderr))]
         watcher = _DeathWatch(folder, proc)
         for thread in (*readers, watcher):
             thread.start()

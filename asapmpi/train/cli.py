@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from dataclasses import replace
-from typing import List
+from typing import List, Tuple
 
 import numpy as np
 
@@ -173,6 +173,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "with it (drop: each survivor keeps its shard)")
     faults = parser.add_argument_group("fault injection (tests)")
     faults.add_argument("--kill-rank", type=int, help="this rank kills itself (SIGKILL)")
+    faults.add_argument("--kill", action="append", type=kill_spec, default=[],
+                        metavar="RANK@ITER",
+                        help="rank RANK kills itself (--kill-signal) after iteration ITER; "
+                             "repeat for several ranks (instead of --kill-rank/--kill-at)")
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
     faults.add_argument("--kill-in", choices=("start", "end", "step"),
                         help="... just before the run's start or end collective, or (step, "
@@ -188,6 +192,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 #: what the training command imports: torch, the data readers, the progress bar, the plot
 TRAIN_MODULES = ("torch", "sklearn", "scipy", "tqdm", "matplotlib")
+
+
+def kill_spec(text: str) -> Tuple[int, int]:
+    """argparse type of --kill: "5@120" -> (5, 120)."""
+    rank, at, iteration = text.partition("@")
+    if not (at and rank.strip().isdigit() and iteration.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"give RANK@ITERATION, e.g. 5@120, got {text!r}")
+    return int(rank), int(iteration)
 
 
 def configs(args: argparse.Namespace) -> List[TrainConfig]:
@@ -208,7 +220,7 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         slow_probability=args.slow_probability, slow_ranks=tuple(args.slow_ranks),
         threads=args.threads, device=args.device, dtype=args.dtype, width=args.width,
         layers=args.layers, heads=args.heads, context=args.context,
-        kill_rank=args.kill_rank, kill_at=args.kill_at,
+        kill_rank=args.kill_rank, kill_at=args.kill_at, kills=tuple(args.kill),
         kill_in=args.kill_in, kill_signal=args.kill_signal, stop_for=args.stop_for,
         survive=args.survive, lost_shards=args.lost_shards or "reassign",
         **{"balance": args.balance, "balance_every": args.balance_every,
@@ -255,7 +267,8 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
     if restart_attempt():
         # a relaunch after a failure (asapmpi.launch.restart): it resumes, and the fault
         # injected into the first attempt is not injected again
-        base = replace(base, resume=True, kill_rank=None, kill_at=None, kill_in=None)
+        base = replace(base, resume=True, kill_rank=None, kill_at=None, kill_in=None,
+                       kills=())
     return runs_from(base, args.compare)
 
 

@@ -111,7 +111,7 @@ def split_options(options: Dict[str, Any], where: str
 
 
 #: settings a resumed run may change (everything else must match the checkpoint)
-RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_in",
+RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_in", "kills",
                                "kill_signal", "stop_for", "survive", "lost_shards", "out",
                                "threads", "timeout", "eval_every",
                                "checkpoint_every", "keep", "target", "device"})
@@ -179,6 +179,9 @@ class TrainConfig:
     kill_rank: Optional[int] = None
     kill_at: Optional[int] = None
     kill_in: Optional[str] = None
+    #: --kill RANK@ITER: (rank, iteration) pairs, each rank dying after its iteration
+    #: (several ranks; instead of kill_rank/kill_at)
+    kills: Tuple[Tuple[int, int], ...] = ()
     kill_signal: str = "kill"
     #: --kill-signal stop: SIGCONT after this many seconds (0: stopped for good)
     stop_for: float = 0.0
@@ -294,6 +297,13 @@ class TrainConfig:
                               f"{self.kill_signal!r}")
         if (self.kill_in is not None or self.kill_at is not None) and self.kill_rank is None:
             raise ConfigError("--kill-at/--kill-in need --kill-rank (which rank dies)")
+        if self.kills and self.kill_rank is not None:
+            raise ConfigError("--kill RANK@ITER names every rank that dies: drop "
+                              "--kill-rank/--kill-at or --kill")
+        doomed = [r for r, _ in self.kills]
+        if len(set(doomed)) != len(doomed) or any(r < 0 or k < 0 for r, k in self.kills):
+            raise ConfigError(f"--kill: each rank at most once, ranks and iterations >= 0; "
+                              f"got {', '.join(f'{r}@{k}' for r, k in self.kills)}")
         if not (isinstance(self.stop_for, (int, float)) and math.isfinite(self.stop_for)
                 and self.stop_for >= 0):
             raise ConfigError(f"--stop-for must be a number of seconds >= 0, got "

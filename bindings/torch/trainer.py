@@ -622,6 +622,10 @@ class _Loop:
     def _iterate(self) -> None:
         cfg, opt = self.cfg, self.opt
         dies = cfg.kill_rank == self.rank and cfg.kill_at is not None
+        kill_at = cfg.kill_at if dies else None
+        for rank, at in cfg.kills:          # --kill RANK@ITER (refused with --kill-rank)
+            if rank == self.rank:
+                dies, kill_at = True, at
         # --kill-in step: inside the exchange of iteration kill_at + 1, after its send (in
         # parallel mode the step ends with the next iteration's send: dying after it is
         # the same)
@@ -645,7 +649,7 @@ class _Loop:
             if cfg.checkpoint_every and (after // cfg.checkpoint_every
                                          > before // cfg.checkpoint_every):
                 self.checkpoint()
-            if dies and not in_step and after >= cfg.kill_at:
+            if dies and not in_step and after >= kill_at:
                 # fault injection (resume and survive tests): die as a killed process
                 # does, after the iteration (--kill-in step: inside the next exchange)
                 dies = False
