@@ -16,10 +16,11 @@ fi
 
 # Rebuild only when a source file of the package changed.
 STAMP="$VENV/.asapmpi-build-stamp"
-HASH="$(cd "$ROOT" && find asapmpi bindings setup.py pyproject.toml _build -type f \
+HASH="$( (cd "$ROOT" && find asapmpi bindings setup.py pyproject.toml _build -type f \
         \( -name '*.py' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.pxd' -o -name '*.h' \
            -o -name '*.txt' -o -name '*.toml' \) ! -name '_build_config.py' -print0 \
-        | sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1)"
+        | sort -z | xargs -0 sha1sum; echo "ASAPMPI_OPTIMIZE=${ASAPMPI_OPTIMIZE:-3}") \
+        | sha1sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || ! "$PY" -c 'import asapmpi._core' 2>/dev/null; then
     echo "setup: building and installing asapmpi" >&2
     (cd "$ROOT" && "$PY" -m pip install --quiet --disable-pip-version-check \
