@@ -79,6 +79,11 @@ class Board:
         except MPI.Exception as exc:
             raise mpi_error(f"MPI_Win_lock_all ({what})", exc) from None
 
+    @property
+    def live(self) -> bool:
+        """False once free() ran."""
+        return self.win is not None
+
     def publish(self, index: int, value: int) -> None:
         """Write `value` as this rank's word `index` into every reader's board."""
         MPI = self.MPI

@@ -38,7 +38,7 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -102,16 +102,20 @@ def leftovers() -> int:
     return len(_leftovers)
 
 
-def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
+def wait_polled(requests: List[MPI.Request], deadline: float,
+                between: Optional[Callable[[], None]] = None) -> List[int]:
     """Poll until every request completed or the deadline (time.monotonic()) passed,
-    yielding, then sleeping up to a millisecond between polls; returns the indices still
-    pending (each request tested on its own, so that one late peer is told apart from
-    the rest)."""
+    yielding, then sleeping up to a millisecond between polls (calling `between`
+    before each: what the caller must keep serving meanwhile); returns the indices
+    still pending (each request tested on its own, so that one late peer is told apart
+    from the rest)."""
     pending = list(range(len(requests)))
     polls = 0
     leftovers()
     while pending:
         _release_held()
+        if between is not None:
+            between()
         pending = [i for i in pending if not requests[i].Test()]
         if not pending or time.monotonic() > deadline:
             break

@@ -100,25 +100,69 @@ def test_join_is_deterministic_under_notify_ack():
     assert [r["digest"] for r in first] == [r["digest"] for r in again]
 
 
-def test_a_rank_a_round_ahead_does_not_hide_its_join_from_one_behind():
+@pytest.mark.parametrize("board", ["window", "messages"])
+def test_a_rank_a_round_ahead_does_not_hide_its_join_from_one_behind(board):
     # on a directed graph rank A (an in-neighbour of B, far downstream of it) can end a
     # join at J and join again at once (an epoch with no data) while B has yet to enter
     # step J: A's next round's word must not replace the one B reads for step J (at
     # 34bafb9 it did, and B averaged A's shadow replica into step J)
     from mpilaunch import run
 
-    for r in run("test_join:round_ahead", 2, "shm", timeout=60):
+    for r in run("test_join:round_ahead", 2, "shm", timeout=60,
+                 messages=board == "messages"):
         assert r["before"] == [0] and r["after"] == [0] and r["next"] == [0], r
 
 
-def round_ahead(comm):
+@pytest.mark.parametrize("path", ["shm", "net"])
+def test_join_on_the_messages_channel_makes_no_window(path):
+    # the messages channel promises no MPI window (on Open MPI with UCX one makes every
+    # MPI call progress a worker of its own), the allreduce policy uses none: their
+    # join board goes by messages.  Every policy that joins runs there with mpi4py's
+    # window constructors made to raise; notify_ack ends bit-identical to the same run
+    # on the put channel, whose board is a window (the lag rule holds by messages as by
+    # accumulates; BSP on put leaves out a slot a fast writer already refilled, by
+    # design, so its result is the run's own)
+    from mpilaunch import run
+
+    res = run("test_join:no_window", 4, path, timeout=240, steps=UNEVEN["long-tail"])
+    for r in res:
+        for sync, got in r["messages"].items():
+            assert got["board"] == "MessageBoard", (sync, got)
+            assert got["final"] == res[0]["messages"][sync]["final"] >= 12, (sync, res)
+            assert got["version"] == got["final"] and np.isfinite(got["mean"]), (sync, got)
+        for sync, digest in r["put"].items():
+            assert r["messages"][sync]["digest"] == digest, (sync, r)
+
+
+def no_window(comm, steps=(12, 4, 9, 7)):
+    """notify_ack on the put channel, then every policy that joins on the messages
+    channel with mpi4py's window constructors raising."""
+    from mpi4py import MPI
+
+    put = {"notify_ack": uneven(comm, "notify_ack", steps, transport="put")["digest"]}
+
+    def refused(*args, **kwargs):
+        raise AssertionError("an MPI window was made on the messages channel")
+
+    class NoWindows:
+        Allocate = Allocate_shared = Create = Create_dynamic = staticmethod(refused)
+
+    MPI.Win = NoWindows             # mpi4py's windows, as asapmpi's Python code makes them
+    messages = {}
+    for sync in ("notify_ack", "bsp", "hop:backup=1", "gossip", "async", "allreduce"):
+        messages[sync] = uneven(comm, sync, steps,
+                                transport="auto" if sync == "allreduce" else "messages")
+    return {"put": put, "messages": messages}
+
+
+def round_ahead(comm, messages=False):
     """The join board of 2 ranks: rank 0 joins round 0 at 3, rank 1 at 6; then rank 0
     alone goes on to round 1 and joins it at 7.  Rank 1, still in round 0, reads which
     ranks leave the average of step 7, before and after."""
     from asapmpi import collectives
     from asapmpi.exchange.join import JoinBoard
 
-    board = JoinBoard(comm, 30)
+    board = JoinBoard(comm, 30, messages=messages)
     try:
         board.mark_joined(3 if comm.rank == 0 else 6)
         collectives.barrier(comm, 30, "round 0 joined")
@@ -238,7 +282,7 @@ def test_the_optimizer_joins_uneven_shards_and_its_replicas_agree():
 # tests/mpi/run.py runs each on every rank as "test_join:NAME"
 
 
-def uneven(comm, sync="notify_ack", steps=(11, 11, 10, 10)):
+def uneven(comm, sync="notify_ack", steps=(11, 11, 10, 10), transport="auto"):
     """Rank r adds r + 1 to its buffer and steps steps[r] times, then joins."""
     import hashlib
 
@@ -246,14 +290,15 @@ def uneven(comm, sync="notify_ack", steps=(11, 11, 10, 10)):
 
     buf = np.full(2048, float(comm.rank), dtype=np.float64)
     opts = {} if sync in ("allreduce", "gossip") else {"graph": "bidirectional-ring"}
-    with Exchange(buf, sync=sync, comm=comm, timeout=30, **opts) as ex:
+    with Exchange(buf, sync=sync, comm=comm, timeout=30, transport=transport,
+                  **opts) as ex:
         for _ in range(steps[comm.rank]):
             buf += comm.rank + 1
             ex.step()
         trained = ex.version
         final = ex.join()
         out = {"final": final, "version": ex.version, "trained": trained,
-               "mean": float(buf.mean()),
+               "mean": float(buf.mean()), "board": type(ex._joiner.board).__name__,
                "digest": hashlib.sha256(buf.tobytes()).hexdigest()}
     return out
 

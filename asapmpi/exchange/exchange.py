@@ -269,8 +269,11 @@ class Exchange:
             self._ctx.comm = self._comm
             self._ctx.array = np.frombuffer(self._work, dtype=numpy_dtype(self.dtype))
         # where ranks that ran out of data say so (join()); nothing is written to it
-        # while every rank trains
-        self._joiner = JoinBoard(comm, self.timeout)
+        # while every rank trains.  By messages where the exchange has no MPI window:
+        # the board must not give it one
+        self._joiner = JoinBoard(comm, self.timeout,
+                                 messages=not self._policy.uses_window
+                                 or self.transport == "messages")
         self._joined_seen = self._joiner.joined_seen
         #: the failures this exchange survived (asapmpi.exchange.survive.recover's
         #: records: failed ranks, step, new graph, spectral gap, seconds lost)

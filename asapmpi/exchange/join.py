@@ -65,6 +65,7 @@ import numpy as np
 
 from ..board import Board
 from ..errors import NeighbourTimeoutError
+from ..message_board import MessageBoard
 
 #: the longest sleep of an idle joined rank's poll (seconds)
 MAX_IDLE_SLEEP_S = 0.002
@@ -83,9 +84,12 @@ NOBODY = frozenset()
 
 class JoinBoard:
     """The ranks' join counts (module docstring) and the communicator their final
-    agreement runs on.  Collective to create and to free."""
+    agreement runs on.  Collective to create and to free.  `messages`: the words go
+    by messages (asapmpi.message_board), for an exchange with no MPI window (the
+    messages channel, the allreduce policy), else in a window of their own
+    (asapmpi.board)."""
 
-    def __init__(self, comm, timeout: float):
+    def __init__(self, comm, timeout: float, messages: bool = False):
         #: joins completed (the same on every rank: each join is collective)
         self.round = 0
         self._joined_at = None
@@ -101,7 +105,12 @@ class JoinBoard:
         self._sends = []
         self._heard = {}                # rank: the count its leaving message said
         try:
-            self.board = Board(self.comm, 3, timeout, "join board")
+            # the joined-at words order the averages (the lag rule): complete at every
+            # reader before the writer's next step; the entered counts only drive
+            # catch-ups and the agreement, which poll for them
+            self.board = MessageBoard(self.comm, 3, timeout, "join board",
+                                      synchronous=JOINED_AT) if messages else \
+                Board(self.comm, 3, timeout, "join board")
         except BaseException:
             self.comm.Free()
             raise
@@ -123,7 +132,7 @@ class JoinBoard:
     def joined_seen(self) -> bool:
         """Whether a rank may have joined this round (Exchange's test on every step:
         absent() is called only then); False once freed."""
-        return self.board.win is not None and self._joined_at.seen()
+        return self.board.live and self._joined_at.seen()
 
     def _word(self, count: int) -> int:
         return ((self.round + 1) << COUNT_BITS) | (count + 1)
@@ -158,7 +167,7 @@ class JoinBoard:
         this rank entered free() after `count` exchange steps; free() collects the
         messages.  Nothing once freed (a free() that failed after freeing the board,
         called again)."""
-        if self.board.win is None:
+        if not self.board.live:
             return
         self._leaving[0] = count
         rank = self.comm.Get_rank()
@@ -226,19 +235,27 @@ class JoinBoard:
 
     def counts(self, words: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         """(per rank whether it has joined this round, per rank its count in this
-        round or -1).  A rank already joined in the next round (it went on without
-        waiting for this one's agreement to complete here) has joined this one; its
-        count belongs to the next round."""
-        words = (self.board.read() if words is None else words)[:, ENTERED]
-        rounds = words >> COUNT_BITS
-        counts = (words & ((1 << COUNT_BITS) - 1)) - 1
-        return rounds >= self.round + 1, np.where(rounds == self.round + 1, counts, -1)
+        round or -1).  A rank has joined once its joined-at word of this round is on
+        the board (written before its entered count: on a board by messages the counts
+        come later, so a joined rank's count is at least the one it joined at).  A rank
+        already joined in the next round (it went on without waiting for this one's
+        agreement to complete here) has joined this one; its count belongs to the next
+        round."""
+        words = self.board.read() if words is None else words
+        first = self.round + 1
+        entered, at = words[:, ENTERED], words[:, JOINED_AT[self.round % 2]]
+        rounds = entered >> COUNT_BITS
+        joined = (at >> COUNT_BITS) >= first
+        counts = np.where(rounds == first, (entered & ((1 << COUNT_BITS) - 1)) - 1,
+                          np.where(joined & (rounds < first),
+                                   (at & ((1 << COUNT_BITS) - 1)) - 1, -1))
+        return joined | (rounds >= first), counts
 
     def free(self, in_neighbours) -> None:
         """Collective, once the ranks met (Exchange.free's arrival, after every rank's
         say_leaving): collect the in-neighbours' leaving messages, free the board and
         the communicator."""
-        if self.board.win is None:
+        if not self.board.live:
             return
         from ..collectives import cancel, wait_polled
 
