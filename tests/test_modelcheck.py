@@ -531,3 +531,15 @@ def test_cli_bad_input_is_one_line(args, message):
                           timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_join_by_messages_needs_the_joined_at_word_delivered_before_the_next_step():
+    # the board by messages: ENTERED counts arrive late, JOINED_AT must not (mark_joined
+    # waits for every reader's match); sent like the counts, a reader enters step 2
+    # before the word of a rank it must leave out arrived
+    r = explore(JoinModel(make_graph("ring:3"), 1, "eventual-joined", steps="1,0,0",
+                          board="messages"))
+    assert r.verdict == "violation" and r.prop == "rule", r
+    assert "keeps rank 1" in r.detail and "reads empty" in r.detail, r.detail
+    with pytest.raises(ValueError, match="board='messages'"):
+        JoinModel(make_graph("ring:3"), 1, "eventual-joined", steps="1,0,0")

@@ -74,6 +74,31 @@ after a rank died before its own request completed: a dead rank sends none of th
 rounds of the reduction's exchanges (on 2 ranks an MPI may complete it at the survivor
 if the dead rank's contribution had left; the scenarios use 3 and 4).
 
+Boards (`board`):
+  window        the board in an MPI window (asapmpi.board): a word written is complete
+                at every reader when the action ends
+  messages      the board by messages (asapmpi.message_board), for the messages channel
+                and the allreduce policy: JOINED_AT as above (an MPI_Issend matched by
+                every reader's posted receive before mark_joined returns, docs/PROTOCOL.md
+                A13), ENTERED eventually: each reader keeps its own view of every other
+                rank's ENTERED word, and a delivery action (enabled whenever the view is
+                behind, taken in any order with the rest) sets it to the writer's word
+                (messages from one writer arrive in order, and a reader taking them in
+                one pass sees any later word: a delivery right after each write covers
+                the views in between).  A dead writer's deliveries are not forced: its
+                last messages may never arrive.  Abstracted: a delivery is taken only
+                while the reader is in join()'s loop, where counts are read (a view the
+                writer held only while the reader trained or stepped to J is not
+                explored), and the writer's bound on untaken messages (MAX_UNTAKEN): a
+                scenario's few steps stay under it.  The views multiply the states
+                (ring:3, one join: 515 on the window board, 88,262 here; two joins in a
+                row pass 3,000,000): the scenarios join once; two rounds in a row are
+                the window board's scenarios (JOINED_AT is the same on both boards).
+
+Either way a rank has joined once its JOINED_AT word of the round is on the board, its
+count then at least its joined-at count until its ENTERED word of the round arrives
+(JoinBoard.counts).
+
 Variants:
   correct       the code today
   one-word      a single JOINED_AT word for every round (the layout before 8d1baef):
@@ -84,6 +109,9 @@ Variants:
   late-only     the loop's idle timeout names only the ranks whose counts are below the
                 largest, a rank already in the next round (count -1) among them (join()
                 before this model found it): once every rank caught up it names nobody
+  eventual-joined  (board messages) JOINED_AT sent like ENTERED, eventually (an Isend
+                that mark_joined does not wait for): a reader may enter a step before
+                the joined-at word of a rank it must leave out has arrived
 """
 from __future__ import annotations
 
@@ -95,7 +123,8 @@ from .model import Model, Violation
 TRAIN, LOOP, FINAL, DONE, DEAD, RAISED = range(6)
 #: a rank's step in progress: none, waiting to send (acks), waiting for versions
 IDLE, SEND, RECV = range(3)
-VARIANTS = ("correct", "one-word", "j-joined", "no-lag", "late-only")
+VARIANTS = ("correct", "one-word", "j-joined", "no-lag", "late-only", "eventual-joined")
+BOARDS = ("window", "messages")
 #: the model's COUNT_BITS
 SHIFT = 8
 MASK = (1 << SHIFT) - 1
@@ -121,9 +150,15 @@ class JoinModel(Model):
     def __init__(self, graph: Graph, iterations: int, variant: str = "correct",
                  steps: Optional[str] = None, max_steps: int = 1,
                  die: Optional[int] = None, die_posted: bool = False,
-                 properties=("agree", "rule", "deadlock"), symmetry: bool = True):
+                 properties=("agree", "rule", "deadlock"), symmetry: bool = True,
+                 board: str = "window"):
         if variant not in VARIANTS:
             raise ValueError(f"variant {variant!r} not in {VARIANTS}")
+        if board not in BOARDS:
+            raise ValueError(f"board {board!r} not in {BOARDS}")
+        if variant == "eventual-joined" and board != "messages":
+            raise ValueError(f"variant {variant!r} is of the board by messages: board="
+                             f"'messages'")
         super().__init__(graph, iterations, properties, symmetry)
         self.variant = variant
         self.plan = _plan(steps, graph.n, iterations) if steps is not None else None
@@ -155,6 +190,15 @@ class JoinModel(Model):
         self.entered_w = [c.add("ENTERED", (r,)) for r in range(self.n)]
         self.joined_w = [[c.add("JOINED_AT", (r,), (i,)) for i in range(self.columns)]
                          for r in range(self.n)]
+        # a board by messages: per reader r and writer a, r's view of a's ENTERED word
+        # (and with eventual-joined of its JOINED_AT words)
+        self.messages = board == "messages"
+        pairs = [(a, r) for a in range(self.n) for r in range(self.n) if a != r]
+        self.entered_v = {p: c.add("ENTERED seen", p) for p in pairs} \
+            if self.messages else {}
+        self.joined_v = {(a, r, i): c.add("JOINED_AT seen", (a, r), (i,))
+                         for a, r in pairs for i in range(self.columns)} \
+            if variant == "eventual-joined" else {}
         # per edge a -> b: (round, step) at which b kept a in before a joined that round
         self.pending = {(a, b): c.add("kept before joined", (a, b), default=())
                         for a, b in self.edges}
@@ -179,14 +223,28 @@ class JoinModel(Model):
     def dead(self, state) -> Optional[int]:
         return next((r for r in range(self.n) if state[self.pc[r]] == DEAD), None)
 
+    def entered_word(self, state, a: int, r: int) -> int:
+        """Rank a's ENTERED word as rank r's board holds it."""
+        return state[self.entered_v[a, r]] if a != r and self.messages \
+            else state[self.entered_w[a]]
+
+    def joined_word(self, state, a: int, r: int, col: int) -> int:
+        """Rank a's JOINED_AT[col] word as rank r's board holds it."""
+        return state[self.joined_v[a, r, col]] if a != r and self.joined_v \
+            else state[self.joined_w[a][col]]
+
     def counts(self, state, r: int) -> Tuple[List[bool], List[int]]:
         """JoinBoard.counts() as rank r reads it in its round."""
         first = state[self.round[r]] + 1
+        col = self.column(state[self.round[r]])
         joined, counts = [], []
         for a in range(self.n):
-            w = state[self.entered_w[a]]
-            joined.append((w >> SHIFT) >= first)
-            counts.append((w & MASK) - 1 if (w >> SHIFT) == first else -1)
+            w = self.entered_word(state, a, r)
+            at = self.joined_word(state, a, r, col)
+            by_word = (at >> SHIFT) >= first
+            joined.append((w >> SHIFT) >= first or by_word)
+            counts.append((w & MASK) - 1 if (w >> SHIFT) == first else
+                          (at & MASK) - 1 if by_word and (w >> SHIFT) < first else -1)
         return joined, counts
 
     def column(self, round_: int) -> int:
@@ -294,8 +352,29 @@ class JoinModel(Model):
                             False))
         return out
 
-    def _moves(self, state) -> List[tuple]:
+    def _deliveries(self, state) -> List[tuple]:
+        """A board by messages: a writer's word reaches one reader (forced unless the
+        writer is dead: its last messages may be lost)."""
         out: List[tuple] = []
+        views = [((a, r), self.entered_w[a], cell) for (a, r), cell in self.entered_v.items()]
+        views += [((a, r), self.joined_w[a][i], cell)
+                  for (a, r, i), cell in self.joined_v.items()]
+        for (a, r), src, cell in views:
+            # an ENTERED word only while the reader is in join()'s loop, where it reads
+            # them (the views a writer held only while the reader trained or stepped to
+            # J are not explored); a JOINED_AT word (eventual-joined) while it steps
+            if state[cell] == state[src] or state[self.pc[r]] in (DONE, DEAD, RAISED) \
+                    or (src == self.entered_w[a] and state[self.pc[r]] != LOOP):
+                continue
+            s = list(state)
+            s[cell] = state[src]
+            name = "ENTERED" if src == self.entered_w[a] else "JOINED_AT"
+            out.append((f"rank {a}'s {name} word ({unword(state[src])}) reaches rank {r}",
+                        tuple(s), state[self.pc[a]] != DEAD))
+        return out
+
+    def _moves(self, state) -> List[tuple]:
+        out: List[tuple] = self._deliveries(state) if self.messages else []
         for r in range(self.n):
             pc = state[self.pc[r]]
             if pc in (DONE, DEAD, RAISED):
@@ -412,6 +491,7 @@ class JoinModel(Model):
             done = list(s)
             done[self.pc[r]] = FINAL
             done[self.target[r]] = j
+            self._forget_views(done, r)
             if k > j:
                 self.note(done, "agree", f"rank {r} completed step {k} of round {rd}, "
                                          f"above J = {j}")
@@ -425,6 +505,15 @@ class JoinModel(Model):
             out.append((self._enter(state, s, r, f"{label}joined, {why}: ENTERED := "
                                                  f"{k + 1}, enters step"), tuple(s), True))
         return out
+
+    def _forget_views(self, s: list, r: int) -> None:
+        """Rank r leaves join()'s loop: its views of the others' ENTERED words are read
+        no more in this round, and in the next one a word of this round counts as none
+        (its round is below the reader's): they are reset, so that states that differ
+        only by them are one."""
+        for (a, b), cell in self.entered_v.items():
+            if b == r:
+                s[cell] = 0
 
     def _death(self, state, r: int, when: str) -> tuple:
         s = list(state)
@@ -466,7 +555,7 @@ class JoinModel(Model):
         col = self.column(rd)
         out = []
         for a in self.ins[r]:
-            w = state[self.joined_w[a][col]]
+            w = self.joined_word(state, a, r, col)
             left = w >= first and (w & MASK) - 1 + self.lag < v
             if left:
                 out.append(a)

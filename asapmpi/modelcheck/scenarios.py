@@ -375,6 +375,22 @@ SCENARIOS: List[Scenario] = [
        note="a rank dies in the agreement: nobody completes it, every other rank ends "
             "in a wait with a deadline that names it"),
     _s("join", "complete:3", 2, steps="1,0,0", die=0, die_posted=True, properties=JD),
+    # the board by messages (the messages channel, the allreduce policy): ENTERED
+    # words arrive eventually, JOINED_AT complete at publish; one join (the views of
+    # two in a row pass 3,000,000 states, asapmpi/modelcheck/join.py)
+    _s("join", "ring:3", 1, quick=True, steps="1,0,0", board="messages",
+       note="the board by messages: each reader's view of the entered counts lags"),
+    _s("join", "ring:3", 1, steps="2,0,1", board="messages"),
+    _s("join", "complete:3", 1, max_steps=1, board="messages"),
+    # a death before posting (with one join, a death after posting may follow a rank
+    # that completed the agreement and is done: no wait left to name it)
+    _s("join", "ring:3", 1, steps="1,0,0", die=0, properties=JD, board="messages"),
+    _s("join", "ring:3", 1, "eventual-joined", quick=True, steps="1,0,0", prop="rule",
+       board="messages", note="JOINED_AT sent without waiting for its readers: a reader "
+                              "enters a step before the word of a rank it must leave out "
+                              "arrived", **BROKEN),
+    _s("join", "complete:3", 1, "eventual-joined", max_steps=1, prop="rule",
+       board="messages", **BROKEN),
     _s("join", "ring:3", 2, "one-word", quick=True, steps="1,0,0", prop="rule",
        note="one JOINED_AT word (before 8d1baef): a rank that ended round 0 joins round 1 "
             "at once and replaces the count a slower rank reads", **BROKEN),
