@@ -10,6 +10,8 @@ import re
 import numpy as np
 import pytest
 
+from mpilaunch import HAS_UCX
+
 pytestmark = pytest.mark.mpi
 
 #: steps per rank before it runs out of data (4 ranks: 11/11/10/10, and a longer tail)
@@ -113,7 +115,8 @@ def test_a_rank_a_round_ahead_does_not_hide_its_join_from_one_behind(board):
         assert r["before"] == [0] and r["after"] == [0] and r["next"] == [0], r
 
 
-@pytest.mark.parametrize("path", ["shm", "net"])
+@pytest.mark.parametrize("path", ["shm", "net", pytest.param("ucx", marks=pytest.mark.skipif(
+    not HAS_UCX, reason="needs Open MPI with osc ucx"))])
 def test_join_on_the_messages_channel_makes_no_window(path):
     # the messages channel promises no MPI window (on Open MPI with UCX one makes every
     # MPI call progress a worker of its own), the allreduce policy uses none: their

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import pytest
 
-from mpilaunch import PATHS, run
+from mpilaunch import HAS_UCX, PATHS, run
 
 pytestmark = pytest.mark.mpi
+
+#: the paths, and Open MPI's UCX over TCP where it has it
+ALL_PATHS = [*PATHS, pytest.param("ucx", marks=pytest.mark.skipif(
+    not HAS_UCX, reason="needs Open MPI with osc ucx"))]
 
 #: synchronous words published one after another, each looked for at once by the readers
 ROUNDS = 1500
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ALL_PATHS)
 def test_a_synchronous_word_is_seen_by_every_reader_once_published(path):
     # rank 0 publishes word k, then tells the others by a message on another
     # communicator; each looks at its board at once: the join board's lag rule rests on
@@ -26,7 +30,7 @@ def test_a_synchronous_word_is_seen_by_every_reader_once_published(path):
         assert r["last"] == ROUNDS, r
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", ALL_PATHS)
 def test_eventual_words_arrive_in_order_and_free_leaves_none_unmatched(path):
     # 200 a batch from each writer to each reader: past 64 unreceived from one sender
     # MPICH's network path stops delivering anything from it, so the writer holds
