@@ -18,9 +18,9 @@ board's communicator, each rank keeping the newest word it received from every r
   so the posted receive is free for it: each one is re-posted when tested complete.
 - any other word (the join board's entered counts, read by joined ranks to catch up)
   goes by MPI_Issend to the ranks the writer names (`to`, default all) and is taken
-  from the unexpected messages by whatever looks at the board (read, peek, the
-  peeker: the join board's peek runs on every exchange step): eventually, in the
-  order sent (MPI's non-overtaking rule for one sender, tag and communicator).  At
+  from the unexpected messages by read() and peek(), and by every LOOK_EVERY-th
+  look() (the join board's test on every exchange step): eventually, in the order
+  sent (MPI's non-overtaking rule for one sender, tag and communicator).  At
   most MAX_UNTAKEN of a rank's words wait unreceived at one reader: past that the
   writer holds the newest of each word back and sends it once the reader took some
   (the next publish, read or peek sends it), since on MPICH's network path
@@ -49,6 +49,11 @@ WORD_TAG, SYNC_TAG = 72, 73
 #: a writer's eventual words that may wait unreceived at one reader (module docstring:
 #: MPICH's network path stalls a sender past 64)
 MAX_UNTAKEN = 32
+#: a training rank takes the eventual words every this many steps (each look costs an
+#: MPI_Iprobe, a poll of the network); a joined writer sends one a step and is at most
+#: the graph's diameter steps ahead under lockstep policies, so fewer than MAX_UNTAKEN
+#: pile up between two takes
+LOOK_EVERY = 8
 
 
 class MessagePeek:
@@ -62,7 +67,8 @@ class MessagePeek:
 
     def seen(self) -> bool:
         """Whether some rank's word is at least `threshold`."""
-        return int(self.board.peek()[:, self.index].max()) >= self.threshold
+        self.board.look()
+        return self.board.top[self.index] >= self.threshold
 
 
 class MessageBoard:
@@ -83,6 +89,9 @@ class MessageBoard:
         self.words = words
         self.synchronous = frozenset(synchronous)
         self._table = np.zeros((self.n, words), dtype=np.int64)
+        #: per index the largest word of any rank (words only grow): the peeker's test
+        self.top = [0] * words
+        self._looks = 0
         self._others = [r for r in range(self.n) if r != self.rank]
         # the posted receive of each other rank's next synchronous word
         self._sync_in = np.zeros((self.n, 2), dtype=np.int64)
@@ -107,9 +116,26 @@ class MessageBoard:
         done = self.MPI.Request.Testsome(self._sync_recvs)
         for i in done or ():
             source = self._others[i]
-            index, value = self._sync_in[source]
-            self._table[source, index] = max(self._table[source, index], value)
+            self._keep(source, *self._sync_in[source])
             self._sync_recvs[i] = self._post(source)
+
+    def _keep(self, source: int, index: int, value: int) -> None:
+        index, value = int(index), int(value)
+        if value > self._table[source, index]:
+            self._table[source, index] = value
+            self.top[index] = max(self.top[index], value)
+
+    def look(self) -> None:
+        """The look of every exchange step: the synchronous words that arrived (one
+        MPI_Testsome); every LOOK_EVERY-th look also takes the eventual ones, which
+        only keeps them from piling up (MAX_UNTAKEN) while this rank trains, and sends
+        those held back."""
+        self._take_sync()
+        self._looks += 1
+        if self._looks % LOOK_EVERY == 0:
+            self._take_words()
+            if self._holding:
+                self._send_held()
 
     def _take_words(self) -> None:
         # every eventual word that arrived, in the order each rank sent them
@@ -118,8 +144,7 @@ class MessageBoard:
             source = status.Get_source()
             self.comm.Recv([self._got, self.MPI.INT64_T], source=source, tag=WORD_TAG)
             self._taken[source] += 1
-            index, value = self._got
-            self._table[source, index] = max(self._table[source, index], value)
+            self._keep(source, *self._got)
 
     def _send_word(self, target: int, index: int, value: int) -> None:
         # an eventual word to `target`, or held back while MAX_UNTAKEN wait there
@@ -153,7 +178,7 @@ class MessageBoard:
         """Write `value` as this rank's word `index` on every rank's board: delivered
         before returning for a synchronous word, eventually otherwise, and then only on
         the boards of the ranks `to` (default: every other rank)."""
-        self._table[self.rank, index] = value
+        self._keep(self.rank, index, value)
         if index not in self.synchronous:
             for target in (self._others if to is None else sorted(set(to) - {self.rank})):
                 self._send_word(target, index, value)

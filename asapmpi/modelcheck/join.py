@@ -511,7 +511,7 @@ class JoinModel(Model):
         no more in this round, and in the next one a word of this round counts as none
         (its round is below the reader's): they are reset, so that states that differ
         only by them are one."""
-        for (a, b), cell in self.entered_v.items():
+        for (_, b), cell in self.entered_v.items():
             if b == r:
                 s[cell] = 0
 
