@@ -196,14 +196,17 @@ def test_isolated_pip_install(tmp_path):
     path = os.pathsep.join([str(vbin)] + [p for p in os.environ.get("PATH", "").split(os.pathsep)
                                          if p and Path(p) != BIN])
     env = clean_env(PATH=path)
+    # -O0 (ASAPMPI_OPTIMIZE, which must reach pip's isolated build): this checks the
+    # install's path and layout; -O3, what users get, compiled 25 CPU-s more here.  The
+    # default level is test_the_default_build_is_O3's
     run([vbin / "python", "-m", "pip", "install", "-q", src], timeout=1200, cwd=tmp_path,
-        env=env)
+        env=dict(env, ASAPMPI_OPTIMIZE="0"))
     platlib = "import sysconfig; print(sysconfig.get_path('platlib'))"
     site = Path(run([vbin / "python", "-c", platlib], timeout=60, env=env).stdout.strip())
 
     rec = import_check(vbin / "python", site, cwd=tmp_path, PATH=path)
     assert rec["BUILT_BY"] == "setup.py"
-    assert rec["OPTIMIZE"] == "3"       # what users get
+    assert rec["OPTIMIZE"] == "0"       # the variable reached the isolated build
     assert rec["EMBEDDED"] == "True"
     # The wrapper it was built with lived in pip's build environment, which is gone now.
     build_libdir = rec["LIBRARY_DIRS"]
@@ -245,6 +248,16 @@ def test_a_bad_optimization_level_is_one_line_before_building(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "asapmpi: ASAPMPI_OPTIMIZE='fast': give 0, 1, 2 or 3 (the -O level), or leave it "
         "unset for 3"], proc.stderr
+
+
+def test_the_default_build_is_O3():
+    """What users get: setup.py's level with ASAPMPI_OPTIMIZE unset, as the suite's own
+    build (dev/setup.sh, pip install .) was made."""
+    if "ASAPMPI_OPTIMIZE" in os.environ:
+        pytest.skip("ASAPMPI_OPTIMIZE is set: this build's level is the variable's")
+    from asapmpi._core import _build_config
+
+    assert _build_config.OPTIMIZE == "3"
 
 
 def test_abi_mismatch_is_a_clear_error(tmp_path):
