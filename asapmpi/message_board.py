@@ -187,9 +187,15 @@ class MessageBoard:
         sends = [self.comm.Issend([word, self.MPI.INT64_T], dest=target, tag=SYNC_TAG)
                  for target in self._others]
         # this rank's own posted receives stay served meanwhile: a rank publishing to it
-        # at the same time waits for them
-        late = collectives.wait_polled(sends, time.monotonic() + self.timeout,
-                                       between=self._take_sync)
+        # at the same time waits for them.  An exception out of the wait (a process
+        # failure, Ctrl-C) hands the sends to the leftovers with their word
+        try:
+            late = collectives.wait_polled(sends, time.monotonic() + self.timeout,
+                                           between=self._take_sync)
+        except BaseException:
+            for send in sends:
+                collectives.leave(send, word)
+            raise
         if late:
             for i in late:
                 collectives.leave(sends[i], word)
