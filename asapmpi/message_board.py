@@ -17,7 +17,7 @@ board's communicator, each rank keeping the newest word it received from every r
   protocol (the join board: one a round, and a round's agreement needs every rank),
   so the posted receive is free for it: each one is re-posted when tested complete.
 - any other word (the join board's entered counts, read by joined ranks to catch up)
-  goes by MPI_Issend to the ranks the writer names (`to`, default all) and is taken
+  goes by MPI_Issend to every other rank and is taken
   from the unexpected messages by read() and peek(), and by every LOOK_EVERY-th
   look() (the join board's test on every exchange step): eventually, in the order
   sent (MPI's non-overtaking rule for one sender, tag and communicator).  At
@@ -36,7 +36,7 @@ a reader keeps the newest it received.  mpi4py and NumPy only.
 from __future__ import annotations
 
 import time
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Tuple
 
 import numpy as np
 
@@ -174,13 +174,12 @@ class MessageBoard:
         if self._holding:
             self._send_held()
 
-    def publish(self, index: int, value: int, to: Optional[Iterable[int]] = None) -> None:
+    def publish(self, index: int, value: int) -> None:
         """Write `value` as this rank's word `index` on every rank's board: delivered
-        before returning for a synchronous word, eventually otherwise, and then only on
-        the boards of the ranks `to` (default: every other rank)."""
+        before returning for a synchronous word, eventually otherwise."""
         self._keep(self.rank, index, value)
         if index not in self.synchronous:
-            for target in (self._others if to is None else sorted(set(to) - {self.rank})):
+            for target in self._others:
                 self._send_word(target, index, value)
             return
         word = np.array([index, value], dtype=np.int64)
@@ -218,6 +217,17 @@ class MessageBoard:
     def peeker(self, index: int) -> MessagePeek:
         """A peek of word `index` of every rank (Board.peeker's counterpart)."""
         return MessagePeek(self, index)
+
+    def __del__(self):
+        # dropped without free() (an Exchange never freed, an error before free()): a
+        # posted receive may still take a word, an untaken send still reads its own:
+        # both go to the leftovers with their memory (no MPI call here)
+        if getattr(self, "live", False):
+            for req in getattr(self, "_sync_recvs", ()):
+                collectives.leave(req, self._sync_in)
+            for untaken in getattr(self, "_untaken", ()):
+                for req, word in untaken:
+                    collectives.leave(req, word)
 
     def free(self, meet: bool = True) -> None:
         """Collective: cancel the posted receives, receive every eventual word sent to

@@ -116,3 +116,36 @@ def _serve_until(board, comm) -> None:
         board.progress()
         time.sleep(1e-4)
     comm.recv(source=0, tag=6)
+
+
+def test_a_board_dropped_without_free_leaves_its_receives_with_their_memory():
+    # an Exchange never freed drops its board with receives still posted: they go to
+    # the leftovers with their buffer, and a word sent afterwards lands there, not in
+    # freed memory (the leftovers complete once it has)
+    for r in _run("test_message_board:dropped", "shm", timeout=60):
+        assert r["left_at_drop"] == 2 and r["left_after_word"] == 1, r
+
+
+def dropped(comm):
+    """Rank 0 drops its board (3 ranks: two receives posted); rank 1 then publishes a
+    synchronous word, which rank 0's left receive from it takes."""
+    import gc
+
+    from asapmpi import collectives
+    from asapmpi.message_board import MessageBoard
+
+    board = MessageBoard(comm.Dup(), 2, 30, "test board", synchronous=(1,))
+    out = {"left_at_drop": 2, "left_after_word": 1}
+    if comm.rank == 0:
+        before = collectives.leftovers()
+        del board
+        gc.collect()
+        out["left_at_drop"] = collectives.leftovers() - before
+    collectives.barrier(comm, 30, "dropped")
+    if comm.rank == 1:
+        board.publish(1, 7)     # returns once rank 0's left receive (and rank 2's) took it
+    collectives.barrier(comm, 30, "published")
+    if comm.rank == 0:
+        out["left_after_word"] = collectives.leftovers() - before
+    # the others' boards are dropped too (free() is collective, and rank 0 has none)
+    return out
