@@ -81,10 +81,17 @@ def test_no_policy_names_a_transport(path):
 
 
 #: the channel verbs every window class implements (asapmpi._core.SlotWindow), and the
-#: verified reduce (of k, of given versions), the slot store's, reached through the
-#: window
+#: verified reduce (of k, of given versions) and what it read (record_reduced), the
+#: slot store's, reached through the window
 CHANNEL_INTERFACE = {"deliver", "await_", "release", "progress", "drain", "reduce",
-                     "reduce_versions"}
+                     "reduce_versions", "record_reduced"}
+
+#: the words' calls (DESIGN.md: notify, ack, token and user words, one-sided or carried
+#: by messages), which every channel that serves a policy with user words gives: write
+#: a rank's user words, wait for one or several of one's own, read one, and the
+#: newest version each in-neighbour's notify words say
+WORD_INTERFACE = {"write_words", "wait_word", "wait_words", "local_word",
+                  "newest_versions"}
 
 #: policy class -> the window methods it still calls outside the channel interface:
 #: the policies not yet on the verbs (the honest remainder of issue 46 item 1).  Empty
@@ -95,15 +102,11 @@ OFF_THE_VERBS = {
     "Async": set(),
     # the barrier is a collective of the window's communicator, not a channel's
     "BSP": {"barrier", "wait_delivered"},
-    # its workers' ordered put: deliver() by a writer that waits for no release writes
-    # in the seqlock order
-    "BackupPS": {"newest_versions", "put"},
-    "ElasticBSP": {"local_word", "put", "wait_notifies", "wait_word", "wait_words",
-                   "write_words"},
+    "BackupPS": set(),
+    "ElasticBSP": set(),
     "Gossip": {"accumulate_word", "allgather_doubles", "fetch_words", "overdue",
                "publish", "pull", "push", "push_seconds", "take", "taken_words"},
-    "Hop": {"ack", "ack_offset", "fetch_word", "put", "record_reduced", "wait_acks",
-            "wait_newest", "wait_notifies", "wait_notifies_count"},
+    "Hop": set(),
 }
 
 
@@ -127,7 +130,7 @@ def test_the_policies_on_the_verbs_call_nothing_else_of_their_window():
     for path in SYNC:
         for name, calls in _window_calls(path).items():
             if name in policies:
-                outside[name] = calls - CHANNEL_INTERFACE
+                outside[name] = calls - CHANNEL_INTERFACE - WORD_INTERFACE
     assert outside == OFF_THE_VERBS
     # the verbs are what NOTIFY-ACK steps through
     assert _window_calls(ROOT / "asapmpi" / "sync" / "notify_ack.py")["NotifyAck"] == \
@@ -188,19 +191,44 @@ def test_hop_keeps_its_retain_on_a_mailbox():
     from asapmpi.transports import resolve
 
     pol = policy("hop", staleness=2)
-    assert resolve("messages", pol).window_options(pol) == {
-        "retain": 2, "waits_for_release": False, "notifies": True}
-    assert resolve("put", pol).window_options(pol) == {"waits_for_release": False,
-                                                       "notifies": True}
+    # its tokens are releases (ordered deliveries; release(k) sends them) that its own
+    # await_ of RELEASED waits for, not deliver
+    assert resolve("messages", pol).window_options(pol, 0) == {
+        "retain": 2, "waits_for_release": False, "releases": True, "ordered": True,
+        "notifies": True}
+    assert resolve("put", pol).window_options(pol, 0) == {
+        "waits_for_release": False, "releases": True, "ordered": True, "notifies": True}
     # NOTIFY-ACK's writers wait for their readers' release, on every channel
     pol = policy("notify_ack")
     for family in FITS["notify_ack"]:
-        assert resolve(family, pol).window_options(pol) == {
-            "waits_for_release": True, "notifies": True}
-    # async delivers without a notify: nobody awaits its versions
+        assert resolve(family, pol).window_options(pol, 0) == {
+            "waits_for_release": True, "releases": True, "ordered": True,
+            "notifies": True}
+    # async delivers without a notify (nobody awaits its versions), in the seqlock
+    # order (nobody releases)
     pol = policy("async")
-    assert resolve("put", pol).window_options(pol) == {
-        "waits_for_release": False, "notifies": False}
+    assert resolve("put", pol).window_options(pol, 0) == {
+        "waits_for_release": False, "releases": False, "ordered": False,
+        "notifies": False}
+    # a parameter server's workers write in order, the server (rank 1 here) in the
+    # seqlock sequence: its slow workers may read theta while it is rewritten
+    pol = policy("backup_ps", server=1)
+    assert [resolve("put", pol).window_options(pol, r)["ordered"] for r in (0, 1, 2)] \
+        == [True, False, True]
+    assert policy("elastic").ordered_writes(0) and not policy("bsp").ordered_writes(0)
+
+
+def test_a_mailbox_of_newest_versions_awaits_exact_versions_only_of_paced_writers():
+    # ElasticBSP (no writer sends s + 1 before s is read) may await exactly s there; the
+    # same policy with writers that run ahead could find s replaced by s + 1 unseen
+    from asapmpi.sync import Await, policy
+    from asapmpi.transports import families, resolve
+
+    pol = policy("elastic")
+    assert pol.awaits == {Await.EXACT} and not pol.writer_runs_ahead
+    assert Await.EXACT in resolve("messages", pol).awaits_for(pol)
+    pol.writer_runs_ahead = True
+    assert families(pol) == ("put",)
 
 
 def test_a_policy_whose_writers_never_wait_gets_only_channels_that_let_them():
@@ -311,7 +339,10 @@ def test_the_table_in_the_docstring_is_the_table_in_the_code():
         assert [flag[f] for f in flags] == [c.in_place_read, c.remote_atomics,
                                             c.writer_may_run_ahead, c.one_host,
                                             c.delivers], c.window
-        assert listed(awaits) == {Await(a).name.lower() for a in c.awaits}, c.window
+        # "(mode)": given only to a policy whose writers do not run ahead
+        assert listed(awaits) == ({Await(a).name.lower() for a in c.awaits}
+                                  | {f"({Await(a).name.lower()})" for a in c.awaits_paced}), \
+            c.window
     assert set(rows) == {c.window for c in CHANNELS}
 
 

@@ -80,6 +80,50 @@ def test_each_channel_steps_through_the_verbs(name):
         win.drain()
 
 
+@pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow"])
+def test_tokens_step_through_the_verbs(name):
+    # Hop's way (releases=True, its writers wait for no release in deliver): depth 3,
+    # await_(k, RELEASED) is the token wait and returns the smallest release, release(k)
+    # the token; deliver leaves out an out-neighbour that released skip_released
+    from asapmpi import _core
+    from asapmpi.errors import NeighbourTimeoutError
+    from asapmpi.sync import Await
+
+    _, win = _window(getattr(_core, name), depth=3, releases=True)
+    with win:
+        assert win.releases and not win.waits_for_release
+        assert win.await_(0, 10.0, Await.RELEASED) == 0
+        for version in (1, 2, 3, 4):
+            update = np.arange(N, dtype=np.float64) * version
+            win.deliver(update, version, 10.0)
+            win.await_(version, 10.0, Await.EXACT)
+            _reduce_own(win, version, update)
+            # the token wait of the next iteration (max_gap 2): released >= version - 2
+            assert win.await_(version - 2, 10.0, Await.RELEASED) == version - 1
+            win.release(version)
+            assert win.await_(version, 10.0, Await.RELEASED) == version
+        # the only out-neighbour released 4: update 5 is of no use to it
+        win.deliver(np.zeros(N), 5, 10.0, skip_released=4)
+        assert win.suppressed == 1
+        assert win.await_(5, 10.0, Await.COUNT, 0) == 0      # nothing delivered
+        with pytest.raises(NeighbourTimeoutError, match="the ack of version 6"):
+            win.await_(6, 0.05, Await.RELEASED)
+
+
+def test_without_releases_nobody_is_told():
+    # a window whose writers never wait (async, BSP): release(k) hands the slot back
+    # and tells no writer, so a token wait would wait for ever
+    from asapmpi import _core
+    from asapmpi.sync import Await
+
+    _, win = _window(_core.PutWindow)
+    with win:
+        assert not win.releases
+        win.deliver(np.ones(N), 1, 10.0)
+        win.release(1)
+        assert win.await_(0, 10.0, Await.RELEASED) == 0
+
+
 def test_the_push_channel_refuses_the_verbs_it_cannot_give():
     from asapmpi import _core
     from asapmpi.errors import ConfigError
@@ -101,6 +145,9 @@ def test_the_message_channel_awaits_exact_versions_only():
         win.release(0)
         with pytest.raises(ConfigError, match="exact versions only"):
             win.await_(1, 1.0, 1)
+        # every reader's receive waits for its version: none may be left out
+        with pytest.raises(ConfigError, match="skip_released must be 0"):
+            win.deliver(np.zeros(N), 1, 1.0, skip_released=1)
 
 
 def test_shared_window_reads_the_writers_own_slot_in_place():

@@ -437,11 +437,12 @@ cdef class MailboxWindow(SlotWindow):
     def release(self, int64_t version, bint checksum=False):
         """Verb: this rank is done reading every slot that holds a version <= `version`
         (1 << 62: all of them): their receives are posted again, so that their writers'
-        next updates can land.  With waits_for_release its writers wait for a token:
-        as ack(version).  (`checksum`: every update carries its checksum here.)"""
+        next updates can land.  Where its writers wait for releases (`releases`:
+        Hop's tokens) it is the token: as ack(version).  (`checksum`: every update
+        carries its checksum here.)"""
         self._check_alive()
         with nogil:
-            if self.waits_for_release and version > 0:
+            if self.releases and version > 0:
                 self.msg_words.ack(version)
                 self._repost(version - self.retain)
             else:

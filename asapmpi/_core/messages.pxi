@@ -159,18 +159,22 @@ cdef class MessageWindow(SlotWindow):
         return 0
 
     def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
-                bint copy=True):
+                bint copy=True, int64_t skip_released=0):
         """Verb: send `buf` as `version` to every out-neighbour (never waits: `timeout`
         is await_'s); the sends complete in await_(version).  From a copy: `buf` may
         be written as soon as this returns.  copy=False (a whole step: the caller
         writes `buf` only after await_) sends from `buf` itself, one copy of the
-        update fewer; its view is held until the sends complete."""
+        update fewer; its view is held until the sends complete.  skip_released is
+        refused: every reader's receive of `version` waits for its send."""
         cdef int j
         cdef Py_buffer view
         cdef const char *src = self.stage
         cdef int64_t *cksum = <int64_t *>(self.stage + (self.nbytes + 7) // 8 * 8)
         self._check_alive()
         self._check_version(version)
+        if skip_released:
+            raise ConfigError("the message channel sends every version to every reader "
+                              "(each waits for it): skip_released must be 0")
         if self._sending:
             raise ConfigError("deliver() twice without await_()")
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)

@@ -365,7 +365,7 @@ cdef class PushWindow(SlotWindow):
         return out
 
     def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
-                bint copy=True):
+                bint copy=True, int64_t skip_released=0):
         """Refused: a model goes to the one peer a schedule chose (push())."""
         raise ConfigError("the push channel delivers to one peer at a time: push(buf, "
                           "version, peer); Channel.delivers is False for it")

@@ -57,14 +57,16 @@ cdef class SharedWindow(SlotWindow):
         self._release_segments()
 
     def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
-                bint copy=True):
+                bint copy=True, int64_t skip_released=0):
         """Verb: one copy of `buf` into this rank's own slot of `version` (none when
-        `buf` is that slot's payload: double-buffered), then the notifies; single
-        buffered, first wait until every out-neighbour released version - 1."""
+        `buf` is that slot's payload: double-buffered), then the notifies, leaving out
+        the out-neighbours that released `skip_released` (> 0); single buffered, first
+        wait until every out-neighbour released version - 1."""
         self._check_alive()
         if self.waits_for_release and not self.double_buffered:
             self._await_acks(version - 1, timeout, False)
-        self._put_buffer(buf, version, version, True, checksum, self.notifies, 0)
+        self._put_buffer(buf, version, version, True, checksum, self.notifies,
+                         skip_released)
 
     def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
                int count=0):

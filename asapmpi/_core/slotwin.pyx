@@ -9,7 +9,7 @@ from cpython.ref cimport PyObject
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBUF_ANY_CONTIGUOUS,
                             PyBUF_WRITABLE, PyBUF_SIMPLE)
-from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t, INT64_MAX
 from libc.stdlib cimport malloc, free, calloc, realloc
 from libc.stdio cimport fprintf, fflush, snprintf, stderr
 from libc.string cimport memset, memcpy, strncpy
@@ -30,9 +30,10 @@ cdef enum:
     AWAIT_AT_LEAST = 1
     AWAIT_COUNT = 2
     AWAIT_NEWEST = 3
+    AWAIT_RELEASED = 4
 
 #: the await modes by number (asapmpi.sync.Await names them alike)
-AWAIT_MODES = ("exact", "at_least", "count", "newest")
+AWAIT_MODES = ("exact", "at_least", "count", "newest", "released")
 
 cdef extern from "watchdog.h" nogil:
     int asap_watchdog_start()
@@ -511,6 +512,8 @@ cdef class SlotWindow:
     cdef MPI_Aint *in_ack_disp
     cdef MPI_Aint *wait_offs
     cdef int64_t *wait_expected
+    # the smallest word the last successful at-least wait read (await_'s RELEASED)
+    cdef int64_t wait_least
     cdef int64_t hdr[8]
     cdef int64_t ftr[8]
     # the notify, ack, token and user words: how they reach other ranks and how this
@@ -531,12 +534,18 @@ cdef class SlotWindow:
     # PushWindow) rather than by the reader's pull of what the sender published
     # (publish, pull: PutWindow).  A capability, read by the gossip policy
     cdef readonly bint pushes
-    # The writer's discipline the channel verbs follow (the policy's Reads.EXACT): a
-    # deliver(k) waits until every reader released k - 1, and release(k) is what that
-    # writer waits for (an ack where the writer reads a window word).  Else a writer
-    # never waits for a reader, its deliver writes in the seqlock order, and release(k)
-    # only hands the slots back (a mailbox's receives)
+    # The writer's discipline the channel verbs follow.  waits_for_release (the
+    # policy's Reads.EXACT): a deliver(k) waits until every reader released k - 1.
+    # releases (those, and a policy that awaits RELEASED: Hop's tokens): release(k) is
+    # what a writer waits for (an ack where the writer reads a window word, a token on
+    # a mailbox); else release(k) only hands the slots back (a mailbox's receives).
+    # ordered (those, and a policy whose protocol keeps readers off a slot while it is
+    # written: Policy.ordered_writes): deliver writes header, payload and footer in
+    # one order with one flush; else in the seqlock order, for a reader that may
+    # overlap the write
     cdef readonly bint waits_for_release
+    cdef readonly bint releases
+    cdef readonly bint ordered
     # deliver() publishes each version in the readers' notify words (else its readers
     # never await it: async, BSP, whose reduce reads what the slots hold)
     cdef readonly bint notifies
@@ -572,7 +581,8 @@ cdef class SlotWindow:
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, dtype, int poll_yields=32,
                  int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0,
-                 bint waits_for_release=False, bint notifies=True):
+                 bint waits_for_release=False, bint notifies=True, bint releases=False,
+                 bint ordered=False):
         cdef MPI_Info info = MPI_INFO_NULL
         cdef int flag = 0
         cdef int *model = NULL
@@ -586,6 +596,10 @@ cdef class SlotWindow:
         self.n_out = layout.n_out
         self.depth = layout.depth
         self.waits_for_release = waits_for_release
+        # a writer that waits for its readers waits for their releases, and writes
+        # only slots they released
+        self.releases = releases or waits_for_release
+        self.ordered = ordered or waits_for_release
         self.notifies = notifies
         self.nbytes = layout.nbytes
         self.itemsize = element(dtype)[0]
@@ -1109,19 +1123,23 @@ cdef class SlotWindow:
     # is one call into this module: a step adds no Python between its MPI calls.
 
     def deliver(self, buf, int64_t version, double timeout, bint checksum=False,
-                bint copy=True):
+                bint copy=True, int64_t skip_released=0):
         """Verb: `buf` as `version` into every out-neighbour's slot, its notify after
         it (unless the window was made with notifies=False).  With waits_for_release,
         first wait until every out-neighbour released version - 1 (its ack;
-        NeighbourTimeoutError naming the late after `timeout` seconds); else write in
-        the seqlock order, for a reader that may overlap the write.  `buf` may be
-        written as soon as this returns (copy=False is for the channels that could
-        send from it: none of the one-sided ones)."""
+        NeighbourTimeoutError naming the late after `timeout` seconds).  A window whose
+        writers write only slots no reader is reading (`ordered`: this wait, Hop's
+        tokens, a server's publication) writes in the ordered sequence; else in the
+        seqlock order, for a reader that may overlap the write.  skip_released > 0:
+        leave out every out-neighbour that already released that version (it can no
+        longer use this one: Hop 6.2), counted in `suppressed`.  `buf` may be written
+        as soon as this returns (copy=False is for the channels that could send from
+        it: none of the one-sided ones)."""
         self._check_alive()
         if self.waits_for_release:
             self._await_acks(version - 1, timeout, False)
-        self._put_buffer(buf, version, version, not self.waits_for_release, checksum,
-                         self.notifies, 0)
+        self._put_buffer(buf, version, version, not self.ordered, checksum,
+                         self.notifies, skip_released)
 
     def await_(self, int64_t version, double timeout, int mode=AWAIT_EXACT,
                int count=0):
@@ -1129,8 +1147,12 @@ cdef class SlotWindow:
         EXACT every in-neighbour's notify is `version`; AT_LEAST is >= it (read
         atomically: writers that run ahead); COUNT at least `count` in-neighbours'
         are `version` (returns how many were); NEWEST every in-neighbour has a whole
-        version in [count, version] (returns the newest per in-neighbour).
-        NeighbourTimeoutError naming the late after `timeout` seconds."""
+        version in [count, version] (returns the newest per in-neighbour); RELEASED
+        the other way: every out-neighbour released `version` or a later one (its ack
+        or token, read atomically: Hop's token wait), returns the smallest release
+        among them (version <= 0: no wait, the smallest now; 1 << 62 with no
+        out-neighbour).  NeighbourTimeoutError naming the late after `timeout`
+        seconds."""
         self._check_alive()
         if mode == AWAIT_EXACT or mode == AWAIT_AT_LEAST:
             self._await_notifies(version, timeout, mode == AWAIT_AT_LEAST)
@@ -1139,6 +1161,8 @@ cdef class SlotWindow:
             return self.wait_notifies_count(version, count, timeout)
         if mode == AWAIT_NEWEST:
             return self.wait_newest(version, count, timeout)
+        if mode == AWAIT_RELEASED:
+            return self._await_released(version, timeout)
         raise ConfigError(f"await mode must be one of {', '.join(AWAIT_MODES)} (0 to "
                           f"{len(AWAIT_MODES) - 1}), got {mode}")
 
@@ -1150,7 +1174,7 @@ cdef class SlotWindow:
         nothing here (a writer into a window waits for no reader).  A mailbox reposts
         the slots' receives, the message channel posts the receives of version + 1."""
         self._check_alive()
-        if self.waits_for_release and version > 0:
+        if self.releases and version > 0:
             self._check_rma("release()", -1)
             with nogil:
                 self.words.ack(version)
@@ -1419,16 +1443,21 @@ cdef class SlotWindow:
         cdef long polls = 0
         cdef double t0 = asap_now()
         cdef int i
+        cdef int64_t value
         cdef bint done
         while True:
             self._pump()        # a message stamped now is seen before any back-off
             self._sync()
             done = True
+            self.wait_least = INT64_MAX
             for i in range(n):
                 if at_least:
-                    if self._own_word(self.wait_offs[i]) < self.wait_expected[i]:
+                    value = self._own_word(self.wait_offs[i])
+                    if value < self.wait_expected[i]:
                         done = False
                         break
+                    if value < self.wait_least:
+                        self.wait_least = value
                 elif asap_load_i64(self.base + self.wait_offs[i]) != self.wait_expected[i]:
                     done = False
                     break
@@ -1510,7 +1539,32 @@ cdef class SlotWindow:
         if r:
             self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
                                 timeout, at_least)
+            if at_least:
+                # everything arrived just as the time ran out: the words read again
+                with nogil:
+                    self._read_least_ack()
         return 0
+
+    cdef int _read_least_ack(self) except -1 nogil:
+        # wait_least: the smallest of this rank's ack words, each read atomically
+        cdef int j
+        self.wait_least = INT64_MAX
+        for j in range(self.n_out):
+            self.wait_least = min(self.wait_least, self._own_word(self.off_ack + 8 * j))
+        return 0
+
+    cdef int64_t _await_released(self, int64_t version, double timeout) except? -1:
+        # await_'s RELEASED: the token wait, then the smallest release its last poll
+        # read (the same atomic reads: nothing more per step)
+        if self.n_out == 0:
+            return 1 << 62
+        if version > 0:
+            self._await_acks(version, timeout, True)
+            return self.wait_least
+        with nogil:
+            self._pump()        # the words messages feed: as fresh as they can be
+            self._read_least_ack()
+        return self.wait_least
 
     def wait_notifies_count(self, int64_t version, int min_count, double timeout):
         """Wait until at least `min_count` in-neighbours published exactly `version`

@@ -77,7 +77,7 @@ def exchange_window(comm: MPI.Comm, g: Graph, rank: int, policy, channel, nbytes
     policy.layouts = layouts
     # the policy's needs the window takes (a mailbox's retain, whether writers wait
     # for their readers' release)
-    options: Dict[str, Any] = channel.window_options(policy)
+    options: Dict[str, Any] = channel.window_options(policy, rank)
     segments = None
     if outbox:
         segments = SharedSegments(comm, layouts[rank].segment_bytes, g.in_neighbours(rank))

@@ -51,8 +51,10 @@ class BackupPS(Policy):
     reads = Reads.NEWEST
     writer_runs_ahead = True
     #: the server awaits a count of workers' version k, a worker the server's k or
-    #: newer (the channel verbs); the server delivers with the seqlock sequence
+    #: newer (the channel verbs); both deliver (ordered_writes: the server in the
+    #: seqlock sequence)
     awaits = frozenset({Await.COUNT, Await.AT_LEAST})
+    delivers = True
 
     OPTIONS = Options(
         Option("backup", int, 0, "backup workers b: the server averages workers - b", low=0),
@@ -83,6 +85,13 @@ class BackupPS(Policy):
                               f"N = workers - backup >= 1 of them")
         return graph
 
+    def ordered_writes(self, rank: int) -> bool:
+        """A worker writes its slot at the server only after reading theta(k - 1),
+        which the server publishes once its reduce of k - 1 read every slot: ordered.
+        The server waits for no slow worker, who may be reading theta as it is
+        rewritten: the seqlock sequence."""
+        return rank != self.server
+
     def start(self) -> None:
         """Per iteration: the server's [k, version from each worker], a worker's [k,
         version of theta it continued from] (bounded: asapmpi.sync.records)."""
@@ -98,7 +107,7 @@ class BackupPS(Policy):
         """Worker: the parameters after its local step, tagged `version`.  Server:
         nothing (it publishes after its reduce)."""
         if win.rank != self.server:
-            win.put(buf, version, version, checksum=ctx.checksum)
+            win.deliver(buf, version, ctx.timeout, ctx.checksum)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> int:
         """Worker: the newest theta >= version; server: reduce and publish version."""

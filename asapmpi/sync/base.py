@@ -52,6 +52,11 @@ class Await(enum.IntEnum):
     #: from every in-neighbour a whole version in [count, k], the newest per
     #: in-neighbour (bounded staleness)
     NEWEST = 3
+    #: the other way: every out-neighbour released version k or a later one (Hop's
+    #: tokens); a policy that awaits it writes only slots its readers released, so its
+    #: deliver writes in the ordered sequence and its release(k) is what its writers
+    #: wait for
+    RELEASED = 4
 
 
 @dataclass
@@ -118,6 +123,14 @@ class Policy:
     #: whether it delivers each version to every out-neighbour (deliver(k)); a channel
     #: that sends to one chosen peer (a push) does not
     delivers = False
+    def ordered_writes(self, rank: int) -> bool:
+        """Whether `rank`'s deliveries only ever write slots that no reader is reading
+        (the policy's protocol proves it: the readers' releases it waits for, Hop's
+        tokens, a server's publication), so the channel may write header, payload and
+        footer in one order with one flush; else it writes in the seqlock order and a
+        reader that overlaps the write finds it torn."""
+        return self.reads is Reads.EXACT or Await.RELEASED in self.awaits
+
     #: how many versions behind its last ack the reader may still reduce: after ack(c)
     #: the oldest version a later iteration reads is c + 1 - retain, so a channel that
     #: refills slots by itself (a mailbox) must keep versions > c - retain (Hop's

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..options import Option, Options
 from . import zipline
-from .base import Policy, Reads, StepContext, server_star
+from .base import Await, Policy, Reads, StepContext, server_star
 from .feedback import RoundingFeedback
 
 ALGORITHMS = {"zipline": zipline.zipline, "gridscan": zipline.gridscan,
@@ -56,6 +56,11 @@ class ElasticBSP(Policy):
     #: theta(s) is read); the control words go by write_words, which every channel
     #: serving it carries (remote atomics, or two messages per worker per superstep)
     reads = Reads.NEWEST
+    #: on the channel verbs: deliver (ordered: ordered_writes), await_ of exactly
+    #: superstep s (no writer runs ahead: a channel of newest versions gives it too),
+    #: the control words by the words' own calls
+    awaits = frozenset({Await.EXACT})
+    delivers = True
     #: the exchange's version is the global iteration count G, also between supersteps
     global_iterations = True
 
@@ -92,6 +97,10 @@ class ElasticBSP(Policy):
         """Words of control data in `rank`'s window (see the module docstring)."""
         return 2 * n if rank == self.server else 3
 
+    def ordered_writes(self, rank: int) -> bool:
+        """No slot is written while read (module docstring): the ordered sequence."""
+        return True
+
     def start(self) -> None:
         """Superstep 1 is plain BSP: one local step each (no interval is known yet)."""
         self._ends = deque([time.monotonic()], maxlen=self.window + 1)
@@ -115,7 +124,7 @@ class ElasticBSP(Policy):
         server = self.layouts[self.server]
         win.write_words(self.server, server.user_disp(2 * win.rank + _INTERVAL),
                         [max(1, int(interval * 1e9)), self._superstep])
-        win.put(buf, self._superstep, self._superstep, checksum=ctx.checksum)
+        win.deliver(buf, self._superstep, ctx.timeout, ctx.checksum)
         self._pending = True
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> int:
@@ -126,7 +135,7 @@ class ElasticBSP(Policy):
             return self._global
         s = self._superstep
         own = self.layouts[win.rank]
-        win.wait_notifies(s, ctx.timeout)
+        win.await_(s, ctx.timeout, Await.EXACT)
         win.wait_word(own.user_disp(_STAMP), s, ctx.timeout, from_rank=self.server)
         win.reduce(buf, 0.0, np.ones(1), s, s, s, checksum=ctx.checksum, require_all=True)
         self._assigned = int(win.local_word(own.user_disp(_COUNT)))
@@ -141,7 +150,7 @@ class ElasticBSP(Policy):
     def _serve(self, win, buf, ctx: StepContext) -> int:
         s = self._superstep = self._superstep + 1
         waited = time.monotonic()
-        win.wait_notifies(s, ctx.timeout)
+        win.await_(s, ctx.timeout, Await.EXACT)
         own = self.layouts[win.rank]
         ranks = win.in_ranks
         win.wait_words([own.user_disp(2 * r + _INTERVAL_STAMP) for r in ranks], s,
@@ -162,7 +171,7 @@ class ElasticBSP(Policy):
         for r, count in zip(ranks, self._counts):
             win.write_words(r, self.layouts[r].user_disp(_COUNT),
                             [int(count), self._global, s])
-        win.put(buf, s, s, checksum=ctx.checksum)
+        win.deliver(buf, s, ctx.timeout, ctx.checksum)
         self.supersteps.append((s, self._global, waited, float(choice.spread),
                                 *self._counts.tolist()))
         return self._global

@@ -5,10 +5,11 @@ receiver; the update of iteration k goes into slot k mod depth (Hop 6.1), writte
 the ordered sequence and a notify, with no ACK.
 
 Token queues (Hop 4.2) as counters: a worker publishes the number of iterations it has
-completed into the ack word it owns at each in-neighbour (MPI_Fetch_and_op REPLACE,
-issued lazily like every notify and ack; a token message on a mailbox); to
-enter iteration k+1 it waits, reading its own words atomically, until every
-out-neighbour has completed at least k - max_gap iterations.  The token count
+completed with the channel's release(k) (the ack word it owns at each in-neighbour,
+MPI_Fetch_and_op REPLACE, issued lazily like every notify and ack; a token message on
+a mailbox); to enter iteration k+1 it waits, await_(k - max_gap, RELEASED), reading its
+own words atomically, until every out-neighbour has completed at least k - max_gap
+iterations.  The token count
 TokenQ(j -> i).size() = Iter(j) - Iter(i) + max_gap of the paper is exactly
 completed(j) + 1 + max_gap - (k + 1) here, so Theorem 2 holds: Iter(i) - Iter(j) <=
 max_gap for every out-neighbour j.
@@ -36,7 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..options import Option, Options
-from .base import Policy, Reads, StepContext
+from .base import Await, Policy, Reads, StepContext
 from .records import entry_trace
 
 
@@ -49,6 +50,12 @@ class Hop(Policy):
     #: oldest version it may still reduce is `retain` (its staleness) behind its last
     #: ack (set in __init__)
     reads = Reads.WORDS
+    #: on the channel verbs: deliver(k) (ordered: the tokens let a writer into a slot
+    #: only once its reader released the version before), await_ of version k
+    #: (EXACT; COUNT with backup workers; NEWEST with staleness), the tokens as
+    #: await_(k, RELEASED) and release(k)
+    awaits = frozenset({Await.EXACT, Await.COUNT, Await.NEWEST, Await.RELEASED})
+    delivers = True
     OPTIONS = Options(
         Option("max_gap", int, 2, "the token bound on Iter(i) - Iter(j) for every "
                "out-neighbour j", low=1),
@@ -118,16 +125,17 @@ class Hop(Policy):
     # ------------------------------------------------------------------ one iteration
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
-        """Send(k): the update of iteration k into slot k mod depth, with its notify."""
-        win.put(buf, version, version, checksum=ctx.checksum,
-                suppress_if_acked=self._useless_after(version) if self.suppress_late else 0)
+        """Send(k): the update of iteration k into slot k mod depth, with its notify,
+        to every out-neighbour that can still use it."""
+        win.deliver(buf, version, ctx.timeout, ctx.checksum,
+                    skip_released=self._useless_after(version) if self.suppress_late else 0)
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> int:
         """Rec(k) and Reduce, a jump when this worker trails (section 5), then the
         tokens to enter the next iteration.  Returns the last iteration completed."""
         k = version
         self._receive_and_reduce(win, buf, k, ctx)
-        target = self._jump_target(win, k)
+        target = self._jump_target(win, k, ctx)
         if target > k + 1:
             # Hop section 5: renew the parameters with the updates of iteration target-1
             self.jumps += 1
@@ -145,16 +153,16 @@ class Hop(Policy):
 
     def _receive_and_reduce(self, win, buf, k: int, ctx: StepContext) -> None:
         if self.staleness is not None:
-            versions = win.wait_newest(k, max(k - self.staleness, 1), ctx.timeout)
+            versions = win.await_(k, ctx.timeout, Await.NEWEST, max(k - self.staleness, 1))
             w_self, weights = self._staleness_weights(k, versions, ctx)
             # an input that fails its check is dropped and the rest renormalized, which
             # for eq. (2) equals recomputing it over the remaining inputs
             win.reduce_versions(buf, w_self, weights, versions, checksum=ctx.checksum)
         else:
             if self.backup:
-                win.wait_notifies_count(k, win.n_in - self.backup, ctx.timeout)
+                win.await_(k, ctx.timeout, Await.COUNT, win.n_in - self.backup)
             else:
-                win.wait_notifies(k, ctx.timeout)
+                win.await_(k, ctx.timeout, Await.EXACT)
             win.reduce(buf, ctx.w_self, ctx.weights, k, k, k, checksum=ctx.checksum,
                        renormalize=self.backup > 0, require_all=self.backup == 0,
                        only_notified=self.backup > 0)
@@ -176,12 +184,13 @@ class Hop(Policy):
         total = raw_self + raw.sum()
         return raw_self / total, np.ascontiguousarray(raw / total)
 
-    def _jump_target(self, win, k: int) -> int:
+    def _jump_target(self, win, k: int, ctx: StepContext) -> int:
         """k + 1, or further when this worker trails all its out-neighbours by at least
         skip_trigger iterations (Hop section 5); never past the slowest of them."""
         if self.skip_trigger is None or win.n_out == 0:
             return k + 1
-        completed = min(win.fetch_word(win.rank, win.ack_offset(j)) for j in range(win.n_out))
+        # the tokens: the fewest iterations an out-neighbour has completed
+        completed = win.await_(0, ctx.timeout, Await.RELEASED)
         behind = completed + 1 - k            # Iter(j) - Iter(i) for the slowest j
         if behind < self.skip_trigger:
             return k + 1
@@ -195,8 +204,8 @@ class Hop(Policy):
         least t - 1 - max_gap iterations), then publish t - 1 completed iterations, which
         gives every in-neighbour t - 1 - k0 tokens after a jump from k0."""
         lo = time.monotonic()
-        win.wait_acks(t - 1 - self.max_gap, ctx.timeout, at_least=True)
-        win.ack(t - 1)
+        win.await_(t - 1 - self.max_gap, ctx.timeout, Await.RELEASED)
+        win.release(t - 1)
         hi = time.monotonic()
         while self.entries.count < t:         # iterations jumped over are entered with t
             row = self.entries.next_row(2)

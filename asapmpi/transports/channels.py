@@ -18,19 +18,23 @@ window class   family    serves (Reads)       in-place  remote   runs   one   de
 PutWindow      put       exact, words,        -         yes      yes    -     yes      exact,
                          newest, pull                                                  at_least,
                                                                                        count,
-                                                                                       newest
+                                                                                       newest,
+                                                                                       released
 SharedWindow   shared    exact                yes       yes      -      yes   yes      exact,
                                                                                        at_least,
                                                                                        count,
-                                                                                       newest
+                                                                                       newest,
+                                                                                       released
 MessageWindow  messages  exact                -         -        -      -     yes      exact
 MailboxWindow  messages  words                -         -        -      -     yes      exact,
                                                                                        at_least,
                                                                                        count,
-                                                                                       newest
+                                                                                       newest,
+                                                                                       released
 NewestWindow   messages  newest               -         -        yes    -     yes      at_least,
                                                                                        count,
-                                                                                       newest
+                                                                                       newest,
+                                                                                       (exact)
 PushWindow     messages  pull                 -         -        yes    -     -        -
 =============  ========  ===================  ========  =======  =====  ====  =======  ===========
 
@@ -41,8 +45,11 @@ to one peer its policy chose: push()) and which await modes (asapmpi.sync.Await)
 gives (a message channel's receive is posted for one version: exact only; a mailbox of
 newest versions may replace version k by k + 1 before anyone sees it: no exact; a count
 of version k counts the senders whose newest is k, for a policy whose writers cannot
-pass k before it reads, backup_ps's workers).  A policy on the verbs declares the modes
-it uses (Policy.awaits, Policy.delivers), and a channel fits it only when it has them.
+pass k before it reads, backup_ps's workers; (exact): only to a policy whose writers
+do not run ahead, ElasticBSP's; released waits the other way, for the out-neighbours'
+releases, which only channels whose words carry them give).  A policy on the verbs
+declares the modes it uses (Policy.awaits, Policy.delivers), and a channel fits it only
+when it has them.
 
 The message channels carry an update of at most MESSAGE_LIMIT bytes (one message), and
 the mailboxes take the reader's `retain` (Policy.retain: how many versions behind its
@@ -96,6 +103,11 @@ class Channel:
     one_host: bool
     #: the await modes (asapmpi.sync.Await) its await_() gives
     awaits: FrozenSet[Await] = frozenset()
+    #: more modes it gives a policy whose writers do not run ahead of their readers (a
+    #: mailbox of newest versions replaces version k by k + 1 only if a writer sends
+    #: k + 1 before k was read: where the policy's protocol forbids that, its words
+    #: say exactly k)
+    awaits_paced: FrozenSet[Await] = frozenset()
     #: its deliver(k) reaches every out-neighbour
     delivers: bool = True
     #: the largest update it carries in bytes (None: any)
@@ -116,17 +128,29 @@ class Channel:
         """Whether this channel serves what `policy` needs."""
         return (policy.reads in self.serves
                 and (self.writer_may_run_ahead or not policy.writer_runs_ahead)
-                and policy.awaits <= self.awaits
+                and policy.awaits <= self.awaits_for(policy)
                 and (self.delivers or not policy.delivers))
 
-    def window_options(self, policy) -> dict:
-        """The keywords the window class takes from `policy`'s needs: retain where the
-        channel takes it, whether its writers wait for their readers' release
-        (waits_for_release: a policy that reads exact versions) and whether deliver()
-        notifies (not for a policy on the verbs that never awaits: its readers take
-        what the slots hold)."""
+    def awaits_for(self, policy) -> FrozenSet[Await]:
+        """The await modes this channel gives `policy`."""
+        if policy.writer_runs_ahead:
+            return self.awaits
+        return self.awaits | self.awaits_paced
+
+    def window_options(self, policy, rank: int) -> dict:
+        """The keywords the window class takes from `policy`'s needs on `rank`: retain
+        where the channel takes it, whether deliver() waits for the readers' release
+        of the version before (waits_for_release: a policy that reads exact
+        versions), whether release() is what writers wait for (releases: those, and a
+        policy that awaits RELEASED itself, Hop's tokens), whether deliver() writes in
+        the ordered sequence (ordered: Policy.ordered_writes) and whether it notifies
+        (not for a policy on the verbs that never awaits: its readers take what the
+        slots hold)."""
         options = {name: getattr(policy, name) for name in self.takes}
         options["waits_for_release"] = policy.reads is Reads.EXACT
+        options["releases"] = (policy.reads is Reads.EXACT
+                               or Await.RELEASED in policy.awaits)
+        options["ordered"] = policy.ordered_writes(rank)
         options["notifies"] = bool(policy.awaits) or not policy.delivers
         return options
 
@@ -152,6 +176,7 @@ CHANNELS: Tuple[Channel, ...] = (
     Channel("NewestWindow", "messages", frozenset({Reads.NEWEST}),
             in_place_read=False, remote_atomics=False, writer_may_run_ahead=True,
             one_host=False, awaits=frozenset({Await.AT_LEAST, Await.COUNT, Await.NEWEST}),
+            awaits_paced=frozenset({Await.EXACT}),
             max_update_bytes=MESSAGE_LIMIT, takes=("retain",)),
     # gossip's need met by pushes: nobody reads one-sidedly, so nobody waits for the
     # peer's MPI progress (a pull on MPICH's TCP path cost 6-10x MPI_Allreduce)
