@@ -100,8 +100,7 @@ OFF_THE_VERBS = {
     "NotifyAck": set(),
     "Allreduce": set(),           # no window: MPI collectives
     "Async": set(),
-    # the barrier is a collective of the window's communicator, not a channel's
-    "BSP": {"barrier", "wait_delivered"},
+    "BSP": set(),
     "BackupPS": set(),
     "ElasticBSP": set(),
     "Gossip": {"accumulate_word", "allgather_doubles", "fetch_words", "overdue",
@@ -216,6 +215,11 @@ def test_hop_keeps_its_retain_on_a_mailbox():
     assert [resolve("put", pol).window_options(pol, r)["ordered"] for r in (0, 1, 2)] \
         == [True, False, True]
     assert policy("elastic").ordered_writes(0) and not policy("bsp").ordered_writes(0)
+    # BSP's barrier tells its readers: its puts carry no notify
+    pol = policy("bsp")
+    assert resolve("put", pol).window_options(pol, 0) == {
+        "waits_for_release": False, "releases": False, "ordered": False,
+        "notifies": False}
 
 
 def test_a_mailbox_of_newest_versions_awaits_exact_versions_only_of_paced_writers():

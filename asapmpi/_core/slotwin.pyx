@@ -31,9 +31,10 @@ cdef enum:
     AWAIT_COUNT = 2
     AWAIT_NEWEST = 3
     AWAIT_RELEASED = 4
+    AWAIT_BARRIER = 5
 
 #: the await modes by number (asapmpi.sync.Await names them alike)
-AWAIT_MODES = ("exact", "at_least", "count", "newest", "released")
+AWAIT_MODES = ("exact", "at_least", "count", "newest", "released", "barrier")
 
 cdef extern from "watchdog.h" nogil:
     int asap_watchdog_start()
@@ -1151,8 +1152,11 @@ cdef class SlotWindow:
         the other way: every out-neighbour released `version` or a later one (its ack
         or token, read atomically: Hop's token wait), returns the smallest release
         among them (version <= 0: no wait, the smallest now; 1 << 62 with no
-        out-neighbour).  NeighbourTimeoutError naming the late after `timeout`
-        seconds."""
+        out-neighbour); BARRIER a barrier of all ranks, each entering it once it
+        delivered `version`, then every in-neighbour's `version` in this rank's
+        slots (BSP: a put is there once its writer entered the barrier, a message
+        may still be on its way).  NeighbourTimeoutError naming the late after
+        `timeout` seconds."""
         self._check_alive()
         if mode == AWAIT_EXACT or mode == AWAIT_AT_LEAST:
             self._await_notifies(version, timeout, mode == AWAIT_AT_LEAST)
@@ -1163,6 +1167,10 @@ cdef class SlotWindow:
             return self.wait_newest(version, count, timeout)
         if mode == AWAIT_RELEASED:
             return self._await_released(version, timeout)
+        if mode == AWAIT_BARRIER:
+            self.barrier(timeout, version)
+            self.wait_delivered(version, timeout)
+            return None
         raise ConfigError(f"await mode must be one of {', '.join(AWAIT_MODES)} (0 to "
                           f"{len(AWAIT_MODES) - 1}), got {mode}")
 

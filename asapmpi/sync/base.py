@@ -57,6 +57,9 @@ class Await(enum.IntEnum):
     #: deliver writes in the ordered sequence and its release(k) is what its writers
     #: wait for
     RELEASED = 4
+    #: a barrier of all ranks, each entering it once it delivered version k, then
+    #: every in-neighbour's version k in the slots (BSP)
+    BARRIER = 5
 
 
 @dataclass

@@ -8,7 +8,7 @@ what the consistency benchmark measures.
 """
 from __future__ import annotations
 
-from .base import Policy, Reads, StepContext
+from .base import Await, Policy, Reads, StepContext
 
 NEWEST = 1 << 62
 
@@ -25,9 +25,10 @@ class BSP(Policy):
     reduces_last = True
     #: its slots after the barrier, by their notify words
     reads = Reads.WORDS
-    #: deliver on the channel verbs (the seqlock sequence, no notify: the barrier tells
-    #: the readers); the barrier and wait_delivered are still the window's own
+    #: on the channel verbs: deliver (the seqlock sequence, no notify: the barrier
+    #: tells the readers), await_(k, BARRIER), the reduce, release
     delivers = True
+    awaits = frozenset({Await.BARRIER})
 
     def send(self, win, buf, version: int, ctx: StepContext) -> None:
         """Deliver version k (the seqlock sequence: its writers wait for no reader)."""
@@ -35,8 +36,7 @@ class BSP(Policy):
 
     def receive(self, win, buf, version: int, ctx: StepContext) -> None:
         """Barrier, then reduce the version-k inputs found whole."""
-        win.barrier(ctx.timeout, version)
-        win.wait_delivered(version, ctx.timeout)
+        win.await_(version, ctx.timeout, Await.BARRIER)
         win.reduce(buf, ctx.w_self, ctx.weights, version, version, version, seqlock=True,
                    checksum=ctx.checksum, renormalize=True)
         win.release(version)

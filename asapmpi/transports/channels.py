@@ -19,18 +19,21 @@ PutWindow      put       exact, words,        -         yes      yes    -     ye
                          newest, pull                                                  at_least,
                                                                                        count,
                                                                                        newest,
-                                                                                       released
+                                                                                       released,
+                                                                                       barrier
 SharedWindow   shared    exact                yes       yes      -      yes   yes      exact,
                                                                                        at_least,
                                                                                        count,
                                                                                        newest,
-                                                                                       released
+                                                                                       released,
+                                                                                       barrier
 MessageWindow  messages  exact                -         -        -      -     yes      exact
 MailboxWindow  messages  words                -         -        -      -     yes      exact,
                                                                                        at_least,
                                                                                        count,
                                                                                        newest,
-                                                                                       released
+                                                                                       released,
+                                                                                       barrier
 NewestWindow   messages  newest               -         -        yes    -     yes      at_least,
                                                                                        count,
                                                                                        newest,
@@ -47,7 +50,8 @@ newest versions may replace version k by k + 1 before anyone sees it: no exact; 
 of version k counts the senders whose newest is k, for a policy whose writers cannot
 pass k before it reads, backup_ps's workers; (exact): only to a policy whose writers
 do not run ahead, ElasticBSP's; released waits the other way, for the out-neighbours'
-releases, which only channels whose words carry them give).  A policy on the verbs
+releases, which only channels whose words carry them give; barrier is BSP's, a barrier
+of all ranks and the wait for what it proved sent).  A policy on the verbs
 declares the modes it uses (Policy.awaits, Policy.delivers), and a channel fits it only
 when it has them.
 
@@ -76,6 +80,10 @@ from ..sync.base import Await, Reads
 #: the await modes of a channel whose waits read window words (its own, written by
 #: one-sided atomics or by its message pump)
 _WORD_AWAITS = frozenset(Await)
+
+#: the await modes that read the in-neighbours' notify words (a policy that uses none
+#: of them has its versions delivered without a notify)
+_NOTIFIED = frozenset({Await.EXACT, Await.AT_LEAST, Await.COUNT, Await.NEWEST})
 
 #: the largest update the message channels send (one message, MPI's int count of bytes,
 #: and the mailbox's 32-byte trailer)
@@ -151,7 +159,7 @@ class Channel:
         options["releases"] = (policy.reads is Reads.EXACT
                                or Await.RELEASED in policy.awaits)
         options["ordered"] = policy.ordered_writes(rank)
-        options["notifies"] = bool(policy.awaits) or not policy.delivers
+        options["notifies"] = bool(policy.awaits & _NOTIFIED) or not policy.delivers
         return options
 
 
