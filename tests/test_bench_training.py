@@ -5,6 +5,7 @@ leaves no hosts, CPU budgets or ranks behind (root and `ip netns` only)."""
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -257,30 +258,72 @@ def _bench_sets():
     return names
 
 
+def _descendants(pid: int) -> dict:
+    """The processes descended from `pid` now: {pid: command line}."""
+    parent, cmdline = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue                                    # ended meanwhile
+    found, frontier = {}, [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, pp in parent.items():
+            if pp == p and child not in found:
+                found[child] = cmdline.get(child, "")
+                frontier.append(child)
+    return found
+
+
 @pytest.mark.mpi
 @pytest.mark.skipif(NO_HOSTS is not None, reason=NO_HOSTS or "")
 def test_a_killed_benchmark_leaves_no_hosts_budgets_or_ranks():
-    before = _bench_sets()
+    # Its own hosts and ranks only: the other MPI family's run of this very test may be
+    # running beside it (dev/test.sh), and other jobs' benchmarks come and go.  The
+    # hosts are the sets whose prefix its processes name, the ranks the processes that
+    # descended from it while it ran, and an iteration count of its own tells them apart.
+    iters = 100000 + os.getpid() % 100000
     with subprocess.Popen([sys.executable, "-m", "asapmpi", "bench", "training", "-n",
                            "4", "--hosts", "2", "--workload", "small", "--iters",
-                           "100000", "--scenarios", "straggler-host", "--seeds", "0",
+                           str(iters), "--scenarios", "straggler-host", "--seeds", "0",
                            "--policies", "allreduce"], cwd=ROOT, text=True,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
         try:
             said = []
             for line in proc.stderr:                   # until the job has started
                 said.append(line)
-                if "4 ranks, 100000 iterations" in line:
+                if f"4 ranks, {iters} iterations" in line:
                     break
-            assert _bench_sets() - before, f"the benchmark made no hosts: {said}"
             time.sleep(2)                              # its ranks are running
+            running = _descendants(proc.pid)
+            prefixes = set(re.findall(r"\bbt[0-9a-f]{6}\b", " ".join(running.values())))
+            assert len(prefixes) == 1, (prefixes, said)
+            (prefix,) = prefixes
+            ours = {name for name in _bench_sets() if prefix in name}
+            assert ours, f"the benchmark made no hosts: {said}"
+            ranks = [p for p, cmd in running.items() if f"--iters {iters}" in cmd]
+            assert ranks, running
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
         finally:
             proc.kill()
-    # nothing of its own left (another job's hosts may come or go meanwhile: a full run
-    # failed on a concurrent benchmark's hosts, gone by the end)
-    assert not _bench_sets() - before, _bench_sets() - before
-    ranks = subprocess.run(["pgrep", "-f", "--iters 100000"], capture_output=True,
-                           text=True, check=False).stdout.split()
-    assert ranks == [], ranks
+    assert not {name for name in _bench_sets() if prefix in name}, prefix
+    left = subprocess.run(["pgrep", "-f", f"--iters {iters}"], capture_output=True,
+                          text=True, check=False).stdout.split()
+    assert left == [], left
+    assert not [p for p in ranks if _alive(p)], ranks
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
