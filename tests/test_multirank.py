@@ -439,22 +439,32 @@ def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly():
         _check_hop_runs(runs, options, "skip" in setting, setting)
 
 
-@pytest.mark.parametrize("setting", sorted(HOP_SETTINGS))
-def test_hop_never_hangs_on_a_stopped_rank(setting):
-    _stopped_rank_is_named(HOP_SETTINGS[setting])
+def test_hop_never_hangs_on_a_stopped_rank(tmp_path):
+    # every setting as a run of one job (one start of 6 ranks, not seven)
+    _stopped_rank_is_named(HOP_SETTINGS, tmp_path)
 
 
-@pytest.mark.parametrize("setting", ["standard-gap2", "backup1-skip10", "staleness2-eq2"])
-def test_hop_on_messages_never_hangs_on_a_stopped_rank(setting):
-    _stopped_rank_is_named(dict(HOP_SETTINGS[setting], transport="messages"))
+def test_hop_on_messages_never_hangs_on_a_stopped_rank(tmp_path):
+    settings = {name: dict(HOP_SETTINGS[name], transport="messages")
+                for name in ("standard-gap2", "backup1-skip10", "staleness2-eq2")}
+    _stopped_rank_is_named(settings, tmp_path)
 
 
-def _stopped_rank_is_named(options):
-    results = run("test_multirank:hop_stopped_rank", 6, "shm", timeout=120, options=options)
-    assert results[0]["finished"]
-    others = results[1:]
-    assert all(r["finished"] or r["waited_for"] for r in others), others
-    assert any(r["waited_for"] and 0 in r["waited_for"] for r in others), others
+def _stopped_rank_is_named(settings, tmp_path):
+    results = run("test_multirank:hop_stopped_rank", 6, "shm", timeout=180,
+                  settings=settings, out=str(tmp_path))
+    for setting, options in settings.items():
+        runs = [r[setting] for r in results]
+        transports = {r["transport"] for r in runs}
+        expected = {options["transport"]} if "transport" in options else transports
+        assert len(transports) == 1 and transports == expected, (setting, runs)
+        assert runs[0]["finished"], (setting, runs[0])
+        others = runs[1:]
+        assert all(r["finished"] or r["waited_for"] for r in others), (setting, others)
+        assert any(r["waited_for"] and 0 in r["waited_for"] for r in others), \
+            (setting, others)
+        # rank 0 stayed silent until every other rank had finished or timed out
+        assert runs[0]["told"], (setting, runs[0])
 
 
 def test_sync_spelled_two_ways_is_one_policy():
@@ -842,26 +852,36 @@ def broken_protocol(comm, iters=300, n=1 << 15):
     return tally
 
 
-def hop_stopped_rank(comm, options, iters=200, wait_timeout=1.5):
-    """Rank 0 stops after 3 iterations.  Every other rank either finishes or raises
-    NeighbourTimeoutError naming the ranks it waited for: nothing hangs."""
-    from scenarios import settled_barrier  # tests/mpi, on the ranks' path
+def hop_stopped_rank(comm, settings, out, iters=200, wait_timeout=1.5):
+    """For each of `settings` (name -> Hop options), one exchange: rank 0 stops after 3
+    iterations.  Every other rank either finishes or raises NeighbourTimeoutError naming
+    the ranks it waited for: nothing hangs.  Rank 0 stays silent (asleep, no MPI call,
+    as if computing forever) until every other rank has finished or timed out (a file
+    in `out` each), at most 60 s, and reports whether they all did."""
+    from scenarios import raise_flag, settled_barrier, wait_for_flags  # tests/mpi
 
     rank = comm.rank
     buf = np.zeros(256)
-    outcome = {"finished": False, "waited_for": None}
-    with asapmpi.Exchange(buf, graph="ring-based", sync="hop", comm=comm,
-                          timeout=wait_timeout, **options) as ex:
-        try:
-            while ex.version < (3 if rank == 0 else iters):
-                ex.step()
-            outcome["finished"] = True
-        except NeighbourTimeoutError as exc:
-            outcome["waited_for"] = exc.ranks
-        if rank == 0:
-            time.sleep(wait_timeout * 3)      # silent, as if computing forever
-        settled_barrier(comm)
-    return outcome
+    outcomes = {}
+    for setting, options in settings.items():
+        outcome = {"finished": False, "waited_for": None}
+        with asapmpi.Exchange(buf, graph="ring-based", sync="hop", comm=comm,
+                              timeout=wait_timeout, **options) as ex:
+            outcome["transport"] = ex.transport
+            try:
+                while ex.version < (3 if rank == 0 else iters):
+                    ex.step()
+                outcome["finished"] = True
+            except NeighbourTimeoutError as exc:
+                outcome["waited_for"] = exc.ranks
+            if rank == 0:
+                outcome["told"] = wait_for_flags(
+                    out, [f"{setting}-{r}" for r in range(1, comm.size)], 60)
+            else:
+                raise_flag(out, f"{setting}-{rank}")
+            settled_barrier(comm)
+        outcomes[setting] = outcome
+    return outcomes
 
 
 def free_after_send(comm, n=20000, iters=5, transport="auto"):

@@ -94,6 +94,18 @@ def test_the_report_names_dead_ranks_before_those_timed_out_on():
     assert r.failed() == [0]
     r.read("asapmpi: rank 0: ConfigError: --batch-size 9999 exceeds this rank's shard")
     assert r.bad_input
+    # a rank that said it kills itself is dead, not a reporter; one that stops itself
+    # is named by the others' timeouts
+    r = JobReport()
+    r.read("asapmpi: rank 5: fault injection: SIGKILL after iteration 120 "
+           "(CLOCK_MONOTONIC 26928.459959)")
+    assert r.failed() == [5] and r.injected == {5} and not r.reporters
+    r = JobReport()
+    r.read("asapmpi: rank 2: fault injection: SIGSTOP before the run's start collective "
+           "(CLOCK_MONOTONIC 1.0)")
+    r.read("asapmpi: rank 0: NeighbourTimeoutError: rank 0: timed out after 3 s waiting "
+           "for the start of the run from rank 2; the neighbour is dead or stalled")
+    assert r.failed() == [2] and not r.injected
     assert lost_from_environment({"ASAPMPI_RESTART_LOST": "3,1"}) == [1, 3]
 
 

@@ -18,11 +18,13 @@ When the job ends:
   ranks as before, or with `--restart-ranks shrink` one fewer per failed rank.
 
 Which ranks failed, from what the job said (docs/FAILURES.md):
-1. ranks that died: every rank of a job started with ASAPMPI_FAULT_DIR registers its
-   pid (asapmpi.launch.faults.register_rank); the launcher watches those of its host and
-   takes the one whose process ended first (hydra then kills the others with the same
-   SIGKILL, and its "BAD TERMINATION ... PID" names any of them); Open MPI names the rank
-   ("process rank 1 with PID ... exited on signal 9");
+1. ranks that died: a rank that said it kills itself (the trainer's fault injection,
+   "asapmpi: rank 5: fault injection: SIGKILL ..."); else every rank of a job started
+   with ASAPMPI_FAULT_DIR registers its pid (asapmpi.launch.faults.register_rank); the
+   launcher watches those of its host and takes the one whose process ended first, when
+   it ended alone (hydra then kills the others with the same SIGKILL, and its "BAD
+   TERMINATION ... PID" names any of them); Open MPI names the rank ("process rank 1
+   with PID ... exited on signal 9");
 2. failing that, the ranks the others timed out on (NeighbourTimeoutError's "from rank
    1 (expected ...", the watchdog's "to rank(s) 1"), less the ranks that reported (they
    were alive);
@@ -57,6 +59,9 @@ INTERRUPTED_EXIT = 130
 
 _OMPI_RANK = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal")
 _REPORTER = re.compile(r"^asapmpi: rank (\d+)[: ]")
+#: a rank's own line before it SIGKILLs or SIGSTOPs itself (the trainer's --kill
+#: options): its rank for certain, where hydra's kills race the pid watch
+_INJECTED = re.compile(r"^asapmpi: rank (\d+): fault injection: SIG(KILL|STOP)")
 _TIMED_OUT = re.compile(r"timed out after \S+ s waiting for .*? from "
                         r"((?:rank \d+(?: \([^)]*\))?(?:, )?)+)")
 _WATCHDOG = re.compile(r"to rank\(s\) ([\d, ]+)")
@@ -106,6 +111,7 @@ class JobReport:
     died: Set[int] = field(default_factory=set)
     silent: Set[int] = field(default_factory=set)
     reporters: Set[int] = field(default_factory=set)
+    injected: Set[int] = field(default_factory=set)     # said it kills itself
     bad_input: bool = False
 
     def read(self, line: str) -> None:
@@ -115,6 +121,14 @@ class JobReport:
             self.died.add(int(m.group(1)))
         if _BAD_INPUT.match(line):
             self.bad_input = True
+        m = _INJECTED.match(line)
+        if m:
+            # not a report of a live rank: a killed one is dead, a stopped one silent
+            # (the others' timeouts name it)
+            if m.group(2) == "KILL":
+                self.injected.add(int(m.group(1)))
+                self.died.add(int(m.group(1)))
+            return
         m = _REPORTER.match(line)
         if not m:
             return
@@ -177,7 +191,8 @@ def run_watched(cmd: Sequence[str], env: Mapping[str, str],
         for thread in (*readers, watcher):
             thread.join(timeout=5)
         report.pids = read_pids(folder)
-        report.died |= watcher.first
+        if not report.injected:
+            report.died |= watcher.first
         return code, report
     finally:
         shutil.rmtree(folder, ignore_errors=True)
