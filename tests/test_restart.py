@@ -196,18 +196,15 @@ def test_a_rank_killed_at_40_percent_restarts_on_the_three_left(tmp_path, uninte
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [x for x in proc.stderr.splitlines() if x.startswith("asapmpi train: restart")]
     assert len(lines) == 1, proc.stderr[-3000:]
-    named = _failed_rank(lines[0])
     code = _exit_code(lines[0])
-    assert f"restart 1 of 1: the job failed (exit code {code}, failed rank(s) {named}); " \
+    # the killed rank said so before it died: named for certain, whatever hydra's kills
+    # of the others did to the pid watch
+    assert f"restart 1 of 1: the job failed (exit code {code}, failed rank(s) 1); " \
            f"relaunching on 3 ranks, graph root-expander; resuming 'notify_ack' from " \
            f"iteration 60" in lines[0], lines[0]
-    if named == "1":
-        assert "resumes from iteration 60 (3 ranks resume from iteration 60 of 4 ranks' " \
-               "checkpoints; lost ranks [1]; replicas taken (new rank <- old rank): " \
-               "1<-2, 2<-3)" in proc.stdout
-    else:       # unknown: the shrink drops the highest-numbered replica
-        assert "resumes from iteration 60 (3 ranks resume from iteration 60 of 4 ranks' " \
-               "checkpoints)" in proc.stdout
+    assert "resumes from iteration 60 (3 ranks resume from iteration 60 of 4 ranks' " \
+           "checkpoints; lost ranks [1]; replicas taken (new rank <- old rank): " \
+           "1<-2, 2<-3)" in proc.stdout
     assert summary["ranks"] == 3 and summary["iterations"] == 150
     # it trained on after the restart: well above chance (0.5) at the end, as the run
     # without a failure.  How close the two end (issue 31's 0.5 points) is a benchmark's
