@@ -233,7 +233,7 @@ def _modules_after(code: str) -> Set[str]:
 @pytest.mark.parametrize("code", [
     "import asapmpi, asapmpi.sync",
     "import asapmpi.sync; asapmpi.sync.policy('elastic'); asapmpi.sync.policy('allreduce')",
-    # `asapmpi --help` (python -m asapmpi), which builds every subcommand's parser
+    # `asapmpi --help` (python -m asapmpi)
     "import runpy, sys\nsys.argv = ['asapmpi', '--help']\ntry:\n"
     "    runpy.run_module('asapmpi', run_name='__main__')\nexcept SystemExit:\n    pass",
     "from asapmpi import cli\ncli.build_parser().parse_args(['bench', 'reduce'])",
@@ -243,6 +243,35 @@ def test_starts_no_mpi(code):
     assert "asapmpi" in loaded
     assert "mpi4py.MPI" not in loaded, "initialized MPI"
     assert "asapmpi._core" not in loaded, "loaded the MPI extension"
+
+
+def test_a_command_line_loads_only_its_own_command():
+    # `asapmpi graph ...` parses with graph's options alone: no other command's modules
+    # (the model checker, the benchmarks, the training data's scipy: 0.3 s of each start
+    # when every command's options were built)
+    others = {"asapmpi.modelcheck", "asapmpi.bench.failures", "asapmpi.bench.training",
+              "asapmpi.train.cli", "asapmpi.train.data", "scipy.sparse"}
+    loaded = _modules_after("from asapmpi import cli\n"
+                            "cli.build_parser(['graph']).parse_args(['graph'])")
+    assert "asapmpi.cli.graph" in loaded and not loaded & others, loaded & others
+    # a training rank's: its own, and scipy only for a sparse dataset
+    loaded = _modules_after("from asapmpi import cli\nargv = ['train', 'mlp']\n"
+                            "cli.build_parser(argv).parse_args(argv)")
+    assert "asapmpi.train.cli" in loaded
+    assert not loaded & {"asapmpi.modelcheck", "asapmpi.bench.failures", "scipy.sparse"}
+    # and a benchmark's, under `bench`
+    loaded = _modules_after("from asapmpi import cli\nargv = ['bench', 'zipline']\n"
+                            "cli.build_parser(argv).parse_args(argv)")
+    assert "asapmpi.bench.zipline" in loaded and "asapmpi.bench.reduce" not in loaded
+
+
+def test_a_parser_of_one_command_parses_as_the_whole_parser():
+    from asapmpi import cli
+
+    for argv in (["train", "svm", "-n", "2", "--iters", "7"], ["bench", "core"],
+                 ["bench", "consistency"], ["demo"], ["graph", "-n", "8"]):
+        assert cli.build_parser(argv).parse_args(argv) == \
+            cli.build_parser().parse_args(argv), argv
 
 
 def test_help_prints_every_command():

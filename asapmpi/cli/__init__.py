@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from ..errors import AsapError, ConfigError
 
@@ -21,116 +21,120 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    from ..bench import consistency as bench_consistency
-    from ..bench import core as bench_core
-    from ..bench import failures as bench_failures
-    from ..bench import reduce as bench_reduce
-    from ..bench import soak as bench_soak
-    from ..bench import stragglers as bench_stragglers
-    from ..bench import training as bench_training
-    from ..bench import zipline as bench_zipline
-    from ..launch import restart
-    from ..modelcheck import cli as modelcheck_cli
-    from ..train import cli as train_cli
-    from . import demo, doctor
-    from . import graph as graph_cli
-    from . import trace as trace_cli
+def _ranks_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--ranks", type=int, default=4,
+                   help="ranks to launch when not already inside an MPI job (default 4)")
+    p.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
+                   help="force the MPI's network path, not shared memory: tcp (MPICH's "
+                        "ch4:ofi or Open MPI's tcp btl, on loopback) or ucx (Open MPI: "
+                        "UCX over TCP)")
+    p.add_argument("--job-timeout", type=float, default=600,
+                   help="kill the launched job after this many seconds (default 600; "
+                        "train: 0, no limit)")
 
+
+def _module(name: str):
+    """A command's module, imported when its options are needed (asapmpi.<name>)."""
+    import importlib
+
+    return importlib.import_module(f"asapmpi.{name}")
+
+
+def _options(module: str, ranks: Optional[int] = None, **defaults):
+    """A subparser's set-up: the launch options (with -n's default `ranks`) when the
+    command starts ranks, then the module's own options."""
+    def setup(p: argparse.ArgumentParser) -> None:
+        if ranks is not None:
+            _ranks_options(p)
+            if ranks != 4:
+                p.set_defaults(ranks=ranks)
+        if defaults:
+            p.set_defaults(**defaults)
+        _module(module).add_arguments(p)
+    return setup
+
+
+def _train_options(p: argparse.ArgumentParser) -> None:
+    _ranks_options(p)
+    # training may run for hours: no job limit unless asked (neighbour waits time out)
+    p.set_defaults(job_timeout=0)
+    _module("train.cli").add_arguments(p)
+    _module("launch.restart").add_arguments(p)
+
+
+#: every command: (name, help, set-up of its options); a command's module is imported
+#: only when its options are parsed (a training rank, a one-line error, `-h` need only
+#: theirs: importing every command's module took 0.3 s of each start)
+COMMANDS = (
+    ("demo", "mix vectors across ranks with NOTIFY-ACK and report", _options("cli.demo", 4)),
+    ("train", "train an SVM, a CNN, an MLP or a character language model across ranks; "
+              "report accuracy (lm: held-out loss), time, bytes; --compare policies",
+     _train_options),
+    ("doctor", "check the installation: MPI library and ABI, RMA path, progress, a 2-rank "
+               "smoke test", _options("cli.doctor")),
+    ("graph", "a graph's degree, bytes on the wire, connectivity and spectral gaps; --png "
+              "draws it", _options("cli.graph")),
+    ("trace", "check or draw iteration traces of hop runs", _options("cli.trace")),
+    ("check-protocol", "model-check the slot protocols on small graphs (docs/MODELCHECK.md)",
+     _options("modelcheck.cli")),
+    ("bench", "benchmarks", None),
+)
+
+#: the benchmarks under `asapmpi bench`, as COMMANDS
+BENCHMARKS = (
+    ("core", "put, notify, verified reduce vs memcpy and MPI_Allreduce",
+     _options("bench.core", 2)),
+    ("consistency", "ASAP Figure 8: consistent, torn, stale inputs per reduce for bsp, "
+                    "async, notify_ack", _options("bench.consistency", 8)),
+    ("stragglers", "Hop's straggler experiments: hop settings under random and "
+                   "deterministic slowdown", _options("bench.stragglers", 8)),
+    ("zipline", "ElasticBSP Table II: ZipLine, GridScan and FullGridScan barrier selection "
+                "times (one process, no MPI)", _options("bench.zipline")),
+    ("reduce", "time per averaging step vs MPI_Allreduce, gloo and the memory bound; "
+               "sizes, ranks, graphs, policies, shm and network path; targets PASS/FAIL",
+     _options("bench.reduce")),
+    ("soak", "a long run: resident memory per rank, file descriptors, /dev/shm and step "
+             "time over many steps, one job per policy", _options("bench.soak")),
+    ("training", "time to target accuracy (lm: held-out loss) per policy under stragglers "
+                 "and narrow links, on emulated hosts with shaped links",
+     _options("bench.training")),
+    ("failures", "final accuracy and time to target with ranks killed: surviving in place "
+                 "(ULFM) and restarting from checkpoints, against no failure",
+     _options("bench.failures")),
+)
+
+
+def _asked(argv: Sequence[str]) -> List[str]:
+    """The command and benchmark names on a command line (its first two words that are
+    not options): the subparsers whose options must be built to parse it."""
+    return [a for a in argv if not a.startswith("-")][:2]
+
+
+def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand; given the command line `argv`, only the
+    options of the command it names are built (the others' names and help stay, for
+    `-h` and the "invalid choice" error)."""
+    asked = None if argv is None else _asked(argv)
     parser = OneLineErrorParser(prog="asapmpi", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True,
                                 parser_class=OneLineErrorParser)
-
-    def ranks_options(p):
-        p.add_argument("-n", "--ranks", type=int, default=4,
-                       help="ranks to launch when not already inside an MPI job (default 4)")
-        p.add_argument("--network", nargs="?", const="tcp", choices=("tcp", "ucx"),
-                       help="force the MPI's network path, not shared memory: tcp (MPICH's "
-                            "ch4:ofi or Open MPI's tcp btl, on loopback) or ucx (Open MPI: "
-                            "UCX over TCP)")
-        p.add_argument("--job-timeout", type=float, default=600,
-                       help="kill the launched job after this many seconds (default 600; "
-                            "train: 0, no limit)")
-
-    p_demo = sub.add_parser("demo", help="mix vectors across ranks with NOTIFY-ACK and report")
-    ranks_options(p_demo)
-    demo.add_arguments(p_demo)
-
-    p_train = sub.add_parser("train", help="train an SVM, a CNN, an MLP or a character "
-                                           "language model across ranks; report accuracy "
-                                           "(lm: held-out loss), time, bytes; --compare "
-                                           "policies")
-    ranks_options(p_train)
-    # training may run for hours: no job limit unless asked (neighbour waits time out)
-    p_train.set_defaults(job_timeout=0)
-    train_cli.add_arguments(p_train)
-    restart.add_arguments(p_train)
-
-    p_doctor = sub.add_parser("doctor", help="check the installation: MPI library and "
-                                             "ABI, RMA path, progress, a 2-rank smoke test")
-    doctor.add_arguments(p_doctor)
-
-    p_graph = sub.add_parser("graph", help="a graph's degree, bytes on the wire, "
-                                           "connectivity and spectral gaps; --png draws it")
-    graph_cli.add_arguments(p_graph)
-
-    p_trace = sub.add_parser("trace", help="check or draw iteration traces of hop runs")
-    trace_cli.add_arguments(p_trace)
-
-    p_check = sub.add_parser("check-protocol", help="model-check the slot protocols on "
-                                                    "small graphs (docs/MODELCHECK.md)")
-    modelcheck_cli.add_arguments(p_check)
-
-    p_bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = p_bench.add_subparsers(dest="bench", required=True)
-    p_core = bench_sub.add_parser("core", help="put, notify, verified reduce vs memcpy and "
-                                               "MPI_Allreduce")
-    ranks_options(p_core)
-    p_core.set_defaults(ranks=2)
-    bench_core.add_arguments(p_core)
-    p_cons = bench_sub.add_parser("consistency", help="ASAP Figure 8: consistent, torn, stale "
-                                                      "inputs per reduce for bsp, async, "
-                                                      "notify_ack")
-    ranks_options(p_cons)
-    p_cons.set_defaults(ranks=8)
-    bench_consistency.add_arguments(p_cons)
-    p_strag = bench_sub.add_parser("stragglers", help="Hop's straggler experiments: hop "
-                                                      "settings under random and "
-                                                      "deterministic slowdown")
-    ranks_options(p_strag)
-    p_strag.set_defaults(ranks=8)
-    bench_stragglers.add_arguments(p_strag)
-    p_zip = bench_sub.add_parser("zipline", help="ElasticBSP Table II: ZipLine, GridScan "
-                                                 "and FullGridScan barrier selection "
-                                                 "times (one process, no MPI)")
-    bench_zipline.add_arguments(p_zip)
-    p_reduce = bench_sub.add_parser("reduce", help="time per averaging step vs MPI_Allreduce, "
-                                                   "gloo and the memory bound; sizes, ranks, "
-                                                   "graphs, policies, shm and network path; "
-                                                   "targets PASS/FAIL")
-    bench_reduce.add_arguments(p_reduce)
-    p_soak = bench_sub.add_parser("soak", help="a long run: resident memory per rank, file "
-                                               "descriptors, /dev/shm and step time over "
-                                               "many steps, one job per policy")
-    bench_soak.add_arguments(p_soak)
-    p_training = bench_sub.add_parser("training", help="time to target accuracy (lm: "
-                                                       "held-out loss) per policy "
-                                                       "under stragglers and narrow links, "
-                                                       "on emulated hosts with shaped links")
-    bench_training.add_arguments(p_training)
-    p_failures = bench_sub.add_parser("failures", help="final accuracy and time to target "
-                                                       "with ranks killed: surviving in "
-                                                       "place (ULFM) and restarting from "
-                                                       "checkpoints, against no failure")
-    bench_failures.add_arguments(p_failures)
+    for name, text, setup in COMMANDS:
+        p = sub.add_parser(name, help=text)
+        if name == "bench":
+            bench_sub = p.add_subparsers(dest="bench", required=True)
+            for bench, bench_text, bench_setup in BENCHMARKS:
+                q = bench_sub.add_parser(bench, help=bench_text)
+                if asked is None or asked == ["bench", bench]:
+                    bench_setup(q)
+        elif asked is None or asked[:1] == [name]:
+            setup(p)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `asapmpi` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         if getattr(args, "png", None):      # before any rank starts or any work is done
