@@ -121,6 +121,16 @@ def run(scenario: str, ranks: int, path: str = "shm", timeout: float = 120, **kw
     return results(proc, ranks, f"{scenario} on {ranks} ranks ({path})")
 
 
+def run_cases(cases: dict, ranks: int, path: str = "shm", timeout: float = 120) -> dict:
+    """Run several scenarios one after another in one job (one start of the ranks and of
+    what they import, torch's 2-3 s of CPU a rank, for all): `cases` maps a key to
+    (scenario, kwargs); returns each key's per-rank results, rank order.  A failing
+    scenario fails the job, its traceback naming it."""
+    every = run("CASES", ranks, path, timeout,
+                cases={key: [name, kwargs] for key, (name, kwargs) in cases.items()})
+    return {key: [res[key] for res in every] for key in cases}
+
+
 def results(proc: subprocess.CompletedProcess, ranks: int, what: str = "the job") -> list:
     """The per-rank result dicts of a finished job (its `ASAPMPI-RESULT rank json`
     lines), rank order; AssertionError when it exited non-zero or a rank reported

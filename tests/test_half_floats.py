@@ -140,16 +140,26 @@ def test_half_float_buffers_mix_to_consensus(dtype, sync):
         assert low <= r["mean"] <= high, r
 
 
+@pytest.fixture(scope="module")
+def torch_runs():
+    """The torch scenarios below, one after another in one job of 3 ranks (one start of
+    torch for all four): optimizer_half per dtype, resume_half per mode."""
+    from mpilaunch import run_cases
+
+    cases = {f"optimizer-{dtype}": ("test_half_floats:optimizer_half",
+                                    {"steps": 20, "dtype": dtype}) for dtype in HALVES}
+    cases.update({f"resume-{mode}": ("test_half_floats:resume_half", {"mode": mode})
+                  for mode in ("serial", "parallel")})
+    return run_cases(cases, 3, "shm", timeout=480)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", HALVES)
-def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype):
+def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype, request):
     from mpilaunch import skip_above_the_core
 
     skip_above_the_core()
-    from mpilaunch import run
-
-    res = run("test_half_floats:optimizer_half", 3, "shm", timeout=120, steps=20,
-              dtype=dtype)
+    res = request.getfixturevalue("torch_runs")[f"optimizer-{dtype}"]
     first = np.array(res[0]["params"])
     for r in res:
         assert r["dtype"] == f"torch.{dtype}" and r["exchange_dtype"] == dtype, r
@@ -160,15 +170,13 @@ def test_an_optimizer_mixes_half_float_parameters_as_they_are(dtype):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["serial", "parallel"])
-def test_a_bfloat16_run_with_masters_resumes_bitwise(mode):
+def test_a_bfloat16_run_with_masters_resumes_bitwise(mode, request):
     from mpilaunch import skip_above_the_core
 
     skip_above_the_core()
     # the state_dict between two steps holds the last mix in its masters: a run resumed
     # from it on 3 ranks ends where the uninterrupted one does, bit for bit
-    from mpilaunch import run
-
-    for r in run("test_half_floats:resume_half", 3, "shm", timeout=120, mode=mode):
+    for r in request.getfixturevalue("torch_runs")[f"resume-{mode}"]:
         assert r["whole"] == r["resumed"], r
         assert r["moved"], r
 

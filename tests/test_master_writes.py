@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from asapmpi.torch import DecentralizedOptimizer  # noqa: E402
 
-from mpilaunch import above_the_core, run  # noqa: E402
+from mpilaunch import above_the_core, run_cases  # noqa: E402
 
 #: the policies that run on one rank (the others need a server or a peer: below)
 ONE_RANK = ("notify_ack", "bsp", "async", "hop", "allreduce")
@@ -147,9 +147,11 @@ def loaded_before_or_after(comm, steps=12, after=False):
 @pytest.mark.mpi
 @above_the_core
 def test_weights_loaded_after_wrapping_train_as_loaded_before():
-    before = run("test_master_writes:loaded_before_or_after", 2, "shm", timeout=120)
-    after = run("test_master_writes:loaded_before_or_after", 2, "shm", timeout=120,
-                after=True)
+    # both runs in one job: one start of torch on 2 ranks, not two
+    runs = run_cases({"before": ("test_master_writes:loaded_before_or_after", {}),
+                      "after": ("test_master_writes:loaded_before_or_after",
+                                {"after": True})}, 2, "shm", timeout=240)
+    before, after = runs["before"], runs["after"]
     for b, a in zip(before, after):
         assert a["losses"] == b["losses"]
         assert a["digest"] == b["digest"]
@@ -182,15 +184,26 @@ def writes_on_every_rank(comm, sync="notify_ack"):
     return seen
 
 
+#: the policies that mix the current version of every replica: the same value written
+#: on every rank is what every replica holds after the mixes.  Async and gossip mix
+#: older versions (a rank's first mix after the write takes neighbours' versions from
+#: before it), so even float32 replicas end elsewhere; async is checked on one rank
+#: above.  The parameter servers (backup_ps, elastic) are left out: a worker's replica
+#: is the server's model, which replaces a worker's write
+MIXING_THE_CURRENT_VERSIONS = ["notify_ack", "bsp", "hop", "allreduce"]
+
+
+@pytest.fixture(scope="module")
+def writes_on_every_rank_runs():
+    """writes_on_every_rank under each policy, one after another in one job (one start
+    of torch on 3 ranks for all four)."""
+    return run_cases({sync: ("test_master_writes:writes_on_every_rank", {"sync": sync})
+                      for sync in MIXING_THE_CURRENT_VERSIONS}, 3, "shm", timeout=600)
+
+
 @pytest.mark.mpi
 @above_the_core
-@pytest.mark.parametrize("sync", ["notify_ack", "bsp", "hop", "allreduce"])
-def test_writes_on_every_rank_are_mixed_not_undone(sync):
-    # the policies that mix the current version of every replica: the same value
-    # written on every rank is what every replica holds after the mixes.  Async and
-    # gossip mix older versions (a rank's first mix after the write takes neighbours'
-    # versions from before it), so even float32 replicas end elsewhere; async is
-    # checked on one rank above.  The parameter servers (backup_ps, elastic) are left
-    # out: a worker's replica is the server's model, which replaces a worker's write
-    for r in run("test_master_writes:writes_on_every_rank", 3, "shm", timeout=180, sync=sync):
+@pytest.mark.parametrize("sync", MIXING_THE_CURRENT_VERSIONS)
+def test_writes_on_every_rank_are_mixed_not_undone(sync, writes_on_every_rank_runs):
+    for r in writes_on_every_rank_runs[sync]:
         assert r == {"load_state_dict": [0.5], "fill_": [2.0], "data": [-3.0]}, r

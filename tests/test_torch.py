@@ -12,7 +12,7 @@ from asapmpi.torch import DecentralizedOptimizer, FlatParameters  # noqa: E402
 from asapmpi.torch import state as tstate  # noqa: E402
 from asapmpi.train.checkpoint import load_tree, save_tree  # noqa: E402
 
-from mpilaunch import PATHS, STACK, above_the_core, run  # noqa: E402
+from mpilaunch import PATHS, STACK, above_the_core, run, run_cases  # noqa: E402
 
 
 def _model():
@@ -511,12 +511,42 @@ def test_wrapper_matches_a_replay_of_optimizer_and_mixing(path):
             assert res["homes"] == (2 if res["double_buffered"] else 1), case
 
 
+#: the 4-rank shared-memory scenarios of the tests below, run one after another in one
+#: job (one start of torch on 4 ranks for all, not eight: 2-3 s of CPU a rank each);
+#: key -> (scenario, kwargs, whether it is logic above the core: MPICH only)
+SHM_CASES = {
+    "period-3": ("torch_wrapper_replays",
+                 {"optimizer": "momentum", "steps": 7, "period": 3}, True),
+    "period-serial": ("torch_wrapper_replays",
+                      {"optimizer": "adam", "steps": 8, "period": 2, "mode": "serial"},
+                      False),
+    "period-parallel": ("torch_wrapper_replays",
+                        {"optimizer": "adam", "steps": 8, "period": 2, "mode": "parallel"},
+                        False),
+    # hop without backup workers reduces every in-neighbour's version k: exact replay
+    "hop": ("torch_wrapper_replays", {"optimizer": "adam", "steps": 5, "graph": "complete",
+                                      "sync": "hop", "options": {"max_gap": 2}}, True),
+    "hop-backup": ("torch_wrapper_replays",
+                   {"optimizer": "momentum", "steps": 8, "graph": "complete", "sync": "hop",
+                    "options": {"backup": 1}}, True),
+    "broadcast": ("torch_broadcast_starts_equal", {}, False),
+    "state-dict": ("torch_state_dict_has_exchange", {}, True),
+    "buffers": ("torch_tied_batchnorm_frozen", {}, True),
+}
+
+
+@pytest.fixture(scope="module")
+def shm_cases():
+    """SHM_CASES' per-rank results by key (on Open MPI, those not above the core)."""
+    return run_cases({key: (name, kwargs) for key, (name, kwargs, above)
+                      in SHM_CASES.items() if STACK == "mpich" or not above}, 4, "shm",
+                     timeout=900)
+
+
 @above_the_core
 @pytest.mark.mpi
-def test_wrapper_with_a_period_mixes_every_period_steps():
-    results = run("torch_wrapper_replays", 4, "shm", timeout=300, optimizer="momentum",
-                  steps=7, period=3)
-    for res in results:
+def test_wrapper_with_a_period_mixes_every_period_steps(shm_cases):
+    for res in shm_cases["period-3"]:
         assert max(res["errors"]) < 1e-5, res["errors"]
         assert res["version"] == 2                        # steps 3 and 6
         assert res["bytes_sent"] == 2 * res["out_degree"] * res["model_bytes"]
@@ -524,46 +554,39 @@ def test_wrapper_with_a_period_mixes_every_period_steps():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["serial", "parallel"])
-def test_wrapper_replays_with_a_period_in_both_modes(mode):
-    results = run("torch_wrapper_replays", 4, "shm", timeout=300, optimizer="adam",
-                  steps=8, period=2, mode=mode)
-    for res in results:
+def test_wrapper_replays_with_a_period_in_both_modes(mode, shm_cases):
+    for res in shm_cases[f"period-{mode}"]:
         assert max(res["errors"]) < 1e-5, res["errors"]
         assert res["version"] == 4
 
 
 @above_the_core
 @pytest.mark.mpi
-def test_wrapper_replays_under_hop():
-    # hop without backup workers reduces every in-neighbour's version k: exact replay
-    results = run("torch_wrapper_replays", 4, "shm", timeout=300, optimizer="adam",
-                  steps=5, graph="complete", sync="hop", options={"max_gap": 2})
-    for res in results:
+def test_wrapper_replays_under_hop(shm_cases):
+    for res in shm_cases["hop"]:
         assert max(res["errors"]) < 1e-5, res["errors"]
         assert res["version"] == 5
 
 
 @above_the_core
 @pytest.mark.mpi
-def test_wrapper_under_hop_with_a_backup_worker():
+def test_wrapper_under_hop_with_a_backup_worker(shm_cases):
     # a backup worker's reduce leaves late inputs out: no exact replay, but every rank
     # completes every step with its parameters in the exchange buffer
-    results = run("torch_wrapper_replays", 4, "shm", timeout=300, optimizer="momentum",
-                  steps=8, graph="complete", sync="hop", options={"backup": 1})
-    for res in results:
+    for res in shm_cases["hop-backup"]:
         assert res["version"] == 8
         assert all(np.isfinite(res["errors"]))
 
 
 @pytest.mark.mpi
-def test_broadcast_gives_every_rank_the_same_start():
-    assert all(r["equal"] for r in run("torch_broadcast_starts_equal", 4, "shm", timeout=120))
+def test_broadcast_gives_every_rank_the_same_start(shm_cases):
+    assert all(r["equal"] for r in shm_cases["broadcast"])
 
 
 @above_the_core
 @pytest.mark.mpi
-def test_state_dict_carries_the_exchange_state():
-    for res in run("torch_state_dict_has_exchange", 4, "shm", timeout=120):
+def test_state_dict_carries_the_exchange_state(shm_cases):
+    for res in shm_cases["state-dict"]:
         assert res["saved_version"] == 5 and res["saved_iteration"] == 5
         assert res["version_after"] == 6 and res["iteration_after"] == 6
         assert res["bytes_after"] > res["saved_bytes"] > 0
@@ -571,11 +594,11 @@ def test_state_dict_carries_the_exchange_state():
 
 @above_the_core
 @pytest.mark.mpi
-def test_buffers_mix_with_tied_frozen_scheduler_clipping_and_bf16_on_a_ring():
+def test_buffers_mix_with_tied_frozen_scheduler_clipping_and_bf16_on_a_ring(shm_cases):
     # 4 ranks, 40 steps on the (directed) ring, different data per rank: AdamW, StepLR
     # given the wrapper, clip_grad_norm_, bf16 autocast; run with buffers="mix" and,
     # from the same start, buffers="local" (the behaviour before buffers were mixed)
-    results = run("torch_tied_batchnorm_frozen", 4, "shm", timeout=300)
+    results = shm_cases["buffers"]
     lr, expected = 0.02, []
     for k in range(1, 41):
         lr = lr * 0.8 if k % 10 == 0 else lr       # StepLR(step_size=10, gamma=0.8)
