@@ -40,7 +40,7 @@ def _module(name: str):
     return importlib.import_module(f"asapmpi.{name}")
 
 
-def _options(module: str, ranks: Optional[int] = None, **defaults):
+def _options(module: str, ranks: Optional[int] = None):
     """A subparser's set-up: the launch options (with -n's default `ranks`) when the
     command starts ranks, then the module's own options."""
     def setup(p: argparse.ArgumentParser) -> None:
@@ -48,8 +48,6 @@ def _options(module: str, ranks: Optional[int] = None, **defaults):
             _ranks_options(p)
             if ranks != 4:
                 p.set_defaults(ranks=ranks)
-        if defaults:
-            p.set_defaults(**defaults)
         _module(module).add_arguments(p)
     return setup
 
