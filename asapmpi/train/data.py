@@ -550,9 +550,9 @@ def _generate(vocab: _Vocabulary, stream: int, seed: int, n: int, first: int, en
         parts.append((cols[keep].astype(np.int32), values[keep], labels[keep]))
     m = end - first
     x = _sparse().csr_matrix((np.concatenate([p[1] for p in parts]).ravel(),
-                           np.concatenate([p[0] for p in parts]).ravel(),
-                           np.arange(0, m * k + 1, k, dtype=np.int64)),
-                          shape=(m, vocab.n_features))
+                              np.concatenate([p[0] for p in parts]).ravel(),
+                              np.arange(0, m * k + 1, k, dtype=np.int64)),
+                             shape=(m, vocab.n_features))
     return x, np.concatenate([p[2] for p in parts])
 
 
