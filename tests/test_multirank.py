@@ -13,7 +13,7 @@ from asapmpi.errors import ConfigError, FreedError, NeighbourTimeoutError, Proto
 from asapmpi.testing import NotifyAckIgnoringAcks
 from asapmpi.testing.faults import store_word, torn_write
 
-from mpilaunch import PATHS, launch, mpich_only, run
+from mpilaunch import PATHS, launch, mpich_only, run, run_cases
 
 pytestmark = pytest.mark.mpi
 SIZES = (2, 4, 8)
@@ -370,10 +370,19 @@ HOP_SETTINGS = {
 @pytest.mark.parametrize("n", [4, 8])
 def test_hop_keeps_the_gap_bounds_and_reduces_exactly(n, graph):
     # every setting as a run of one job: one start of n ranks, not seven
-    results = run("hop_runs_settings", n, "shm", timeout=300, graph=graph,
-                  settings=HOP_SETTINGS)
+    results = _hop_runs_of_settings(HOP_SETTINGS, n, "shm", timeout=300, graph=graph)
     for setting, options in HOP_SETTINGS.items():
-        _check_hop_runs([r[setting] for r in results], options, "skip" in setting, setting)
+        _check_hop_runs(results[setting], options, "skip" in setting, setting)
+
+
+def _hop_runs_of_settings(settings, ranks, path, timeout, **common):
+    """hop_runs with each {name: options} of `settings`, one after another in one job
+    (one start of the ranks for all); {name: per-rank results}.  A setting that skips
+    ("skip" in its name) stalls its slow rank once for 1 s (hop_runs' stall_s), so that
+    it must jump whatever the load."""
+    return run_cases({name: ("hop_runs", dict(common, options=options,
+                                              stall_s=1.0 if "skip" in name else 0.0))
+                      for name, options in settings.items()}, ranks, path, timeout)
 
 
 def _check_hop_runs(results, options, skips, setting=""):
@@ -418,11 +427,12 @@ def test_hop_on_the_network_path():
     settings = {name: dict(NETWORK_HOP_SETTINGS[name], transport="put")
                 for name in ("standard-gap2", "backup1", "staleness2-eq2", "backup1-skip10",
                              "staleness0")}
-    rank0 = run("hop_runs_settings", 8, "net", timeout=600, graph="ring-based",
-                settings=settings, iters=80)[0]
+    results = _hop_runs_of_settings(settings, 8, "net", timeout=600, graph="ring-based",
+                                    iters=80)
     for setting, options in settings.items():
-        assert rank0[setting]["violations"] == [], (setting, rank0[setting]["violations"])
-        assert rank0[setting]["max_gap_to_out_neighbours"] <= options["max_gap"], setting
+        rank0 = results[setting][0]
+        assert rank0["violations"] == [], (setting, rank0["violations"])
+        assert rank0["max_gap_to_out_neighbours"] <= options["max_gap"], setting
 
 
 def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly():
@@ -431,10 +441,10 @@ def test_hop_on_messages_keeps_the_bounds_and_reduces_exactly():
     # of one job
     settings = {name: dict(options, transport="messages")
                 for name, options in HOP_SETTINGS.items()}
-    results = run("hop_runs_settings", 8, "net", timeout=600, graph="double-ring",
-                  settings=settings, iters=80)
+    results = _hop_runs_of_settings(settings, 8, "net", timeout=600, graph="double-ring",
+                                    iters=80)
     for setting, options in settings.items():
-        runs = [r[setting] for r in results]
+        runs = results[setting]
         assert {r["transport"] for r in runs} == {"messages"}, setting
         _check_hop_runs(runs, options, "skip" in setting, setting)
 
@@ -451,10 +461,11 @@ def test_hop_on_messages_never_hangs_on_a_stopped_rank(tmp_path):
 
 
 def _stopped_rank_is_named(settings, tmp_path):
-    results = run("test_multirank:hop_stopped_rank", 6, "shm", timeout=180,
-                  settings=settings, out=str(tmp_path))
+    results = run_cases({name: ("test_multirank:hop_stopped_rank",
+                                {"options": options, "out": str(tmp_path), "tag": name})
+                         for name, options in settings.items()}, 6, "shm", timeout=180)
     for setting, options in settings.items():
-        runs = [r[setting] for r in results]
+        runs = results[setting]
         transports = {r["transport"] for r in runs}
         expected = {options["transport"]} if "transport" in options else transports
         assert len(transports) == 1 and transports == expected, (setting, runs)
@@ -852,36 +863,33 @@ def broken_protocol(comm, iters=300, n=1 << 15):
     return tally
 
 
-def hop_stopped_rank(comm, settings, out, iters=200, wait_timeout=1.5):
-    """For each of `settings` (name -> Hop options), one exchange: rank 0 stops after 3
-    iterations.  Every other rank either finishes or raises NeighbourTimeoutError naming
-    the ranks it waited for: nothing hangs.  Rank 0 stays silent (asleep, no MPI call,
-    as if computing forever) until every other rank has finished or timed out (a file
-    in `out` each), at most 60 s, and reports whether they all did."""
+def hop_stopped_rank(comm, options, out, tag, iters=200, wait_timeout=1.5):
+    """Rank 0 stops after 3 iterations.  Every other rank either finishes or raises
+    NeighbourTimeoutError naming the ranks it waited for: nothing hangs.  Rank 0 stays
+    silent (asleep, no MPI call, as if computing forever) until every other rank has
+    finished or timed out (a file `tag-RANK` each in `out`), at most 60 s, and reports
+    whether they all did."""
     from scenarios import raise_flag, settled_barrier, wait_for_flags  # tests/mpi
 
     rank = comm.rank
     buf = np.zeros(256)
-    outcomes = {}
-    for setting, options in settings.items():
-        outcome = {"finished": False, "waited_for": None}
-        with asapmpi.Exchange(buf, graph="ring-based", sync="hop", comm=comm,
-                              timeout=wait_timeout, **options) as ex:
-            outcome["transport"] = ex.transport
-            try:
-                while ex.version < (3 if rank == 0 else iters):
-                    ex.step()
-                outcome["finished"] = True
-            except NeighbourTimeoutError as exc:
-                outcome["waited_for"] = exc.ranks
-            if rank == 0:
-                outcome["told"] = wait_for_flags(
-                    out, [f"{setting}-{r}" for r in range(1, comm.size)], 60)
-            else:
-                raise_flag(out, f"{setting}-{rank}")
-            settled_barrier(comm)
-        outcomes[setting] = outcome
-    return outcomes
+    outcome = {"finished": False, "waited_for": None}
+    with asapmpi.Exchange(buf, graph="ring-based", sync="hop", comm=comm,
+                          timeout=wait_timeout, **options) as ex:
+        outcome["transport"] = ex.transport
+        try:
+            while ex.version < (3 if rank == 0 else iters):
+                ex.step()
+            outcome["finished"] = True
+        except NeighbourTimeoutError as exc:
+            outcome["waited_for"] = exc.ranks
+        if rank == 0:
+            outcome["told"] = wait_for_flags(
+                out, [f"{tag}-{r}" for r in range(1, comm.size)], 60)
+        else:
+            raise_flag(out, f"{tag}-{rank}")
+        settled_barrier(comm)
+    return outcome
 
 
 def free_after_send(comm, n=20000, iters=5, transport="auto"):

@@ -12,7 +12,7 @@ from asapmpi.torch import DecentralizedOptimizer, FlatParameters  # noqa: E402
 from asapmpi.torch import state as tstate  # noqa: E402
 from asapmpi.train.checkpoint import load_tree, save_tree  # noqa: E402
 
-from mpilaunch import PATHS, STACK, above_the_core, run, run_cases  # noqa: E402
+from mpilaunch import PATHS, STACK, above_the_core, run_cases  # noqa: E402
 
 
 def _model():
@@ -494,10 +494,11 @@ def test_wrapper_matches_a_replay_of_optimizer_and_mixing(path):
     cases = [("momentum", "parallel")] if STACK != "mpich" else [
         ("momentum", "serial"), ("momentum", "parallel"), ("adam", "serial"),
         ("adam", "parallel")]
-    results = run("torch_wrapper_replays_cases", 4, path, timeout=300, cases=cases)
-    for rank_results in results:
-        assert len(rank_results) == len(cases)
-        for (kind, mode), res in zip(cases, rank_results):
+    results = run_cases({f"{kind}-{mode}": ("torch_wrapper_replays",
+                                            {"optimizer": kind, "mode": mode})
+                         for kind, mode in cases}, 4, path, timeout=300)
+    for kind, mode in cases:
+        for res in results[f"{kind}-{mode}"]:
             case = (kind, mode, res)
             assert max(res["errors"]) < 1e-5, case
             assert res["version"] == 6, case

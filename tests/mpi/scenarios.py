@@ -315,16 +315,6 @@ def hop_runs(comm, graph, options, iters=150, slow_rank=0, slow_factor=4.0, base
     return result
 
 
-def hop_runs_settings(comm, settings, skip_stall_s=1.0, **kwargs):
-    """hop_runs with each {name: options} of `settings`, one after another in this job
-    (one start of the ranks for all of them); {name: its result}.  A setting that skips
-    ("skip" in its name) stalls its slow rank once for `skip_stall_s` (hop_runs'
-    stall_s), so that it must jump whatever the load."""
-    return {name: hop_runs(comm, options=options,
-                           stall_s=skip_stall_s if "skip" in name else 0.0, **kwargs)
-            for name, options in settings.items()}
-
-
 def _ps_delta(rank, k, n):
     # a worker's local update at iteration k: exact in binary floating point
     return np.full(n, (rank * 7 + k % 5) / 64.0)

@@ -86,13 +86,6 @@ def torch_wrapper_replays(comm, optimizer="momentum", mode="serial", steps=6, gr
             "model_bytes": int(opt.flat.nbytes), "out_degree": len(opt.exchange.out_neighbours)}
 
 
-def torch_wrapper_replays_cases(comm, cases, **common):
-    """torch_wrapper_replays for each [optimizer, mode] of `cases`, one after another
-    in this job (one start of torch for all); their results in that order."""
-    return [torch_wrapper_replays(comm, optimizer=kind, mode=mode, **common)
-            for kind, mode in cases]
-
-
 def _set(model, flat):
     with torch.no_grad():
         offset = 0
