@@ -31,3 +31,5 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] \
         --no-build-isolation --no-deps --editable . >&2)
     echo "$HASH" > "$STAMP"
 fi
+# bytecode, as dev/setup.sh writes it for the checkout
+(cd "$SRC" && "$PY" -m compileall -q asapmpi bindings >&2)

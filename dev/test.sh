@@ -61,6 +61,10 @@ if [ "$mpich_setup" != 0 ] || [ "$ompi_setup" != 0 ] || [ "$ompi5_setup" != 0 ];
     exit 1
 fi
 OMPI_PY="$(tail -n 1 "$OMPI_LOG/out")"
+# bytecode for the test modules that every rank of a job imports (tests/mpi/run.py and
+# the scenario bodies in the test files), as the set-ups write the package's
+"$PY" -m compileall -q "$ROOT/tests" >&2
+"$OMPI_PY" -m compileall -q "$(dirname "$OMPI_PY")/../src/tests" >&2
 
 status=0
 # One family after the other; with --parallel side by side, Open MPI's output shown

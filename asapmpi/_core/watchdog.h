@@ -76,16 +76,30 @@ static void *asap_watchdog_main(void *unused) {
       asap_wd_reported = 1;
       _exit(asap_wd.exit_code);
     }
-    if (version >= 0)
-      fprintf(stderr, "asapmpi: rank %d: %s of version %lld to rank(s) %s", asap_wd.rank,
-              call, version, ranks);
-    else
-      fprintf(stderr, "asapmpi: rank %d: %s to rank(s) %s", asap_wd.rank, call, ranks);
-    fprintf(stderr,
-            " did not complete within %g s: the target rank is dead or has not called MPI "
-            "since (on network paths a one-sided operation completes only when its target "
-            "enters MPI); ending the job\n", seconds);
+    /* One write(2) of the whole line (under PIPE_BUF: the pipe to the launcher keeps it
+     * whole): written in two parts, another rank's line landed between them in the
+     * launcher's merged stderr and neither line read as a line. */
+    char line[1024];
+    int len = version >= 0
+        ? snprintf(line, sizeof(line), "asapmpi: rank %d: %s of version %lld to rank(s) %s",
+                   asap_wd.rank, call, version, ranks)
+        : snprintf(line, sizeof(line), "asapmpi: rank %d: %s to rank(s) %s", asap_wd.rank,
+                   call, ranks);
+    if (len < 0) len = 0;
+    int more = len < (int)sizeof(line)
+        ? snprintf(line + len, sizeof(line) - (size_t)len,
+                   " did not complete within %g s: the target rank is dead or has not "
+                   "called MPI since (on network paths a one-sided operation completes "
+                   "only when its target enters MPI); ending the job\n", seconds)
+        : 0;
+    if (more > 0) len += more;
+    if (len >= (int)sizeof(line)) {       /* cut: still one line */
+      len = (int)sizeof(line) - 1;
+      line[len - 1] = '\n';
+    }
     fflush(stderr);
+    ssize_t ignored = write(2, line, (size_t)len);
+    (void)ignored;
     asap_wd_reported = 1;     /* MPI_Abort may call exit(): no second report */
     /* The launcher forwards this rank's stderr through a pipe and kills every rank on
      * MPI_Abort: on a loaded host hydra ended the job before it forwarded the line
