@@ -45,6 +45,9 @@ CASES = [
     (["train", "svm", "--kill-in", "start"], "--kill-in need --kill-rank"),
     (["train", "svm", "--kill-rank", "1", "--kill-in", "step"],
      "--kill-in step needs --kill-at K"),
+    (["train", "svm", "--kill-rank", "1", "--kill-in", "checkpoint", "--kill-at", "30",
+      "--checkpoint-every", "20"], "--kill-in checkpoint needs --checkpoint-every N and "
+                                   "--kill-at K, a multiple of N"),
     (["train", "svm", "--stop-for", "2"], "--stop-for continues a rank stopped by"),
     (["train", "svm", "--kill", "1"], "give RANK@ITERATION, e.g. 5@120"),
     (["train", "svm", "--kill", "1@5", "--kill-rank", "1"], "drop --kill-rank/--kill-at"),

@@ -159,16 +159,18 @@ def _launcher_ended_it(proc) -> bool:
 #: under test, the end case's is never reached.  Not 3 s: a loaded host starts the ranks
 #: seconds apart (importing torch), and a rank that came 3 s after another was named
 #: instead of the stopped one (Open MPI, load 9 on 2 cores)
-STARTUP_DEADLINE = {"start": "15", "end": "60"}
+STARTUP_DEADLINE = {"start": "15", "end": "60", "free": "60"}
 
 
 @pytest.mark.parametrize("where, what", [("start", "the start of the run"),
-                                         ("end", "the final gather of metrics")])
+                                         ("end", "the final gather of metrics"),
+                                         ("free", "free() of an Exchange")])
 def test_a_rank_silent_in_a_training_run_s_start_or_end_collective_is_named(tmp_path, where,
                                                                            what):
     # the trainer's own collectives have deadlines too: before them, a rank that never
-    # came left the others in MPI_Allgather/MPI_Gather until the launcher's limit.  The
-    # rank stops (SIGSTOP): alive to the launcher, so only asapmpi's deadline ends the job.
+    # came left the others in MPI_Allgather/MPI_Gather until the launcher's limit; and
+    # the exchange's free() (MPI_Win_free is collective).  The rank stops (SIGSTOP):
+    # alive to the launcher, so only asapmpi's deadline ends the job.
     cmd, env = job_command(4, [sys.executable, "-m", "asapmpi", "train", "svm", "--iters",
                                "40", "--timeout", "3", "--kill-rank", "2", "--kill-in", where,
                                "--kill-signal", "stop", "--no-progress", "--out", tmp_path],

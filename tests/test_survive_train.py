@@ -98,6 +98,26 @@ def test_train_survives_a_killed_rank(tmp_path, sync, lost, where):
 
 
 @needs_ulfm
+def test_a_rank_killed_as_the_exchange_is_freed_is_survived_too(tmp_path):
+    # every step and gather done, rank 2 dies as the survivors free the exchange
+    # (MPI_Win_free is collective over it): they survive it in free() and the run
+    # ends as it would have, the failure in its summary
+    proc = train(tmp_path, "svm", "-n", "4", "--survive", "--iters", "30",
+                 "--eval-every", "30", "--kill-rank", "2", "--kill-in", "free",
+                 "--timeout", "30")
+    assert proc.returncode == 0, _shown(proc)
+    assert "fault injection: SIGKILL as its exchange is freed" in proc.stderr, _shown(proc)
+    with open(tmp_path / "s.json") as f:
+        summary = json.load(f)
+    # every rank trained and reported its metrics before the death
+    assert summary["ranks"] == 4 and summary["iterations"] == 30, summary
+    [record] = summary["survivals"]
+    assert record["failed"] == [2] and record["size"] == 3, record
+    assert sorted(int(m[0]) for m in SURVIVED.findall(proc.stderr)) == [0, 1, 3], \
+        _shown(proc)
+
+
+@needs_ulfm
 def test_survive_in_a_job_launched_without_ulfm_is_refused_before_communicating(tmp_path):
     # the ranks of an Open MPI 5 job started without --with-ft ulfm: every rank refuses
     # at the start of the run, before its first collective; exit code 2, one line

@@ -66,7 +66,6 @@ def test_svm_compare_reports_table_json_metrics_and_plot(tmp_path):
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 @above_the_core
-
 def test_cnn_on_digits_learns_in_parallel_mode_with_a_period(tmp_path):
     pytest.importorskip("sklearn")
     proc = train("cnn", "-n", "2", "--iters", "120", "--graph", "ring", "--mode",
@@ -106,22 +105,34 @@ def _final_models(folder, ranks, iters, label="svm-notify_ack"):
 
 
 @above_the_core          # checkpoints and resume: the trainer's, on MPICH
-@pytest.mark.parametrize("ranks,extra", [
-    (1, []), (4, []), (4, ["--mode", "parallel", "--period", "2"])])
-def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks, extra):
+@pytest.mark.parametrize("ranks,extra,kill,resumed_from", [
+    (1, [], ["--kill-at", "45"], 40),
+    # the rank dies halfway through writing its checkpoint of iteration 40: the others
+    # wrote theirs, so the newest every rank has is 20
+    (4, [], ["--kill-in", "checkpoint", "--kill-at", "40"], 20),
+    (4, ["--mode", "parallel", "--period", "2"], ["--kill-at", "45"], 40)])
+def test_a_killed_run_resumes_to_the_same_state(tmp_path, ranks, extra, kill, resumed_from):
     common = ["svm", "-n", str(ranks), "--iters", "60", "--eval-every", "10",
               "--checkpoint-every", "20", "--graph", "ring", *extra]
     whole = train(*common, "--out", str(tmp_path / "a"))
     assert whole.returncode == 0, whole.stderr
     killed = train(*common, "--out", str(tmp_path / "b"), "--kill-rank", str(ranks - 1),
-                   "--kill-at", "45")
+                   *kill)
     assert killed.returncode != 0
     assert not (tmp_path / "b" / "metrics.h5").exists()
+    victim = tmp_path / "b" / "checkpoints" / "svm-notify_ack" / f"rank{ranks - 1:05d}"
+    left = sorted(os.listdir(victim))
+    if "checkpoint" in kill:
+        # the half-written file stays temporary: never a checkpoint under its name
+        assert left[0] == "iter_000000020.h5" and len(left) == 2, left
+        assert left[1].startswith("iter_000000040.h5.tmp"), left
     resumed = train(*common, "--out", str(tmp_path / "b"), "--resume")
     assert resumed.returncode == 0, resumed.stderr
     # it continued from the killed run's checkpoint (a restart from 0 would also end in
     # the same state: these runs are deterministic)
-    assert "'notify_ack' resumes from iteration 40" in resumed.stdout
+    assert f"'notify_ack' resumes from iteration {resumed_from}" in resumed.stdout
+    # the resume removed what the killed write left
+    assert not [name for name in os.listdir(victim) if ".tmp" in name]
     for a, b in zip(_final_models(tmp_path / "a", ranks, 60),
                     _final_models(tmp_path / "b", ranks, 60)):
         assert b["trainer"]["iteration"] == 60

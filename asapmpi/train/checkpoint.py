@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import h5py
 import numpy as np
@@ -32,9 +32,12 @@ _LEAF = "__value__"      # attribute holding a JSON leaf
 _KEYS = "__keys__"       # attribute holding a group's key order
 
 
-def _write(group: h5py.Group, tree: Dict[str, Any]) -> None:
+def _write(group: h5py.Group, tree: Dict[str, Any],
+           midway: Optional[Callable[[], None]] = None) -> None:
     keys = []
-    for raw, value in tree.items():
+    for index, (raw, value) in enumerate(tree.items()):
+        if midway is not None and index == len(tree) // 2:
+            midway()
         key = str(raw)
         if "/" in key or key.startswith("__"):
             raise ConfigError(f"checkpoint key {key!r} may not contain '/' or start with '__'")
@@ -62,14 +65,17 @@ def _read(group: h5py.Group) -> Any:
     return out
 
 
-def save_tree(path: str, tree: Dict[str, Any]) -> None:
+def save_tree(path: str, tree: Dict[str, Any],
+              midway: Optional[Callable[[], None]] = None) -> None:
     """Write `tree` to the HDF5 file `path` atomically: a temporary file, fsync, rename,
     fsync of the folder.  A process killed at any point leaves either the whole file
     under its name or none (a restart after a failure must never read half a
-    checkpoint); the fsyncs make that hold across a crash of the host too."""
+    checkpoint); the fsyncs make that hold across a crash of the host too.  `midway`
+    (fault injection: the trainer's --kill-in checkpoint) is called with the file half
+    written and open."""
     tmp = f"{path}.tmp{os.getpid()}"
     with h5py.File(tmp, "w") as f:
-        _write(f, tree)
+        _write(f, tree, midway)
     _fsync(tmp, os.O_RDONLY)
     os.replace(tmp, path)
     _fsync(os.path.dirname(path) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -135,12 +141,13 @@ class CheckpointDir:
             return []
         return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
 
-    def save(self, iteration: int, tree: Dict[str, Any]) -> str:
+    def save(self, iteration: int, tree: Dict[str, Any],
+             midway: Optional[Callable[[], None]] = None) -> str:
         """Save `tree` as this rank's checkpoint at `iteration`; drop all but the newest
-        `keep`.  Returns the file written."""
+        `keep`.  Returns the file written.  `midway`: as save_tree's."""
         os.makedirs(self.folder, exist_ok=True)
         path = self.path(iteration)
-        save_tree(path, tree)
+        save_tree(path, tree, midway)
         for old in self.iterations()[:-self.keep]:
             os.remove(self.path(old))
         return path
@@ -162,10 +169,18 @@ class CheckpointDir:
     def drop_after(self, iteration: int) -> List[int]:
         """Delete this rank's checkpoints newer than `iteration` (a resume from
         `iteration` abandons them: a later restart must not mix them with the resumed
-        run's); return their iterations."""
+        run's), and the temporary files of writes a killed job left (each the size of
+        a checkpoint, and no write of this job will finish them); return the
+        checkpoints' iterations."""
         newer = [it for it in self.iterations() if it > iteration]
         for it in newer:
             os.remove(self.path(it))
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            names = []
+        for name in filter(_TMP.match, names):
+            os.remove(os.path.join(self.folder, name))
         return newer
 
     def readable(self, iteration: int) -> bool:

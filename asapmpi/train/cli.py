@@ -28,6 +28,7 @@ from ..outputs import file_problem, output_file, output_folder
 from ..reduce.graphs import GRAPHS
 from .config import (
     DEFAULTS,
+    KILL_POINTS,
     LOST_SHARDS,
     MODELS,
     MODES,
@@ -178,10 +179,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rank RANK kills itself (--kill-signal) after iteration ITER; "
                              "repeat for several ranks (instead of --kill-rank/--kill-at)")
     faults.add_argument("--kill-at", type=int, help="... once it reaches this iteration")
-    faults.add_argument("--kill-in", choices=("start", "end", "step"),
-                        help="... just before the run's start or end collective, or (step, "
+    faults.add_argument("--kill-in", choices=KILL_POINTS[1:],
+                        help="... just before the run's start or end collective, (step, "
                              "with --kill-at K) inside the exchange of iteration K + 1, "
-                             "after its send")
+                             "after its send, (checkpoint, with --kill-at K) halfway "
+                             "through writing its checkpoint of iteration K, or as the "
+                             "exchange is freed at the end (free)")
     faults.add_argument("--kill-signal", choices=("kill", "stop"), default="kill",
                         help="SIGKILL (default) or SIGSTOP (the rank stays alive but "
                              "silent)")

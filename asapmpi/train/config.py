@@ -117,10 +117,12 @@ RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_
                                "checkpoint_every", "keep", "target", "device"})
 
 #: where --kill-in kills the rank: just before the run's first (start) or last (end)
-#: collective (fault injection for the tests of their deadlines), or (step, with
+#: collective (fault injection for the tests of their deadlines), (step, with
 #: --kill-at K) inside the exchange of iteration K + 1, after its send and before its
-#: receive: its out-neighbours may hold its last model, it never takes theirs
-KILL_POINTS = (None, "start", "end", "step")
+#: receive: its out-neighbours may hold its last model, it never takes theirs,
+#: (checkpoint, with --kill-at K) halfway through writing its checkpoint of iteration K,
+#: or (free) at the end, as the exchange is freed, after the final gathers
+KILL_POINTS = (None, "start", "end", "step", "checkpoint", "free")
 #: --lost-shards: what the survivors of --survive do with a dead rank's data shard
 LOST_SHARDS = ("reassign", "drop")
 #: the policies whose exchange survives a dead rank in place (asapmpi.exchange.survive,
@@ -314,6 +316,12 @@ class TrainConfig:
         if self.kill_in == "step" and self.kill_at is None:
             raise ConfigError("--kill-in step needs --kill-at K (the rank dies inside the "
                               "exchange of iteration K + 1)")
+        if self.kill_in == "checkpoint" and not (
+                self.kill_at is not None and self.checkpoint_every
+                and (self.kill_at % self.checkpoint_every == 0 or self.kill_at == self.iters)):
+            raise ConfigError("--kill-in checkpoint needs --checkpoint-every N and --kill-at "
+                              "K, a multiple of N or --iters (the rank dies writing its "
+                              "checkpoint of iteration K)")
         self._check_survive()
         check_every(self.balance_every, "(--balance-every)")
         if self.balance:

@@ -330,9 +330,11 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
         resumed = collectives.gather(comm, loop.resumed, timeout,
                                      "the final gather of recovery times") \
             if opt.exchange.survivals else None
-    survivals = list(opt.exchange.survivals)
     reports = comm.Get_rank() == 0          # (a survivors' communicator goes with free())
+    _maybe_die(cfg, rank, "free")
     opt.free()
+    # after free(): a death there was survived too (--survive), and the summary says so
+    survivals = list(opt.exchange.survivals)
     if not reports:
         return None
     extra = {"sync": cfg.sync, "graph": opt.exchange.graph.name,
@@ -406,10 +408,12 @@ def peak_rss_bytes() -> int:
 
 
 def _maybe_die(cfg: TrainConfig, rank: int, where: str) -> None:
-    """Fault injection (--kill-rank R --kill-in start|end [--kill-signal stop]): die as a
-    killed process, or stop for good (the job's end kills a stopped process too)."""
+    """Fault injection (--kill-rank R --kill-in start|end|free [--kill-signal stop]):
+    die as a killed process, or stop for good (the job's end kills a stopped process
+    too)."""
     if cfg.kill_rank == rank and cfg.kill_in == where:
-        die(cfg, rank, f"before the run's {where} collective")
+        die(cfg, rank, "as its exchange is freed" if where == "free"
+            else f"before the run's {where} collective")
 
 
 def die(cfg: TrainConfig, rank: int, where: str) -> None:
@@ -568,6 +572,8 @@ class _Loop:
         #: the survivors' exchange (CLOCK_MONOTONIC); the records still waiting for it
         self.resumed: List[float] = []
         self._awaiting: List[dict] = []
+        #: --kill-in checkpoint: the iteration whose checkpoint this rank dies writing
+        self._dies_writing: Optional[int] = None
 
     def survived(self, record: dict) -> str:
         """The exchange survived a failure (--survive; called inside the step, no
@@ -630,6 +636,9 @@ class _Loop:
         # parallel mode the step ends with the next iteration's send: dying after it is
         # the same)
         in_step = dies and cfg.kill_in == "step" and cfg.mode == "serial"
+        # --kill-in checkpoint: inside checkpoint(), halfway through the file
+        self._dies_writing = kill_at if dies and cfg.kill_in == "checkpoint" else None
+        dies = dies and self._dies_writing is None
         while opt.iteration < cfg.iters:
             before = opt.iteration
             if in_step and before >= cfg.kill_at:
@@ -736,5 +745,11 @@ class _Loop:
                     "elapsed_s": self.now(),
                     "iteration": self.opt.iteration,
                     "config": self.cfg.as_dict()}
-            self.ckpts.save(self.opt.iteration, tree)
+            iteration = self.opt.iteration
+            midway = None
+            if self._dies_writing == iteration:
+                def midway():
+                    die(self.cfg, self.rank,
+                        f"halfway through writing its checkpoint of iteration {iteration}")
+            self.ckpts.save(iteration, tree, midway)
         self._paused(work)
