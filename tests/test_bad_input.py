@@ -48,6 +48,9 @@ CASES = [
     (["train", "svm", "--kill-rank", "1", "--kill-in", "checkpoint", "--kill-at", "30",
       "--checkpoint-every", "20"], "--kill-in checkpoint needs --checkpoint-every N and "
                                    "--kill-at K, a multiple of N"),
+    (["train", "svm", "--kill-rank", "3", "--kill-in", "recovery", "--kill", "1@20"],
+     "--kill-in recovery kills --kill-rank R in its recovery from another rank's death: "
+     "add --survive"),
     (["train", "svm", "--stop-for", "2"], "--stop-for continues a rank stopped by"),
     (["train", "svm", "--kill", "1"], "give RANK@ITERATION, e.g. 5@120"),
     (["train", "svm", "--kill", "1@5", "--kill-rank", "1"], "drop --kill-rank/--kill-at"),

@@ -98,6 +98,31 @@ def test_train_survives_a_killed_rank(tmp_path, sync, lost, where):
 
 
 @needs_ulfm
+@pytest.mark.parametrize("second", [
+    # ranks 1 and 3 of 5 die after iteration 20: one shrink finds both (or, if the
+    # second death comes after the first recovery, a second recovery)
+    ["--kill", "3@20"],
+    # rank 3 dies in its recovery from rank 1's death (the survivors' exchange made,
+    # its first step not taken): the others recover again, from it
+    ["--kill-rank", "3", "--kill-in", "recovery"]], ids=["same-step", "in-recovery"])
+def test_two_deaths_are_survived(tmp_path, second):
+    proc = train(tmp_path, "svm", "-n", "5", "--survive", "--iters", "60",
+                 "--eval-every", "60", "--kill", "1@20", *second, "--timeout", "30")
+    assert proc.returncode == 0, _shown(proc)
+    assert proc.stderr.count("fault injection: SIGKILL") == 2, _shown(proc)
+    with open(tmp_path / "s.json") as f:
+        summary = json.load(f)
+    assert summary["ranks"] == 3 and summary["iterations"] == 60, summary
+    failed = [r for record in summary["survivals"] for r in record["failed"]]
+    assert sorted(failed) == [1, 3], summary["survivals"]
+    assert summary["survivals"][-1]["size"] == 3, summary["survivals"]
+    said = re.findall(r"asapmpi: rank (\d+): survived the failure of rank\(s\) ([\d, ]+) "
+                      r"in step", proc.stderr)
+    assert {int(rank) for rank, _ in said} == {0, 2, 4}, _shown(proc)
+    assert {int(r) for _, dead in said for r in dead.split(",")} == {1, 3}, said
+
+
+@needs_ulfm
 def test_a_rank_killed_as_the_exchange_is_freed_is_survived_too(tmp_path):
     # every step and gather done, rank 2 dies as the survivors free the exchange
     # (MPI_Win_free is collective over it): they survive it in free() and the run

@@ -183,8 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="... just before the run's start or end collective, (step, "
                              "with --kill-at K) inside the exchange of iteration K + 1, "
                              "after its send, (checkpoint, with --kill-at K) halfway "
-                             "through writing its checkpoint of iteration K, or as the "
-                             "exchange is freed at the end (free)")
+                             "through writing its checkpoint of iteration K, as the "
+                             "exchange is freed at the end (free), or (recovery, with "
+                             "--survive and --kill RANK@ITER) in its recovery from that "
+                             "rank's death")
     faults.add_argument("--kill-signal", choices=("kill", "stop"), default="kill",
                         help="SIGKILL (default) or SIGSTOP (the rank stays alive but "
                              "silent)")

@@ -583,6 +583,10 @@ class _Loop:
         self._awaiting.append(record)
         ex = self.opt.exchange
         lost = ", ".join(str(r) for r in record["failed"])
+        if self.cfg.kill_in == "recovery" and self.cfg.kill_rank == self.rank:
+            # fault injection: a second death, while the survivors recover from the
+            # first (their exchange made, its first step not taken)
+            die(self.cfg, self.rank, f"in its recovery from the failure of rank(s) {lost}")
         if not record["failed"]:
             return "data shards unchanged"
         before = len(self.data.shard)
