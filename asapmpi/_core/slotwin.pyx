@@ -920,16 +920,25 @@ cdef class SlotWindow:
                 self._leave_behind()
                 raise
             with nogil:
-                self.words.forget()     # unlock_all completes its words
-                if self._locked:
-                    CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
-                if self.rma:
-                    CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
-                    self.words.flushed()    # completed: its words' memory may go
-                elif self.alloc_base != NULL:
-                    CHKERR(MPI_Free_mem(self.alloc_base), "MPI_Free_mem")
-                self.base = self.alloc_base = NULL
-                CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
+                # MPI_Win_free synchronizes the window's ranks (MPICH and Open MPI both
+                # do): a rank that died after the agreement above would hold the others
+                # here for ever.  Twice the drain's limit: a live rank that is still
+                # draining (at most flush_timeout) is never taken for a dead one
+                asap_watchdog_arm(2 * self.flush_timeout, b"MPI_Win_free (every rank of "
+                                  b"the window frees it)", -1, b"every rank of the window")
+                try:
+                    self.words.forget()     # unlock_all completes its words
+                    if self._locked:
+                        CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
+                    if self.rma:
+                        CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
+                        self.words.flushed()    # completed: its words' memory may go
+                    elif self.alloc_base != NULL:
+                        CHKERR(MPI_Free_mem(self.alloc_base), "MPI_Free_mem")
+                    self.base = self.alloc_base = NULL
+                    CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
+                finally:
+                    asap_watchdog_disarm()
         finally:
             self._freed = True
             self._closed()
