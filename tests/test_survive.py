@@ -63,6 +63,14 @@ needs_ulfm = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "ULFM here")
 pytestmark = [pytest.mark.mpi]
 
 
+class Hung(AssertionError):
+    """A job that outlived its limit; `stderr` holds what it wrote until then."""
+
+    def __init__(self, text: str, stderr: str):
+        super().__init__(text)
+        self.stderr = stderr
+
+
 def launch(scenario: str, ranks: int, timeout: float = 120, fault_tolerance: bool = True,
            **kwargs) -> subprocess.CompletedProcess:
     """Run `scenario` of this file on `ranks` ranks of the Open MPI 5 environment."""
@@ -77,8 +85,10 @@ def launch(scenario: str, ranks: int, timeout: float = 120, fault_tolerance: boo
         return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                               timeout=timeout + 30, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{scenario} on {ranks} ranks hung past {timeout + 30} s:\n"
-                             f"{exc.stdout}\n{exc.stderr}") from None
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
+            else (exc.stderr or "")
+        raise Hung(f"{scenario} on {ranks} ranks hung past {timeout + 30} s:\n"
+                   f"{exc.stdout}\n{err}", err) from None
 
 
 def results(out) -> dict:
@@ -193,8 +203,21 @@ def test_a_stalled_rank_is_a_missed_deadline_survived_by_all(tmp_path):
 def test_without_fault_tolerance_a_dead_rank_still_ends_the_job(tmp_path):
     # the same launch (--with-ft ulfm), an Exchange without fault_tolerance: the
     # survivors' failed MPI calls raise (ProcessFailedError), the job ends, none goes on
-    proc = launch("survive_steps", 4, timeout=60, out=str(tmp_path), sync="notify_ack",
-                  graph="ring", transport="put", options={}, steps=40, kill_at=10, ft=False)
+    try:
+        proc = launch("survive_steps", 4, timeout=60, out=str(tmp_path), sync="notify_ack",
+                      graph="ring", transport="put", options={}, steps=40, kill_at=10,
+                      ft=False)
+    except Hung as exc:
+        # Open MPI 5.0.11's prterun, now and then (2 of about 40 runs): every survivor
+        # raised naming rank 2 and one invoked MPI_Abort, and prterun stayed, past its
+        # own --timeout too (docs/TESTING.md, flakes): the launcher's defect, shown as
+        # such; anything else is this test's failure
+        named = all(re.search(rf"asapmpi: rank {r}: ProcessFailedError: .*rank\(s\) 2 "
+                              rf"failed", exc.stderr) for r in (0, 1, 3))
+        if named and "MPI_ABORT was invoked" in exc.stderr:
+            pytest.xfail("Open MPI 5's prterun stayed after MPI_Abort past its --timeout; "
+                         "every survivor had raised naming rank 2")
+        raise
     assert proc.returncode != 0, _shown(proc)
     assert results(tmp_path) == {}, _shown(proc)
     assert "survived the failure" not in proc.stderr
