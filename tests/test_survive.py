@@ -208,10 +208,10 @@ def test_without_fault_tolerance_a_dead_rank_still_ends_the_job(tmp_path):
                       graph="ring", transport="put", options={}, steps=40, kill_at=10,
                       ft=False)
     except Hung as exc:
-        # Open MPI 5.0.11's prterun, now and then (2 of about 40 runs): every survivor
-        # raised naming rank 2 and one invoked MPI_Abort, and prterun stayed, past its
-        # own --timeout too (docs/TESTING.md, flakes): the launcher's defect, shown as
-        # such; anything else is this test's failure
+        # Open MPI 5.0.11's prterun, now and then: every survivor raised naming rank 2
+        # and one invoked MPI_Abort, and prterun stayed, past its own --timeout too
+        # (docs/TESTING.md, flakes): the launcher's defect, shown as such; anything
+        # else is this test's failure
         named = all(re.search(rf"asapmpi: rank {r}: ProcessFailedError: .*rank\(s\) 2 "
                               rf"failed", exc.stderr) for r in (0, 1, 3))
         if named and "MPI_ABORT was invoked" in exc.stderr:
