@@ -28,9 +28,9 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ] || ! "$PY" -c 'import a
     echo "$HASH" > "$STAMP"
 fi
 # Bytecode for the package, as pip writes it for an installed one: an editable install
-# runs from these sources, and where PYTHONDONTWRITEBYTECODE is set (this machine's and
-# CI's image) every process compiled what it imported, 0.1-0.3 s of CPU for each rank of
-# a job.  Only files changed since the last run are compiled; an edit after it makes its
+# runs from these sources, and where PYTHONDONTWRITEBYTECODE is set (this machine's image
+# sets it) every process compiled what it imported, 0.1-0.3 s of CPU for each rank of a
+# job.  Only files changed since the last run are compiled; an edit after it makes its
 # file's bytecode stale, which Python notices (source mtime) and compiles as before.
 "$PY" -m compileall -q "$ROOT/asapmpi" "$ROOT/bindings" >&2
 echo "$PY"

@@ -65,6 +65,7 @@ def test_svm_compare_reports_table_json_metrics_and_plot(tmp_path):
             assert np.all(np.diff(group["bytes_sent"][()]) > 0)
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
 @above_the_core
 def test_cnn_on_digits_learns_in_parallel_mode_with_a_period(tmp_path):
     pytest.importorskip("sklearn")
