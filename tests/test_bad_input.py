@@ -48,6 +48,8 @@ CASES = [
     (["train", "svm", "--kill-rank", "1", "--kill-in", "checkpoint", "--kill-at", "30",
       "--checkpoint-every", "20"], "--kill-in checkpoint needs --checkpoint-every N and "
                                    "--kill-at K, a multiple of N"),
+    (["train", "svm", "--iters", "60", "--kill-rank", "1", "--kill-in", "checkpoint",
+      "--kill-at", "80", "--checkpoint-every", "20"], "1 <= K <= --iters"),
     (["train", "svm", "--kill-rank", "3", "--kill-in", "recovery", "--kill", "1@20"],
      "--kill-in recovery kills --kill-rank R in its recovery from another rank's death: "
      "add --survive"),

@@ -327,10 +327,12 @@ class TrainConfig:
                               "exchange of iteration K + 1)")
         if self.kill_in == "checkpoint" and not (
                 self.kill_at is not None and self.checkpoint_every
+                and 1 <= self.kill_at <= self.iters
                 and (self.kill_at % self.checkpoint_every == 0 or self.kill_at == self.iters)):
+            # (no checkpoint is written at 0 or past --iters: the rank would never die)
             raise ConfigError("--kill-in checkpoint needs --checkpoint-every N and --kill-at "
-                              "K, a multiple of N or --iters (the rank dies writing its "
-                              "checkpoint of iteration K)")
+                              "K, a multiple of N or --iters, 1 <= K <= --iters (the rank "
+                              "dies writing its checkpoint of iteration K)")
         self._check_survive()
         check_every(self.balance_every, "(--balance-every)")
         if self.balance:
