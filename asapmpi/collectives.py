@@ -94,11 +94,22 @@ def leave(request: MPI.Request, *buffers: Any) -> None:
     _leftovers.append((request, buffers))
 
 
+def _done(request: MPI.Request) -> bool:
+    # a leftover's end: completed, or completed with an error, which belongs to the
+    # call that gave it up (a process failure, a revoked communicator under fault
+    # tolerance), never to the call that happens to test it now
+    try:
+        return request.Test()
+    except MPI.Exception:
+        return request == MPI.REQUEST_NULL      # else still pending (MPI_ERR_PENDING)
+
+
 def leftovers() -> int:
     """The requests handed to leave() that MPI has not completed yet, after testing
-    each (those completed are let go, with their buffers)."""
+    each (those completed, with or without an error, are let go with their
+    buffers)."""
     if _leftovers:
-        _leftovers[:] = [(r, b) for r, b in _leftovers if not r.Test()]
+        _leftovers[:] = [(r, b) for r, b in _leftovers if not _done(r)]
     return len(_leftovers)
 
 

@@ -53,6 +53,10 @@ CASES = [
     (["train", "svm", "--kill-rank", "3", "--kill-in", "recovery", "--kill", "1@20"],
      "--kill-in recovery kills --kill-rank R in its recovery from another rank's death: "
      "add --survive"),
+    (["train", "svm", "--survive", "--kill-rank", "1", "--kill-in", "shrink", "--kill",
+      "1@20"], "--kill-in shrink kills --kill-rank R in its recovery from another rank's "
+               "death: add --survive and --kill RANK@ITER for that death (another rank "
+               "than R)"),
     (["train", "svm", "--stop-for", "2"], "--stop-for continues a rank stopped by"),
     (["train", "svm", "--kill", "1"], "give RANK@ITERATION, e.g. 5@120"),
     (["train", "svm", "--kill", "1@5", "--kill-rank", "1"], "drop --kill-rank/--kill-at"),

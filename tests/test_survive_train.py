@@ -104,7 +104,11 @@ def test_train_survives_a_killed_rank(tmp_path, sync, lost, where):
     ["--kill", "3@20"],
     # rank 3 dies in its recovery from rank 1's death (the survivors' exchange made,
     # its first step not taken): the others recover again, from it
-    ["--kill-rank", "3", "--kill-in", "recovery"]], ids=["same-step", "in-recovery"])
+    ["--kill-rank", "3", "--kill-in", "recovery"],
+    # rank 3 dies right after the shrink of that recovery, while the survivors make
+    # their exchange: they agree that it was not made, shrink again and make it again
+    ["--kill-rank", "3", "--kill-in", "shrink"]],
+    ids=["same-step", "in-recovery", "in-shrink"])
 def test_two_deaths_are_survived(tmp_path, second):
     proc = train(tmp_path, "svm", "-n", "5", "--survive", "--iters", "60",
                  "--eval-every", "60", "--kill", "1@20", *second, "--timeout", "30")
@@ -120,6 +124,12 @@ def test_two_deaths_are_survived(tmp_path, second):
                       r"in step", proc.stderr)
     assert {int(rank) for rank, _ in said} == {0, 2, 4}, _shown(proc)
     assert {int(r) for _, dead in said for r in dead.split(",")} == {1, 3}, said
+    if "shrink" in second:
+        # one recovery naming both, its exchange made on the second try
+        assert [(r["failed"], r["attempts"]) for r in summary["survivals"]] == \
+            [([1, 3], 2)], summary["survivals"]
+        assert proc.stderr.count("made 2 times (a rank died in the recovery)") == 3, \
+            _shown(proc)
 
 
 @needs_ulfm

@@ -18,7 +18,9 @@ the exchange, asapmpi.errors.ProcessFailedError) or a neighbour that misses its 
 5. re-form the graph on the survivors (the same family for n-1 ranks where it exists and
    suits the policy, else the old graph re-wired around the dead, else complete), with
    its weights, and create the exchange again with the same policy and options on the
-   shrunk communicator, from each survivor's current buffer;
+   shrunk communicator, from each survivor's current buffer; the survivors then agree
+   (MPIX_Comm_agree) that every one of them made it: if a rank died meanwhile, they
+   all leave what they made and go back to 2, from the shrunk communicator;
 6. say so, one line per survivor: who died, at which step, the new graph and its
    spectral gap, the seconds lost.
 
@@ -31,7 +33,7 @@ import atexit
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -281,6 +283,85 @@ def abandon(ex) -> None:
                        getattr(ex, "comm", None)))
 
 
+#: fault injection (asapmpi train --kill-in shrink): called on each survivor right
+#: after every shrink of a recovery, before the survivors' exchange is made
+after_shrink: Optional[Callable[[], None]] = None
+
+
+def _remake(ex, ft: MPI.Comm, completed: int, made: Dict[str, Any], old_graph: Graph):
+    """Shrink `ft` and make `ex` again on the survivors; if a rank dies while they make
+    it, shrink again and make it again, until it is made on ranks that all lived
+    through it.  Returns (the new exchange, its communicator, the survivors' ranks in
+    `ft`, the step to go on from, how the graph was chosen, the policy's options, the
+    tries).  Every try ends in an agreement (MPIX_Comm_agree, whose result and whose
+    failure are the same on every survivor) on whether every survivor made it, so
+    that all of them go on with it or all try again."""
+    comm, survivors = ft, list(range(ft.Get_size()))
+    for attempt in range(1, ft.Get_size() + 1):
+        shrunk, kept = _shrink(comm)
+        survivors = [survivors[r] for r in kept]
+        if after_shrink is not None:
+            after_shrink()
+        fresh = None
+        ok = 1
+        try:
+            # the step every survivor goes on from: the most any completed
+            steps = shrunk.allreduce(int(completed), op=MPI.MAX)
+            fresh, how, options = _make_on(ex, shrunk, survivors, made, old_graph)
+        except (MPI.Exception, MPIError, NeighbourTimeoutError) as exc:
+            if not is_failure(exc):
+                raise
+            ok = 0
+            try:
+                shrunk.Revoke()     # the others' calls on it end too
+            except MPI.Exception:
+                pass
+        try:
+            ok = shrunk.Agree(ok)
+        except MPI.Exception as exc:
+            if not is_failure(exc):
+                raise
+            ok = 0
+        if ok:
+            return fresh, shrunk, survivors, steps, how, options, attempt
+        if fresh is not None:
+            abandon(fresh)
+        _ABANDONED.append((shrunk,))
+        comm = shrunk
+    raise ProcessFailedError(MPI.ERR_PROC_FAILED, "recovery",
+                             f"the survivors' exchange could not be made in "
+                             f"{ft.Get_size()} tries: a rank died in every one")
+
+
+def _make_on(ex, shrunk: MPI.Comm, survivors: List[int], made: Dict[str, Any],
+             old_graph: Graph):
+    """`ex` made again on `shrunk` (collective over it): (the new exchange, how its
+    graph was chosen, its policy's options).  What a failure leaves of a half-made one
+    is abandoned, never freed."""
+    # the graph and its weights on the survivors; a server that died is replaced by
+    # the first survivor (its replica becomes the parameters)
+    options = dict(made["options"])
+    if "server" in options:
+        server = int(options["server"])
+        options["server"] = survivors.index(server) if server in survivors else 0
+    weights = made["weights"] if isinstance(made["weights"], str) else "auto"
+    if made["fixed_graph"]:
+        g, how = None, "the policy's own graph"
+    else:
+        g, how = new_graph(old_graph, made["family"], survivors, ex._policy, weights)
+    fresh = type(ex).__new__(type(ex))
+    try:
+        fresh.__init__(ex._work if ex._stager is None else ex._user_buffer, graph=g,
+                       sync=made["sync"], comm=shrunk, weights=weights,
+                       timeout=made["timeout"], checksum=made["checksum"],
+                       reject_nonfinite=made["reject_nonfinite"], transport=ex.transport,
+                       dtype=made["dtype"], fault_tolerance=True, **options)
+    except BaseException:
+        abandon(fresh)
+        raise
+    return fresh, how, options
+
+
 def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> Dict[str, Any]:
     """Survive the failure `exc` seen by Exchange `ex` (whose rank had completed
     `completed` steps): shrink, re-form, re-create `ex` in place on the survivors.
@@ -295,28 +376,10 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
     survivals = list(ex.survivals)
     abandon(ex)
     _bound_the_exit_once()
-    shrunk, survivors = _shrink(ft)
+    fresh, shrunk, survivors, steps, how, options, attempts = _remake(
+        ex, ft, completed, made, old_graph)
     failed = sorted(set(range(ft.Get_size())) - set(survivors))
-    # the step every survivor goes on from: the most any completed (an allreduce on the
-    # survivors' communicator, which has no dead rank)
-    steps = shrunk.allreduce(int(completed), op=MPI.MAX)
     origin = [old_origin[r] for r in survivors]
-    # the graph and its weights on the survivors; a server that died is replaced by
-    # the first survivor (its replica becomes the parameters)
-    options = dict(made["options"])
-    if "server" in options:
-        server = int(options["server"])
-        options["server"] = survivors.index(server) if server in survivors else 0
-    weights = made["weights"] if isinstance(made["weights"], str) else "auto"
-    if made["fixed_graph"]:
-        g, how = None, "the policy's own graph"
-    else:
-        g, how = new_graph(old_graph, made["family"], survivors, ex._policy, weights)
-    fresh = type(ex)(ex._work if ex._stager is None else ex._user_buffer, graph=g,
-                     sync=made["sync"], comm=shrunk, weights=weights,
-                     timeout=made["timeout"], checksum=made["checksum"],
-                     reject_nonfinite=made["reject_nonfinite"], transport=ex.transport,
-                     dtype=made["dtype"], fault_tolerance=True, **options)
     fresh._base = steps
     fresh.version = steps
     fresh._carried = carried
@@ -328,7 +391,7 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
               "resumed_at": steps, "size": fresh.size, "graph": fresh.graph.name,
               "how": how, "spectral_gap": gap, "seconds": None,
               "recovery_seconds": time.perf_counter() - t0,
-              "cause": type(exc).__name__}
+              "cause": type(exc).__name__, "attempts": attempts}
     if "server" in options:
         # a parameter server's policy: which survivor serves now (the old one, or the
         # first survivor in its place, whose replica became the parameters)
@@ -351,6 +414,8 @@ def recover(ex, exc: BaseException, completed: int, began: Optional[float]) -> D
           f"in step {completed + 1}; going on from step {steps} on {fresh.size} ranks, "
           f"graph {fresh.graph.name} ({how}), spectral gap {gap:.3f}"
           + (f", server rank {record['server']}" if "server" in record else "")
+          + (f"; made {attempts} times (a rank died in the recovery)"
+             if attempts > 1 else "")
           + (f"; {note}" if note else "")
           + f"; {record['seconds']:.2f} s lost", file=sys.stderr, flush=True)
     return record

@@ -184,9 +184,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with --kill-at K) inside the exchange of iteration K + 1, "
                              "after its send, (checkpoint, with --kill-at K) halfway "
                              "through writing its checkpoint of iteration K, as the "
-                             "exchange is freed at the end (free), or (recovery, with "
-                             "--survive and --kill RANK@ITER) in its recovery from that "
-                             "rank's death")
+                             "exchange is freed at the end (free), or (with --survive and "
+                             "--kill RANK@ITER) in its recovery from that rank's death: "
+                             "right after the shrink, while the survivors make their "
+                             "exchange (shrink), or once it is made (recovery)")
     faults.add_argument("--kill-signal", choices=("kill", "stop"), default="kill",
                         help="SIGKILL (default) or SIGSTOP (the rank stays alive but "
                              "silent)")

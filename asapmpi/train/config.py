@@ -121,10 +121,11 @@ RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_
 #: --kill-at K) inside the exchange of iteration K + 1, after its send and before its
 #: receive: its out-neighbours may hold its last model, it never takes theirs,
 #: (checkpoint, with --kill-at K) halfway through writing its checkpoint of iteration K,
-#: (free) at the end, as the exchange is freed, after the final gathers, or (recovery,
-#: with --survive and another rank's --kill) in its recovery from that failure, once the
-#: survivors' exchange is made and before its first step on it
-KILL_POINTS = (None, "start", "end", "step", "checkpoint", "free", "recovery")
+#: (free) at the end, as the exchange is freed, after the final gathers, or (with
+#: --survive and another rank's --kill) in its recovery from that failure: (shrink)
+#: right after the shrink, while the survivors make their exchange, or (recovery) once
+#: that exchange is made and before its first step on it
+KILL_POINTS = (None, "start", "end", "step", "checkpoint", "free", "shrink", "recovery")
 #: --lost-shards: what the survivors of --survive do with a dead rank's data shard
 LOST_SHARDS = ("reassign", "drop")
 #: the policies whose exchange survives a dead rank in place (asapmpi.exchange.survive,
@@ -301,13 +302,13 @@ class TrainConfig:
                               f"{self.kill_signal!r}")
         if (self.kill_in is not None or self.kill_at is not None) and self.kill_rank is None:
             raise ConfigError("--kill-at/--kill-in need --kill-rank (which rank dies)")
-        if self.kill_in == "recovery":
+        if self.kill_in in ("shrink", "recovery"):
             if not (self.survive and self.kills) or self.kill_at is not None \
                     or self.kill_rank in [r for r, _ in self.kills]:
-                raise ConfigError("--kill-in recovery kills --kill-rank R in its recovery "
-                                  "from another rank's death: add --survive and --kill "
-                                  "RANK@ITER for that death (another rank than R), no "
-                                  "--kill-at")
+                raise ConfigError(f"--kill-in {self.kill_in} kills --kill-rank R in its "
+                                  "recovery from another rank's death: add --survive and "
+                                  "--kill RANK@ITER for that death (another rank than R), "
+                                  "no --kill-at")
         elif self.kills and self.kill_rank is not None:
             raise ConfigError("--kill RANK@ITER names every rank that dies: drop "
                               "--kill-rank/--kill-at or --kill")

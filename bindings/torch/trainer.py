@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import math
 import os
 import resource
@@ -303,6 +304,12 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
         loop.budget = budget
         if cfg.survive:
             opt.exchange.on_survival = loop.survived
+            if cfg.kill_in == "shrink" and cfg.kill_rank == rank:
+                # fault injection: a second death, right after the shrink of the
+                # survivors' recovery from the first, while they make their exchange
+                survive.after_shrink = functools.partial(
+                    die, cfg, rank, "right after the shrink of its recovery, before the "
+                    "survivors' exchange is made")
         if resumed_loop:
             loop.restore(resumed_loop)
         # the clocks of all ranks start together
