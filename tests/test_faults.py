@@ -187,6 +187,14 @@ def test_a_rank_silent_in_a_training_run_s_start_or_end_collective_is_named(tmp_
     # the deadline (+2 s for rank 0's verdict) after the survivors' own start-up: a
     # hang limit, not a timing
     assert elapsed < 120, elapsed
+    if where == "free":
+        # the run had ended, every metric gathered: its report was kept before free()
+        from asapmpi.train.report import read_h5
+
+        [result] = read_h5(str(tmp_path / "metrics.h5"))
+        assert len(result.logs) == 4, result.logs
+        assert all(log["iteration"][-1] == 40 for log in result.logs), result.logs
+        assert not list(tmp_path.glob("metrics.h5.tmp*"))
 
 
 @pytest.mark.parametrize("where", ["start", "end"])

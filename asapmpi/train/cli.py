@@ -377,30 +377,46 @@ def run(args: argparse.Namespace) -> int:
     trainer = _torch_trainer()
     comm = MPI.COMM_WORLD
     results = []
+    h5 = args.h5 or os.path.join(args.out, "metrics.h5")
+    png = args.png or os.path.join(args.out, "convergence.png")
+
+    def keep(finished) -> None:
+        # rank 0, every metric of the run gathered, before the exchange's free(): a rank
+        # that dies there still ends the job with an error, but not without the report
+        _write_data(args, h5, [*results, finished])
+
     for cfg in runs:
         # bench training's emulated hosts: each rank's share of its host's CPU quota
         result = trainer.train(cfg, comm, progress=not args.no_progress,
-                               clock_budget=ClockBudget.from_environment)
+                               clock_budget=ClockBudget.from_environment, before_free=keep)
         if result is not None:
             results.append(result)
             _say_one(result.summary())
     if not results:
         # (rank 0 reports; after a failure survived (--survive), the survivors' rank 0)
         return 0
-    summaries = [r.summary() for r in results]
-    h5 = args.h5 or os.path.join(args.out, "metrics.h5")
-    png = args.png or os.path.join(args.out, "convergence.png")
-    report.write_h5(h5, results)
+    summaries = _write_data(args, h5, results)
     report.plot(png, results, f"{args.model}: {metric_of(args.model).title}, "
                               f"{len(results[-1].logs)} ranks")
-    if args.json:
-        doc = summaries[0] if len(summaries) == 1 else {"runs": summaries}
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
     print(f"\n{report.table(summaries)}")
     print(f"metrics: {h5}   plot: {png}" + (f"   summary: {args.json}" if args.json else ""))
     sys.stdout.flush()
     return 0
+
+
+def _write_data(args: argparse.Namespace, h5: str, results: list) -> list:
+    """The runs' metrics (HDF5) and, with --json, their summaries; the summaries."""
+    from . import report
+
+    summaries = [r.summary() for r in results]
+    report.write_h5(h5, results)
+    if args.json:
+        doc = summaries[0] if len(summaries) == 1 else {"runs": summaries}
+        part = f"{args.json}.tmp{os.getpid()}"
+        with open(part, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2)
+        os.replace(part, args.json)
+    return summaries
 
 
 def _say_report(s: dict) -> None:

@@ -176,9 +176,12 @@ def table(summaries: Sequence[Dict[str, Any]]) -> str:
 
 
 def write_h5(path: str, results: Sequence[RunResult]) -> None:
-    """Per run and rank, every metric column; per run the config and summary (JSON)."""
+    """Per run and rank, every metric column; per run the config and summary (JSON).
+    Written beside `path` and renamed over it: a process ended while writing leaves the
+    file it had, never half of one."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with h5py.File(path, "w") as f:
+    part = f"{path}.tmp{os.getpid()}"
+    with h5py.File(part, "w") as f:
         f.attrs["order"] = json.dumps([res.label for res in results])
         for res in results:
             g = f.create_group(res.label.replace("/", "_"))
@@ -190,6 +193,7 @@ def write_h5(path: str, results: Sequence[RunResult]) -> None:
                 rg = g.create_group(f"rank_{r}")
                 for name, values in log.items():
                     rg.create_dataset(name, data=values)
+    os.replace(part, path)
 
 
 def read_h5(path: str) -> List[RunResult]:

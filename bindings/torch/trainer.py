@@ -226,9 +226,13 @@ def heldout_loss(model, x: torch.Tensor, y: torch.Tensor, slice_size: int = 256)
 
 
 def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = True,
-          clock_budget: Optional[Callable[[], Any]] = None) -> Optional[RunResult]:
+          clock_budget: Optional[Callable[[], Any]] = None,
+          before_free: Optional[Callable[[RunResult], None]] = None) -> Optional[RunResult]:
     """Run `cfg` on every rank of `comm` (collective).  Rank 0 returns the RunResult with
-    every rank's metrics; the others return None.
+    every rank's metrics; the others return None.  `before_free`, when given, gets that
+    RunResult on rank 0 once every metric is gathered, before the exchange is freed (a
+    collective that a rank dead at the very end can fail: the caller keeps the run's
+    report first).
 
     `clock_budget`, when given, makes this rank's CPU budget or None (raising AsapError
     for a bad set-up, agreed on like bad data): an object with ``split(index_on_host,
@@ -338,35 +342,38 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
                                      "the final gather of recovery times") \
             if opt.exchange.survivals else None
     reports = comm.Get_rank() == 0          # (a survivors' communicator goes with free())
+
+    def result() -> RunResult:
+        extra = {"sync": cfg.sync, "graph": opt.exchange.graph.name,
+                 "transport": opt.exchange.transport_report.get("chosen"),  # None: no window
+                 "transport_reason": opt.exchange.transport_report.get("reason"),
+                 "model_bytes": opt.flat.nbytes,
+                 "policy_report": opt.exchange.report,
+                 "hosts": [host for host, _ in places],
+                 "peak_rss_bytes": [peak for _, peak in places]}
+        if data.ds.about is not None:
+            extra["corpus"] = data.ds.about           # which text, to compare runs by
+        if cfg.survive:
+            # the failures survived (this rank's records), and when each survivor ended
+            # its first step mixed on the survivors' exchange (CLOCK_MONOTONIC: one
+            # clock on one machine, emulated hosts included), per failure
+            extra.update({"survivals": list(opt.exchange.survivals),
+                          "lost_shards": cfg.lost_shards, "resumed_monotonic": resumed})
+        if balances:
+            extra.update({"batch_sizes": [b["batch_size"] for b in balances],
+                          "mean_batch_sizes": [b["mean_batch_size"] for b in balances],
+                          "rebalances": [b["rebalances"] for b in balances],
+                          "paces_s": [b["pace_s"] for b in balances],
+                          "global_batch": balancer.global_batch})
+        return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target, extra=extra,
+                         metric=metric_of(cfg.model).key)
+
+    if reports and before_free is not None:
+        before_free(result())
     _maybe_die(cfg, rank, "free")
     opt.free()
     # after free(): a death there was survived too (--survive), and the summary says so
-    survivals = list(opt.exchange.survivals)
-    if not reports:
-        return None
-    extra = {"sync": cfg.sync, "graph": opt.exchange.graph.name,
-             "transport": opt.exchange.transport_report.get("chosen"),  # None: no window
-             "transport_reason": opt.exchange.transport_report.get("reason"),
-             "model_bytes": opt.flat.nbytes,
-             "policy_report": opt.exchange.report,
-             "hosts": [host for host, _ in places],
-             "peak_rss_bytes": [peak for _, peak in places]}
-    if data.ds.about is not None:
-        extra["corpus"] = data.ds.about           # which text, to compare runs by
-    if cfg.survive:
-        # the failures survived (this rank's records), and when each survivor ended its
-        # first step mixed on the survivors' exchange (CLOCK_MONOTONIC: one clock on one
-        # machine, emulated hosts included), per failure
-        extra.update({"survivals": survivals, "lost_shards": cfg.lost_shards,
-                      "resumed_monotonic": resumed})
-    if balances:
-        extra.update({"batch_sizes": [b["batch_size"] for b in balances],
-                      "mean_batch_sizes": [b["mean_batch_size"] for b in balances],
-                      "rebalances": [b["rebalances"] for b in balances],
-                      "paces_s": [b["pace_s"] for b in balances],
-                      "global_batch": balancer.global_batch})
-    return RunResult(cfg.label, cfg.as_dict(), logs, cfg.target, extra=extra,
-                     metric=metric_of(cfg.model).key)
+    return result() if reports else None
 
 
 class _NoBalancer:
