@@ -45,8 +45,10 @@ def train(tmp_path, *args, timeout=240) -> subprocess.CompletedProcess:
     # notify_ack: rank 2 dies inside its exchange, after its send; its shard re-split
     ("notify_ack", "reassign", ["--kill-in", "step"]),
     # gossip waits for no particular peer: the survivors learn of the death by a probe
-    # each step (Policy.waits_for_none); the shard is lost with the rank
-    ("gossip", "drop", []),
+    # each step (Policy.waits_for_none); the shard is lost with the rank.  Rank 2 dies
+    # halfway through writing its checkpoint of 160: no checkpoint of it under a
+    # checkpoint's name, the survivors' own checkpoints written on
+    ("gossip", "drop", ["--kill-in", "checkpoint", "--checkpoint-every", "160"]),
 ])
 def test_train_survives_a_killed_rank(tmp_path, sync, lost, where):
     iters, kill_at = 400, 160
@@ -95,6 +97,13 @@ def test_train_survives_a_killed_rank(tmp_path, sync, lost, where):
     # when each survivor ended its first step on the survivors' exchange (none for one
     # that learned of the death at the end of the run)
     assert len(summary["resumed_monotonic"]) == 3, summary
+    if "checkpoint" in where:
+        folders = sorted((tmp_path / "runs" / "checkpoints").glob("*/rank*"))
+        kept = {f.name: sorted(p.name for p in f.iterdir()) for f in folders}
+        assert kept["rank00002"] and all(".tmp" in name for name in kept["rank00002"]), kept
+        for rank in ("rank00000", "rank00001", "rank00003"):
+            # (the newest two are kept: 320 and the last, 400)
+            assert kept[rank] == ["iter_000000320.h5", "iter_000000400.h5"], kept
 
 
 @needs_ulfm
