@@ -43,7 +43,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .errors import NeighbourTimeoutError
+from .errors import NeighbourTimeoutError, mpi_error
 
 # below 32767, the smallest MPI_TAG_UB the standard allows
 ARRIVE_TAG = 32701
@@ -111,6 +111,25 @@ def leftovers() -> int:
     if _leftovers:
         _leftovers[:] = [(r, b) for r, b in _leftovers if not _done(r)]
     return len(_leftovers)
+
+
+def testsome(requests: List[MPI.Request], call: str) -> List[int]:
+    """MPI_Testsome over `requests`: the indices of those completed.  A request that
+    completed in error raises its own error, as the core's CHKSOME does (a process
+    failure under fault tolerance: the ProcessFailedError a survivor handles), not
+    mpi4py's exception of class MPI_ERR_IN_STATUS, which says only that some request
+    failed."""
+    statuses = [MPI.Status() for _ in requests]
+    try:
+        return list(MPI.Request.Testsome(requests, statuses) or ())
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_IN_STATUS:
+            raise mpi_error(exc.Get_error_code(), call, exc.Get_error_string()) from None
+        for status in statuses:
+            code = status.Get_error()
+            if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                raise mpi_error(code, call, MPI.Get_error_string(code)) from None
+        raise mpi_error(exc.Get_error_code(), call, exc.Get_error_string()) from None
 
 
 def wait_polled(requests: List[MPI.Request], deadline: float,

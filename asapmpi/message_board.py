@@ -113,8 +113,9 @@ class MessageBoard:
 
     def _take_sync(self) -> None:
         # every synchronous word that arrived, its receive posted again
-        done = self.MPI.Request.Testsome(self._sync_recvs)
-        for i in done or ():
+        done = collectives.testsome(self._sync_recvs, f"MPI_Testsome (the {self.what}'s "
+                                                       f"words)")
+        for i in done:
             source = self._others[i]
             self._keep(source, *self._sync_in[source])
             self._sync_recvs[i] = self._post(source)

@@ -55,16 +55,17 @@ def test_inside_an_mpi_job_it_says_run_it_outside():
     assert "run it outside mpiexec/srun" in proc.stderr, proc.stderr
 
 
-def _row(label, seed, way, acc, ranks=8, lost=()):
+def _row(label, seed, way, acc, ranks=8, lost=(), avg=None):
     return {"label": label, "seed": seed, "way": way, "exit": 0, "accuracy": acc,
+            "averaged_accuracy": avg,
             "time_to_target_s": None, "ranks_at_end": ranks, "iterations": 300,
             "recovery_s": None, "lost": list(lost), "job_seconds": 60.0,
             "load_before": 3.0, "load_after": 4.0}
 
 
 def test_the_table_compares_each_way_with_the_run_without_a_failure():
-    rows = [_row("notify_ack", 0, "none", 0.8914), _row("notify_ack", 0, "survive", 0.8916,
-                                                        7, lost=[1.2, 1.5]),
+    rows = [_row("notify_ack", 0, "none", 0.8914, avg=0.8930),
+            _row("notify_ack", 0, "survive", 0.8916, 7, lost=[1.2, 1.5], avg=0.8905),
             _row("notify_ack", 0, "restart", 0.8800, 7), _row("gossip", 0, "none", None)]
     t = failures.table(rows, ["notify_ack", "gossip"], ["none", "survive", "restart"])
     assert [(r["policy"], r["way"]) for r in t] == [
@@ -73,13 +74,16 @@ def test_the_table_compares_each_way_with_the_run_without_a_failure():
     assert t[0]["diff_points"] == 0.0
     assert t[1]["diff_points"] == pytest.approx(0.02) and t[1]["seconds_lost_max"] == 1.5
     assert t[2]["diff_points"] == pytest.approx(-1.14) and t[2]["ranks_at_end"] == 7
+    # the average of the replicas, against the average of the run without a failure
+    assert t[1]["averaged_diff_points"] == pytest.approx(-0.25)
+    assert t[2]["averaged_accuracy"] is None and t[2]["averaged_diff_points"] is None
     assert t[3]["accuracy"] is None and t[3]["diff_points"] is None   # a failed job
     report = {"ranks": 8, "hosts_text": "one host", "kills": [[5, 120]], "mpi": "x",
               "note": "", "table": t, "workload": {"about": "svm", "iters": 300,
                                                    "eval_every": 60, "target": 0.885}}
     text = failures.format_report(report)
     assert "killed: rank 5 after iteration 120" in text
-    assert "notify_ack  0     survive  89.16  +0.02" in text, text
+    assert "notify_ack  0     survive  89.16  +0.02    89.05        -0.25" in text, text
 
 
 def _report(proc, path):
@@ -107,6 +111,8 @@ def test_the_restart_path_on_an_mpi_without_ulfm_finishes_on_three(tmp_path):
         ("restart", 0, 3, 20), row
     assert row["recovery_s"] is not None and row["recovery_s"] >= 0, row
     assert row["diff_points"] is None          # no run without a failure asked for
+    # the average of the replicas evaluated too (--average-at-end)
+    assert 0.0 < row["averaged_accuracy"] <= 1.0, row
 
 
 @needs_ulfm
@@ -125,3 +131,4 @@ def test_surviving_in_place_on_open_mpi_5_finishes_on_three(tmp_path):
     # own seconds lost
     assert row["recovery_s"] is not None and row["recovery_s"] > 0, row
     assert row["seconds_lost_max"] is not None, row
+    assert 0.0 < row["averaged_accuracy"] <= 1.0, row

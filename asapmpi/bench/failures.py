@@ -19,15 +19,18 @@ runs), or with --one-host on this host.  `--kill RANK@ITER` (repeatable) kills R
 has no ULFM the survive rows are left out, and the report says so in one line; the
 restart rows are then run instead.
 
-Per (policy, seed) the report gives, for each way: the final accuracy (the mean over
-the ranks' replicas at the end, `asapmpi train`'s summary) and its difference from the
-run with no failure, the smoothed time to target (as `bench training`: the training
-clock of the last run, which does not count the restart's relaunch), the ranks at the
-end, the job's wall seconds (the relaunch included), and the recovery: survive, from
-the death (the victim's CLOCK_MONOTONIC line) to the last survivor's first step on the
-survivors' exchange, with the most "seconds lost" a survivor reported; restart, from
-the death to the relaunch.  On emulated hosts every clock is this machine's.  Seconds
-depend on the machine's load (say it with the figures); accuracy does not.
+Per (policy, seed) the report gives, for each way: the final accuracy (the mean over the
+ranks' replicas at the end, `asapmpi train`'s summary) and its difference from the run
+with no failure, the same for the average of the replicas (`--average-at-end`: the
+consensus model, which for a policy whose replicas have not come together, gossip in a
+short run, says more than the mean of their accuracies), the smoothed time to target (as
+`bench training`: the training clock of the last run, which does not count the restart's
+relaunch), the ranks at the end, the job's wall seconds (the relaunch included), and the
+recovery: survive, from the death (the victim's CLOCK_MONOTONIC line) to the last
+survivor's first step on the survivors' exchange, with the most "seconds lost" a
+survivor reported; restart, from the death to the relaunch. On emulated hosts every
+clock is this machine's. Seconds depend on the machine's load (say it with the figures);
+accuracy does not.
 """
 from __future__ import annotations
 
@@ -174,7 +177,7 @@ def train_argv(args: argparse.Namespace, work: Workload, run, seed: int, way: st
     argv = ["train", *work.argv(), "--sync", sync, "--seed", str(seed), "--timeout",
             str(args.timeout), "--no-progress", "--out", out,
             "--json", os.path.join(out, "summary.json"),
-            "--h5", os.path.join(out, "metrics.h5")]
+            "--h5", os.path.join(out, "metrics.h5"), "--average-at-end"]
     if graph:
         argv += ["--graph", graph]
     for key, value in options.items():
@@ -271,6 +274,7 @@ def _measures(row: Dict[str, Any], out: str, work: Workload) -> Dict[str, Any]:
     recovery seconds."""
     s = row["summary"] or {}
     found: Dict[str, Any] = {"accuracy": s.get("final_test_accuracy"),
+                             "averaged_accuracy": s.get("averaged_test_accuracy"),
                              "ranks_at_end": s.get("ranks"),
                              "iterations": s.get("iterations"),
                              "time_to_target_s": None, "recovery_s": None}
@@ -306,15 +310,19 @@ def table(rows: Sequence[Dict[str, Any]], labels: Sequence[str],
         for seed in sorted({r["seed"] for r in rows}):
             mine = {r["way"]: r for r in rows if r["label"] == label and r["seed"] == seed}
             base = mine.get("none", {}).get("accuracy")
+            base_avg = mine.get("none", {}).get("averaged_accuracy")
             for way in ways:
                 r = mine.get(way)
                 if r is None:
                     continue
-                acc = r["accuracy"]
+                acc, avg = r["accuracy"], r.get("averaged_accuracy")
                 out.append({"policy": label, "seed": seed, "way": way, "exit": r["exit"],
                             "accuracy": acc,
                             "diff_points": None if acc is None or base is None
                             else 100 * (acc - base),
+                            "averaged_accuracy": avg,
+                            "averaged_diff_points": None if avg is None or base_avg is None
+                            else 100 * (avg - base_avg),
                             "time_to_target_s": r["time_to_target_s"],
                             "ranks_at_end": r["ranks_at_end"],
                             "iterations": r["iterations"],
@@ -338,13 +346,17 @@ def format_report(report: Dict[str, Any]) -> str:
              f"target {100 * w['target']:.1f}%; killed: {kills}; MPI: {report['mpi']}"]
     if report.get("note"):
         lines.append(report["note"])
-    head = ("policy", "seed", "way", "acc %", "vs none", "to target s", "ranks",
-            "recovery s", "lost s", "job s", "exit", "load")
+    head = ("policy", "seed", "way", "acc %", "vs none", "avg model %", "vs none",
+            "to target s", "ranks", "recovery s", "lost s", "job s", "exit", "load")
     cells = [head]
     for t in report["table"]:
+        avg = t.get("averaged_accuracy")
         cells.append((t["policy"], str(t["seed"]), t["way"],
                       _f(None if t["accuracy"] is None else 100 * t["accuracy"], ".2f"),
-                      _f(t["diff_points"], "+.2f"), _f(t["time_to_target_s"], ".1f"),
+                      _f(t["diff_points"], "+.2f"),
+                      _f(None if avg is None else 100 * avg, ".2f"),
+                      _f(t.get("averaged_diff_points"), "+.2f"),
+                      _f(t["time_to_target_s"], ".1f"),
                       _f(t["ranks_at_end"], "d"), _f(t["recovery_s"], ".2f"),
                       _f(t["seconds_lost_max"], ".2f"), f"{t['job_seconds']:.0f}",
                       str(t["exit"]), f"{t['load'][0]:.1f}-{t['load'][1]:.1f}"))
@@ -352,7 +364,9 @@ def format_report(report: Dict[str, Any]) -> str:
     text = ["  ".join(c.ljust(wd) for c, wd in zip(row, widths)) for row in cells]
     text.insert(1, "  ".join("-" * wd for wd in widths))
     lines += ["", *text]
-    lines += ["", "recovery s: survive, from the death to the last survivor's first step "
+    lines += ["", "acc %: the mean of the replicas' accuracies at the end; avg model %: "
+                  "the accuracy of their average (--average-at-end).",
+              "recovery s: survive, from the death to the last survivor's first step "
                   "on the survivors' exchange; restart, from the death to the relaunch. "
                   "Seconds depend on the load (the last column), accuracy does not."]
     return "\n".join(lines)

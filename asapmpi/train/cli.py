@@ -161,6 +161,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--resume", action="store_true",
                      help="continue from the newest checkpoint every rank has")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--average-at-end", action="store_true",
+                     help="after the last iteration, average the replicas (one allreduce) "
+                          "and evaluate that model too (the summary's averaged_test_*): "
+                          "the consensus model decentralized SGD's guarantees are about")
     slowdown_arguments(parser)
     survive = parser.add_argument_group(
         "surviving a dead rank in place (ULFM: Open MPI 5; docs/FAILURES.md)")
@@ -229,6 +233,7 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         kill_rank=args.kill_rank, kill_at=args.kill_at, kills=tuple(args.kill),
         kill_in=args.kill_in, kill_signal=args.kill_signal, stop_for=args.stop_for,
         survive=args.survive, lost_shards=args.lost_shards or "reassign",
+        average_at_end=args.average_at_end,
         **{"balance": args.balance, "balance_every": args.balance_every,
            "outer": args.outer, "local_steps": args.local_steps,
            "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, **trainer})

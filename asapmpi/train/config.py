@@ -113,6 +113,7 @@ def split_options(options: Dict[str, Any], where: str
 #: settings a resumed run may change (everything else must match the checkpoint)
 RESUMABLE_CHANGES = frozenset({"iters", "resume", "kill_rank", "kill_at", "kill_in", "kills",
                                "kill_signal", "stop_for", "survive", "lost_shards", "out",
+                               "average_at_end",
                                "threads", "timeout", "eval_every",
                                "checkpoint_every", "keep", "target", "device"})
 
@@ -195,6 +196,10 @@ class TrainConfig:
     #: them (lost_shards "reassign") or dropped ("drop")
     survive: bool = False
     lost_shards: str = "reassign"
+    #: after the last iteration, average the replicas (one allreduce:
+    #: DecentralizedOptimizer.average_replicas) and evaluate that model too
+    #: (averaged_test_<metric> in the summary, with the largest gap of a replica from it)
+    average_at_end: bool = False
     #: load balancing (LB-BSP): per-rank batch sizes from measured paces, re-balanced
     #: every `balance_every` own steps (asapmpi.train.loadbalance); a trainer option on every
     #: policy, never passed to the policy

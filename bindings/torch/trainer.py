@@ -331,6 +331,8 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
             opt.meet("the end of the run")
         # the survivors' communicator after a failure survived (--survive), else comm
         comm = opt.comm
+        averaged = _averaged(opt, model, data, comm, timeout) if cfg.average_at_end \
+            else None
         logs = collectives.gather(comm, log.arrays(), timeout, "the final gather of metrics")
         # where each rank ran and the most memory it held (bench training reports both)
         places = collectives.gather(comm, (MPI.Get_processor_name(), peak_rss_bytes()),
@@ -359,6 +361,9 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
             # clock on one machine, emulated hosts included), per failure
             extra.update({"survivals": list(opt.exchange.survivals),
                           "lost_shards": cfg.lost_shards, "resumed_monotonic": resumed})
+        if averaged is not None:
+            extra.update({f"averaged_test_{metric_of(cfg.model).key}": averaged[0],
+                          "replica_gap_max": averaged[1]})
         if balances:
             extra.update({"batch_sizes": [b["batch_size"] for b in balances],
                           "mean_batch_sizes": [b["mean_batch_size"] for b in balances],
@@ -374,6 +379,18 @@ def train(cfg: TrainConfig, comm: Optional[MPI.Comm] = None, progress: bool = Tr
     opt.free()
     # after free(): a death there was survived too (--survive), and the summary says so
     return result() if reports else None
+
+
+def _averaged(opt, model, data: "_Data", comm: MPI.Comm, timeout: float):
+    """--average-at-end (collective): every replica replaced by the mean over the ranks
+    (DecentralizedOptimizer.average_replicas: one allreduce), and that model's test
+    accuracy (lm: held-out loss), the same on every rank; on rank 0 also the largest
+    gap of a replica's value from the mean (gathered), else None."""
+    gap = opt.average_replicas()
+    value = heldout_loss(model, data.x_test, data.y_test, data.eval_slice) if data.text \
+        else _accuracy(model, data.x_test, data.y_test)
+    gaps = collectives.gather(comm, gap, timeout, "the final gather of the replicas' gaps")
+    return value, (max(gaps) if gaps else None)
 
 
 class _NoBalancer:
