@@ -4,7 +4,9 @@ An exception that unwinds out of a rank's script would otherwise reach MPI_Final
 which waits for the other ranks, while they wait for this one in a one-sided wait or a
 collective: a hang.  The hook installed here (once, by the first Exchange of a job of
 more than one rank; asapmpi.rc.abort_on_error = False or ASAPMPI_ABORT_ON_ERROR=0 turns
-it off) prints the error, one line for asapmpi's own errors, and calls MPI_Abort.
+it off) prints the error, one line for asapmpi's own errors, and calls MPI_Abort (in a
+job launched with fault tolerance, `mpiexec --with-ft ulfm`, it ends its own process
+instead: abort_world).
 
 Ctrl-C is such an exception too: mpiexec forwards SIGINT to every rank, and a rank
 waiting in the core sees it within the core's SIGNAL_CHECK_S (asapmpi/_core/slotwin.pyx).
@@ -31,12 +33,23 @@ ABORT_GRACE_S = 0.5
 
 
 def abort_world(code: int = 1) -> None:
-    """Flush this rank's output, give the launcher time to forward it, then MPI_Abort."""
+    """Flush this rank's output, give the launcher time to forward it, then MPI_Abort;
+    in a job launched with fault tolerance (Open MPI 5, `mpiexec --with-ft ulfm`), end
+    this process alone instead (below)."""
     from mpi4py import MPI
+
+    from ..exchange.survive import ft_enabled_at_run_time
 
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
+    if ft_enabled_at_run_time():
+        # Under --with-ft ulfm prterun lets a job run on after a process ended and ends
+        # it, non-zero, once every process has: the others' MPI calls over this rank
+        # fail (ULFM reports it dead) and they end the same way.  MPI_Abort there now
+        # and then left Open MPI 5.0.11's prterun running past its own --timeout after
+        # every process had ended (docs/TESTING.md, the register).
+        os._exit(code)
     MPI.COMM_WORLD.Abort(code)
     os._exit(code)      # MPI_Abort does not return; should an MPI let it, do not go on
 
