@@ -63,14 +63,6 @@ needs_ulfm = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "ULFM here")
 pytestmark = [pytest.mark.mpi]
 
 
-class Hung(AssertionError):
-    """A job that outlived its limit; `stderr` holds what it wrote until then."""
-
-    def __init__(self, text: str, stderr: str):
-        super().__init__(text)
-        self.stderr = stderr
-
-
 def launch(scenario: str, ranks: int, timeout: float = 120, fault_tolerance: bool = True,
            **kwargs) -> subprocess.CompletedProcess:
     """Run `scenario` of this file on `ranks` ranks of the Open MPI 5 environment."""
@@ -87,8 +79,8 @@ def launch(scenario: str, ranks: int, timeout: float = 120, fault_tolerance: boo
     except subprocess.TimeoutExpired as exc:
         err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
             else (exc.stderr or "")
-        raise Hung(f"{scenario} on {ranks} ranks hung past {timeout + 30} s:\n"
-                   f"{exc.stdout}\n{err}", err) from None
+        raise AssertionError(f"{scenario} on {ranks} ranks hung past {timeout + 30} s:\n"
+                             f"{exc.stdout}\n{err}") from None
 
 
 def results(out) -> dict:

@@ -213,6 +213,14 @@ def _accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model.predict(model(x)) == y).double().mean())
 
 
+def evaluate_metric(model, data: "_Data") -> float:
+    """`model`'s test accuracy on `data`'s test set (the language model: its held-out
+    loss)."""
+    if data.text:
+        return heldout_loss(model, data.x_test, data.y_test, data.eval_slice)
+    return _accuracy(model, data.x_test, data.y_test)
+
+
 def heldout_loss(model, x: torch.Tensor, y: torch.Tensor, slice_size: int = 256) -> float:
     """The language model's mean cross-entropy per character (nats) on the held-out
     windows x (inputs) and y (next bytes), computed in slices of windows and summed in
@@ -387,8 +395,7 @@ def _averaged(opt, model, data: "_Data", comm: MPI.Comm, timeout: float):
     accuracy (lm: held-out loss), the same on every rank; on rank 0 also the largest
     gap of a replica's value from the mean (gathered), else None."""
     gap = opt.average_replicas()
-    value = heldout_loss(model, data.x_test, data.y_test, data.eval_slice) if data.text \
-        else _accuracy(model, data.x_test, data.y_test)
+    value = evaluate_metric(model, data)
     gaps = collectives.gather(comm, gap, timeout, "the final gather of the replicas' gaps")
     return value, (max(gaps) if gaps else None)
 
@@ -753,9 +760,7 @@ class _Loop:
         """Test accuracy (lm: held-out loss) of this replica; a metrics row; the
         progress bar."""
         def work():
-            data = self.data
-            acc = heldout_loss(self.model, data.x_test, data.y_test, data.eval_slice) \
-                if data.text else _accuracy(self.model, data.x_test, data.y_test)
+            acc = evaluate_metric(self.model, self.data)
             t, it = self.now(), self.opt.iteration
             it0, t_prev = self.last_eval
             rate = (it - it0) / (t - t_prev) if t > t_prev else 0.0
