@@ -30,7 +30,6 @@ step that does not fail: a step is one try block more (free when nothing is rais
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -38,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from mpi4py import MPI
 
 from ..errors import ConfigError, MPIError, NeighbourTimeoutError, ProcessFailedError
+from ..launch.faults import ft_enabled_at_run_time
 from ..reduce.graphs import Graph
 from ..reduce.graphs import graph as make_graph
 from ..reduce.spectral import spectral_gap
@@ -61,20 +61,6 @@ ULFM_CALLS = ("Revoke", "Shrink", "Agree", "Get_failed", "Ack_failed")
 
 def _library() -> str:
     return " ".join(MPI.Get_library_version().splitlines()[0].split())
-
-
-def ft_enabled_at_run_time() -> Optional[bool]:
-    """Whether Open MPI's fault tolerance is on in this process (`mpiexec --with-ft
-    ulfm` sets the MCA parameter mpi_ft_enable through its "ft-mpi" parameter set); None
-    when it cannot be told."""
-    for key in ("OMPI_MCA_mpi_ft_enable", "OMPI_MCA_ompi_mpi_ft_enable"):
-        value = os.environ.get(key)
-        if value is not None:
-            return value.strip().lower() in ("1", "true", "yes", "enabled")
-    amca = os.environ.get("OMPI_MCA_mca_base_param_file_prefix", "")
-    if "ft-mpi" in amca.split(":"):
-        return True
-    return None
 
 
 def refusal(at_run_time: bool = True) -> str:

@@ -22,6 +22,7 @@ import sys
 import sysconfig
 import time
 import traceback
+from typing import Optional
 
 _state = {"installed": False}
 
@@ -32,13 +33,25 @@ _state = {"installed": False}
 ABORT_GRACE_S = 0.5
 
 
+def ft_enabled_at_run_time() -> Optional[bool]:
+    """Whether Open MPI's fault tolerance is on in this process (`mpiexec --with-ft
+    ulfm` sets the MCA parameter mpi_ft_enable through its "ft-mpi" parameter set); None
+    when it cannot be told."""
+    for key in ("OMPI_MCA_mpi_ft_enable", "OMPI_MCA_ompi_mpi_ft_enable"):
+        value = os.environ.get(key)
+        if value is not None:
+            return value.strip().lower() in ("1", "true", "yes", "enabled")
+    amca = os.environ.get("OMPI_MCA_mca_base_param_file_prefix", "")
+    if "ft-mpi" in amca.split(":"):
+        return True
+    return None
+
+
 def abort_world(code: int = 1) -> None:
     """Flush this rank's output, give the launcher time to forward it, then MPI_Abort;
     in a job launched with fault tolerance (Open MPI 5, `mpiexec --with-ft ulfm`), end
     this process alone instead (below)."""
     from mpi4py import MPI
-
-    from ..exchange.survive import ft_enabled_at_run_time
 
     sys.stdout.flush()
     sys.stderr.flush()
