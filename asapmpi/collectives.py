@@ -11,7 +11,7 @@ everyone arrived does the real collective run, so it cannot wait on a dead rank 
 of one dying in between).  arrive()'s pending requests are cancelled and completed
 before its error is raised: nothing outlives the call.
 
-The rule for every MPI call outside asapmpi._core (tests/test_beside_core.py scans):
+The rule for every MPI call outside asapmpi._core (tests/exchange/test_beside_core.py scans):
 a nonblocking request is completed (wait_polled, wait_or_leave) or handed, with every
 buffer it reads or writes, to the leftovers (leave); every wait and flush has a
 deadline and names whom it waited for (wait_or_leave, allreduce, flush).  A collective

@@ -4,7 +4,7 @@
 # own, started and stopped here), and count each test's failures over the repeats.
 #
 #   bash dev/flake-hunt.sh --repeat 20 [--hog] [--family mpich|openmpi|both] [pytest args]
-#   bash dev/flake-hunt.sh --repeat 5 --hog tests/test_join.py -k determin
+#   bash dev/flake-hunt.sh --repeat 5 --hog tests/exchange/test_join.py -k determin
 #
 # Without pytest args it runs every multi-rank test (-m "mpi and not build": about 20
 # minutes a repeat on MPICH on 2 cores, 15 on Open MPI).  The junit XML of each run and

@@ -2,7 +2,7 @@
 # The GPU checks of issue 30 in one command, on a machine with a CUDA device and no
 # package registry (the mpich and mpi4py wheels travel in .whl/: see the device notes in
 # docs/GPU.md).  Builds asapmpi in a virtual environment over the machine's own torch,
-# runs the staged channel's tests (tests/test_device.py, tests/test_gpu.py), the
+# runs the staged channel's tests (tests/device/test_device.py, tests/device/test_gpu.py), the
 # staging benchmark (asapmpi.torch.device_job) and `asapmpi train mlp` on cuda against
 # cpu.  Everything it measures lands in $OUT (default /tmp/gpu-check); about 6 minutes.
 set -uo pipefail
@@ -35,7 +35,7 @@ fi
 
 step "tests: the staged channel (stand-in and CUDA)"
 (cd "$ROOT" && timeout 300 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider \
-    tests/test_device.py tests/test_gpu.py 2>&1 | tee "$OUT/tests.log")
+    tests/device/test_device.py tests/device/test_gpu.py 2>&1 | tee "$OUT/tests.log")
 
 step "benchmark: staging a 64 MB and a 16 MB float32 buffer, $RANKS ranks on one GPU"
 for mb in 64 16; do

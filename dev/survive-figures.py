@@ -1,5 +1,6 @@
 """The figures of docs/FAILURES.md on surviving in place (Open MPI 5, ULFM), measured with
-the environment of dev/setup-openmpi5.sh and the scenarios of tests/test_survive.py:
+the environment of dev/setup-openmpi5.sh and the scenarios of
+tests/exchange/test_survive.py:
 
     .venv/bin/python dev/survive-figures.py [--ranks 8] [--runs 7] [--steps 2000]
 
@@ -20,8 +21,11 @@ import statistics
 import sys
 import tempfile
 
+# tests/ (ompi5) and tests/exchange/ (test_survive)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(sys.path[0], "exchange"))
 
+import ompi5
 import test_survive as ts
 
 
@@ -90,8 +94,8 @@ def main():
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--only", choices=("recovery", "steps"))
     args = parser.parse_args()
-    if ts.WHY_NOT:
-        sys.exit(ts.WHY_NOT)
+    if ompi5.WHY_NOT:
+        sys.exit(ompi5.WHY_NOT)
     print("load before:", os.getloadavg(), flush=True)
     if args.only != "steps":
         last, first = recovery(args.ranks, args.runs)

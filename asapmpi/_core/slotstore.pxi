@@ -1,5 +1,5 @@
 # The slot store: what a rank knows about its inputs, and the verified fused reduce over
-# them.  No MPI call is made here (tests/test_slotstore.py keeps it so): a channel points
+# them.  No MPI call is made here (tests/store/test_slotstore.py keeps it so): a channel points
 # the store at the slots to read (hdr[i], exp_v[i]) and hands it the barrier that makes
 # its memory visible (sync), so every channel reduces and checks alike.
 

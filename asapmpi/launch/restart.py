@@ -223,7 +223,7 @@ class _DeathWatch(threading.Thread):
     a rank killed a few milliseconds after the one that failed can finish first on busy
     cores, so a single ended rank is named only if no other watched rank is dying at
     that moment (else unknown: named wrongly in 3 of about 33 runs of
-    tests/test_restart.py's spent restarts before this check)."""
+    tests/train/test_restart.py's spent restarts before this check)."""
 
     POLL_S = 0.05
 

@@ -1,6 +1,6 @@
 """The scenarios: protocol x graph x bounds x variant, each with the verdict it must get.
 
-`quick` scenarios are the test suite's bounded run (tests/test_modelcheck.py, seconds);
+`quick` scenarios are the test suite's bounded run (tests/channels/test_modelcheck.py, seconds);
 `asapmpi check-protocol` runs the full list (minutes).  Expected verdicts:
 
   ok         every reachable state explored, no property broken

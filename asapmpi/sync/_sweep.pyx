@@ -35,7 +35,7 @@ of their starts: a sort, most of which need not be done.
   points were there (values of very different scales).
 * Candidates are offered in increasing lo, L1 last, and replace the best only with a
   strictly smaller spread: of equal spreads the smallest lo wins (then hi = hi(lo)), as
-  in the textbook k-way merge with a heap (tests/test_zipline.py); a bucket whose lower
+  in the textbook k-way merge with a heap (tests/policies/test_zipline.py); a bucket whose lower
   bound is at least the best spread so far is skipped.
 
 O(nR): pass 1 at most three times and pass 2 once over the matrix, two passes over the

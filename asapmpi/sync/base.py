@@ -121,7 +121,7 @@ class Policy:
     #: the await modes (Await) it uses through the channel verbs (deliver, await_,
     #: release, progress, drain: asapmpi.transports); the resolver gives it only a
     #: channel that has them.  Empty: it drives its window by the window's own calls
-    #: (the policies not yet on the verbs: tests/test_channels.py lists them)
+    #: (the policies not yet on the verbs: tests/channels/test_channels.py lists them)
     awaits: FrozenSet[Await] = frozenset()
     #: whether it delivers each version to every out-neighbour (deliver(k)); a channel
     #: that sends to one chosen peer (a push) does not

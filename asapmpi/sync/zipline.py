@@ -19,7 +19,7 @@ Algorithms (Sec. IV, Table I and II of the paper):
   "optimized brute force"), O(R^2 n^2).  It is NOT always optimal, see its docstring.
 * :func:`predict_ends`: the paper's predictor of future iteration ends.
 
-Choices where the paper is silent or ambiguous (each is tested in tests/test_zipline.py):
+Choices where the paper is silent or ambiguous (each is tested in tests/policies/test_zipline.py):
 
 * Ties between optimal sets: the earliest barrier (smallest max) wins, then the
   smallest index of every worker.  This agrees with the paper's Fig. 3 ("the first

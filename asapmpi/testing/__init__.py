@@ -2,7 +2,7 @@
 
 Nothing here is offered by name (asapmpi.sync.POLICIES, the command line): a test passes
 what it needs directly, such as Exchange(buf, sync=NotifyAckIgnoringAcks).
-tests/test_imports.py checks that no module outside this package imports it.
+tests/package/test_imports.py checks that no module outside this package imports it.
 """
 from __future__ import annotations
 

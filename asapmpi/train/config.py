@@ -130,7 +130,7 @@ KILL_POINTS = (None, "start", "end", "step", "checkpoint", "free", "shrink", "re
 #: --lost-shards: what the survivors of --survive do with a dead rank's data shard
 LOST_SHARDS = ("reassign", "drop")
 #: the policies whose exchange survives a dead rank in place (asapmpi.exchange.survive,
-#: tested with the trainer: tests/test_survive_train.py)
+#: tested with the trainer: tests/train/test_survive_train.py)
 SURVIVING_POLICIES = ("notify_ack", "hop", "gossip", "backup_ps")
 #: how --kill-in ends the rank: SIGKILL (dead: the launcher may end the job itself) or
 #: SIGSTOP (alive but silent forever: only the others' deadlines can end the job)

@@ -36,7 +36,7 @@ needs (Policy.reads, Policy.writer_runs_ahead, Policy.retain, Policy.awaits,
 Policy.delivers), and `channels.resolve(family, policy)` gives the channel.
 NOTIFY-ACK and async step through the verbs alone, BSP but for its barrier, backup_ps
 but for its workers' ordered put; the other policies still call window methods of their
-own besides (tests/test_channels.py lists them).  `asapmpi.exchange.probe`
+own besides (tests/channels/test_channels.py lists them).  `asapmpi.exchange.probe`
 times the channels the resolver gives the policy in each family, and
 `Exchange(transport="auto")` takes the faster among the families that fit.  A new
 channel (GPU memory, say) is one more window class with the verbs and one more row in

@@ -1,13 +1,14 @@
 """Run one scenario on every rank: `run.py NAME '{"kwarg": ...}'`, NAME a function of
 scenarios.py (torch_scenarios.py for torch_*), or `MODULE:FUNCTION` for a scenario
-whose body lives beside its test in tests/MODULE.py; or several, one after the other:
-`run.py CASES '{"cases": {"key": [NAME, {"kwarg": ...}], ...}}'`, each rank's result
+whose body lives beside its test in tests/<layer>/MODULE.py; or several, one after the
+other: `run.py CASES '{"cases": {"key": [NAME, {"kwarg": ...}], ...}}'`, each rank's result
 a dict of theirs by key.
 
 A rank whose scenario raises prints its traceback and aborts the whole job, so the
 launcher sees a non-zero exit instead of the other ranks waiting forever.  Rank 0
 prints every rank's result, one line each.
 """
+import glob
 import importlib
 import json
 import os
@@ -23,13 +24,26 @@ from asapmpi.launch.faults import abort_world
 import scenarios
 
 
+def _test_module(module_name: str):
+    """The test module `module_name` (tests/<layer>/<module_name>.py), imported from
+    its folder as pytest imports it: by its file name alone."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = glob.glob(os.path.join(tests, "*", module_name + ".py"))
+    if len(found) != 1:
+        raise LookupError(f"no single tests/*/{module_name}.py: {found}")
+    # tests/ too: the test modules import its helpers (mpilaunch, ompi5)
+    for folder in (tests, os.path.dirname(found[0])):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    return importlib.import_module(module_name)
+
+
 def scenario(name: str):
     """The scenario function called `name` (see the module docstring)."""
     # torch is imported only by the scenarios that train
     if ":" in name:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         module_name, name = name.split(":", 1)
-        return getattr(importlib.import_module(module_name), name)
+        return getattr(_test_module(module_name), name)
     module = importlib.import_module("torch_scenarios") if name.startswith("torch_") \
         else scenarios
     return getattr(module, name)
