@@ -23,7 +23,7 @@ from ..errors import (
     ProcessFailedError,
 )
 from ..launch import cores, shm_leftovers
-from ..launch.faults import install_abort_hook
+from ..launch.faults import install_abort_hook, survivable
 from ..launch.ranks import check_world_size
 from ..rc import rc
 from ..sync import StepContext
@@ -286,6 +286,8 @@ class Exchange:
         #: whose step the recovery ended returns one step before the others.
         self.on_survival = None
         if fault_tolerance:
+            # an uncaught error on this rank now ends it as a death the others survive
+            survivable()
             pol = self._policy
             self._made = {
                 "sync": sync if not isinstance(sync, str) else pol.name,

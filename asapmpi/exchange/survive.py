@@ -283,20 +283,30 @@ def _remake(ex, ft: MPI.Comm, completed: int, made: Dict[str, Any], old_graph: G
     failure are the same on every survivor) on whether every survivor made it, so
     that all of them go on with it or all try again."""
     comm, survivors = ft, list(range(ft.Get_size()))
+    # an MPI error of the last try that did not say a process failed: raised if the
+    # next shrink finds every rank of that try alive (it was no death)
+    unexplained: Optional[BaseException] = None
     for attempt in range(1, ft.Get_size() + 1):
         shrunk, kept = _shrink(comm)
+        if unexplained is not None and len(kept) == comm.Get_size():
+            raise unexplained
         survivors = [survivors[r] for r in kept]
         if after_shrink is not None:
             after_shrink()
         fresh = None
         ok = 1
+        unexplained = None
         try:
             # the step every survivor goes on from: the most any completed
             steps = shrunk.allreduce(int(completed), op=MPI.MAX)
             fresh, how, options = _make_on(ex, shrunk, survivors, made, old_graph)
         except (MPI.Exception, MPIError, NeighbourTimeoutError) as exc:
+            # a rank that dies while a window is allocated over it may surface as that
+            # call's own error, not as a process failure (Open MPI 5.0.11's
+            # MPI_Win_allocate: MPI_ERR_WIN): every MPI error here is taken for a death
+            # until the next shrink says otherwise
             if not is_failure(exc):
-                raise
+                unexplained = exc
             ok = 0
             try:
                 shrunk.Revoke()     # the others' calls on it end too

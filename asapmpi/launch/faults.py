@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import linecache
 import os
+import signal
 import sys
 import sysconfig
 import time
 import traceback
 from typing import Optional
 
-_state = {"installed": False}
+_state = {"installed": False, "survivable": False}
 
 # MPI_Abort makes hydra (and Slurm, Flux) tear the job down at once; what the aborting
 # rank wrote to stderr just before can be lost if the launcher's I/O forwarder has not
@@ -47,21 +48,37 @@ def ft_enabled_at_run_time() -> Optional[bool]:
     return None
 
 
+def survivable() -> None:
+    """This process made an exchange that survives failures (Exchange(fault_tolerance=
+    True)): from now on abort_world() under ULFM ends it as a failure its survivors see
+    (SIGKILL), not as an exit they would wait for."""
+    _state["survivable"] = True
+
+
 def abort_world(code: int = 1) -> None:
     """Flush this rank's output, give the launcher time to forward it, then MPI_Abort;
     in a job launched with fault tolerance (Open MPI 5, `mpiexec --with-ft ulfm`), end
-    this process alone instead (below)."""
+    this process alone instead: by SIGKILL once it made an exchange that survives
+    failures (its survivors go on), else with `code` (below)."""
     from mpi4py import MPI
 
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
     if ft_enabled_at_run_time():
-        # Under --with-ft ulfm prterun lets a job run on after a process ended and ends
-        # it, non-zero, once every process has: the others' MPI calls over this rank
-        # fail (ULFM reports it dead) and they end the same way.  MPI_Abort there now
-        # and then left Open MPI 5.0.11's prterun running past its own --timeout after
-        # every process had ended (docs/TESTING.md, the register).
+        # Under --with-ft ulfm prterun lets a job run on after a process ended.  MPI_Abort
+        # there now and then left Open MPI 5.0.11's prterun running past its own
+        # --timeout after every process had ended (docs/TESTING.md, the register), so
+        # this process ends alone.  How: ULFM reports a process killed by a signal to
+        # the others as failed (in 0.03 s), but not one that exited (os._exit): ranks
+        # waiting in MPI for it wait forever.  So a process that survives failures
+        # (survivable()) ends by SIGKILL and its survivors go on without it; any other
+        # ends with `code`, which prterun returns once every process ended (under
+        # --with-ft ulfm it returns 0 for processes killed by a signal), and the
+        # others, which fail as this one did (their exchange does not survive), end
+        # the same way.
+        if _state["survivable"]:
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(code)
     MPI.COMM_WORLD.Abort(code)
     os._exit(code)      # MPI_Abort does not return; should an MPI let it, do not go on

@@ -111,6 +111,45 @@ def test_survivors_shrink_and_go_on(tmp_path, sync, graph, transport, options, v
 
 
 @needs_ulfm
+def test_a_rank_that_raises_is_a_death_the_others_survive(tmp_path):
+    # an uncaught error ends its rank by SIGKILL (faults.abort_world), which ULFM reports
+    # as a process failure: a rank that only exited would leave the others waiting
+    # for it in MPI for ever
+    steps = 20
+    proc = launch("survive_steps", 4, timeout=60, out=str(tmp_path), sync="notify_ack",
+                  graph="ring", transport="put", options={}, steps=steps, kill_at=5,
+                  victim=1, raises=True)
+    found = results(tmp_path)
+    assert sorted(found) == [0, 2, 3], shown(proc)
+    assert "RuntimeError: rank 1 raises before step 6" in proc.stderr, shown(proc)
+    for res in found.values():
+        assert res["version"] == steps and res["size"] == 3, res
+        assert [r["failed"] for r in res["survivals"]] == [[1]], res
+
+
+@needs_ulfm
+@pytest.mark.parametrize("what", ["window", "board"])
+def test_a_rank_dying_as_the_survivors_make_their_windows_is_survived_too(tmp_path, what):
+    # rank 3 dies at step 6; rank 2 as the survivors allocate the new exchange's slot
+    # window, or its join board's (where Open MPI 5.0.11's MPI_Win_allocate reports the
+    # death as MPI_ERR_WIN, not as a process failure): 0 and 1 go on, made twice
+    steps = 20
+    proc = launch("survive_steps", 4, out=str(tmp_path), sync="notify_ack", graph="ring",
+                  transport="put", options={}, steps=steps, kill_at=5, victim=3,
+                  dies_making=[2, what])
+    found = results(tmp_path)
+    assert sorted(found) == [0, 1], shown(proc)
+    for res in found.values():
+        assert res["version"] == steps and res["size"] == 2, res
+        [record] = res["survivals"]
+        assert record["failed"] == [2, 3] and record["attempts"] == 2, record
+    assert proc.stderr.count("made 2 times (a rank died in the recovery)") == 2, shown(proc)
+    # a ring of two averages exactly: both end at the mean they re-formed with
+    finals = [res["final"] for res in found.values()]
+    assert finals[0] == finals[1], found
+
+
+@needs_ulfm
 @pytest.mark.parametrize("transport", ["put", "messages"])
 def test_gossip_survivors_learn_of_the_death_and_go_on(tmp_path, transport):
     # gossip waits for no particular peer: each survivor's exchange probes the fault
@@ -294,17 +333,23 @@ def _write(out, rank, result) -> None:
 
 
 def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft=True,
-                  victim=2, n=4096, step_sleep=0.0, wait_timeout=30.0, stall=0.0):
+                  victim=2, n=4096, step_sleep=0.0, wait_timeout=30.0, stall=0.0,
+                  dies_making=None, raises=False):
     """Every rank steps an Exchange on a buffer of its own rank's value; `victim`
     SIGKILLs itself before step kill_at + 1.  Survivors record each step's end
     (CLOCK_MONOTONIC, one clock on one host), the value they held when they re-formed
     the graph, and their final value.  With `stall` seconds, `victim` sleeps that long
-    (outside MPI) instead of dying."""
+    (outside MPI) instead of dying; with `raises`, it raises an uncaught RuntimeError
+    there instead.  With `dies_making` ([rank, what]), that rank
+    SIGKILLs itself in the survivors' re-creation of the exchange, as it makes `what`:
+    "window" (its slot window) or "board" (its join board's window)."""
     import numpy as np
 
     from asapmpi import Exchange
 
     rank = comm.Get_rank()
+    if dies_making is not None and rank == dies_making[0]:
+        _die_on_second_call(dies_making[1])
     buf = np.full(n, float(rank))
     ex = Exchange(buf, graph=graph, sync=sync, transport=transport, timeout=wait_timeout,
                   fault_tolerance=ft, **options)
@@ -312,6 +357,8 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
     while ex.version < steps:
         if rank == victim and ex.version == kill_at and stall:
             time.sleep(stall)
+        elif rank == victim and ex.version == kill_at and raises:
+            raise RuntimeError(f"rank {rank} raises before step {kill_at + 1}")
         elif rank == victim and ex.version == kill_at:
             with open(os.path.join(out, "died.json"), "w") as f:
                 json.dump({"died": time.monotonic()}, f)
@@ -330,6 +377,25 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
               "ends": ends, "graph": ex.graph.name}
     ex.free()
     _write(out, rank, result)
+
+
+def _die_on_second_call(what: str) -> None:
+    # the first call made the exchange; the second is the survivors' re-creation
+    from asapmpi import board
+    from asapmpi.exchange import construction
+
+    owner, name = {"window": (construction, "open_window"),
+                   "board": (board.Board, "__init__")}[what]
+    made = getattr(owner, name)
+    calls = []
+
+    def dying(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return made(*args, **kwargs)
+
+    setattr(owner, name, dying)
 
 
 def steps_timed(comm, out, ft, steps, n=4096, graph="ring", transport="put"):
