@@ -76,8 +76,9 @@ def abort_world(code: int = 1) -> None:
         # ends with `code`, which prterun returns once every process ended (under
         # --with-ft ulfm it returns 0 for processes killed by a signal), and the
         # others, which fail as this one did (their exchange does not survive), end
-        # the same way.
-        if _state["survivable"]:
+        # the same way.  An interrupt is the user ending the job, not a death to
+        # survive: it exits with INTERRUPTED_EXIT, as every rank does.
+        if _state["survivable"] and code != INTERRUPTED_EXIT:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(code)
     MPI.COMM_WORLD.Abort(code)
