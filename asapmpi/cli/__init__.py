@@ -198,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
-    from ..launch.ranks import inside_mpi_job, relaunch
+    from ..launch.ranks import finished, inside_mpi_job, relaunch
 
     if args.ranks < 1:
         raise ConfigError(f"-n must be at least 1, got {args.ranks}")
@@ -238,7 +238,10 @@ def _run_multi_rank(args: argparse.Namespace, argv: List[str]) -> int:
 
     register_rank(MPI.COMM_WORLD.Get_rank())     # for a restarting launcher
     try:
-        return _run_command(args)
+        code = _run_command(args)
+        if not code:
+            finished(MPI.COMM_WORLD.Get_rank())
+        return code
     except ConfigError:
         raise       # raised by every rank alike, before any communication: no abort
     except BaseException as exc:      # any failure must end the whole job

@@ -99,13 +99,44 @@ def call_job(cmd: List[str], env: Mapping[str, str]) -> int:
     return subprocess.call(cmd, env=env, preexec_fn=child_setup())
 
 
+#: where a rank of a job launched with fault tolerance says that it finished its
+#: command (relaunch; finished())
+FINISHED_DIR = "ASAPMPI_FINISHED_DIR"
+
+
 def relaunch(ranks: int, argv: List[str], network: Optional[str] = None,
              timeout: Optional[float] = None, fault_tolerance: bool = False) -> int:
     """Run `python -m asapmpi ARGV` on `ranks` ranks under mpiexec; return its exit code.
-    `fault_tolerance`: as launch_command."""
+    `fault_tolerance`: as launch_command; then 1 also when mpiexec said 0 but no rank
+    finished (every rank ended by an error: under --with-ft ulfm, Open MPI 5's prterun
+    returns 0 for ranks ended by a signal, which is how a rank that can be survived
+    ends: asapmpi.launch.faults.abort_world)."""
+    import tempfile
+
     cmd, env = launch_command(ranks, [sys.executable, "-m", "asapmpi", *argv], network,
                               timeout or 0, fault_tolerance)
-    return call_job(cmd, env)
+    if not fault_tolerance:
+        return call_job(cmd, env)
+    with tempfile.TemporaryDirectory(prefix="asapmpi-finished-") as folder:
+        code = call_job(cmd, {**env, FINISHED_DIR: folder})
+        if code == 0 and not os.listdir(folder):
+            print("asapmpi: no rank finished: each ended by an error (above); Open MPI "
+                  "under --with-ft ulfm reports ranks ended that way as a success",
+                  file=sys.stderr)
+            return 1
+    return code
+
+
+def finished(rank: int) -> None:
+    """This rank finished its command (a job launched by relaunch(fault_tolerance=True):
+    a file named by the rank; elsewhere nothing).  Best effort: another host's
+    folder is not this one's."""
+    folder = os.environ.get(FINISHED_DIR)
+    if folder:
+        try:
+            open(os.path.join(folder, f"rank{rank}"), "w").close()
+        except OSError:
+            pass
 
 
 #: what each kind of launcher tells its ranks about the job's size, most specific first

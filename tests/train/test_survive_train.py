@@ -41,6 +41,22 @@ def train(tmp_path, *args, timeout=240) -> subprocess.CompletedProcess:
 
 
 @needs_ulfm
+def test_a_run_whose_every_rank_ends_by_an_error_is_a_failure(tmp_path):
+    # the checkpoints' folder is a file: every rank raises once its exchange (which
+    # survives failures) is made, and ends by SIGKILL so that the others could survive
+    # it (asapmpi.launch.faults.abort_world); Open MPI 5's prterun returns 0 for ranks
+    # ended by a signal, so the launcher checks that some rank finished
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "checkpoints").touch()
+    proc = train(tmp_path, "svm", "-n", "3", "--survive", "--iters", "20",
+                 "--checkpoint-every", "10", timeout=120)
+    assert proc.returncode == 1, shown(proc)
+    assert proc.stderr.count("NotADirectoryError") == 3, shown(proc)
+    assert "asapmpi: no rank finished: each ended by an error" in proc.stderr, shown(proc)
+    assert not (tmp_path / "s.json").exists()
+
+
+@needs_ulfm
 @pytest.mark.parametrize("sync, lost, where", [
     # notify_ack: rank 2 dies inside its exchange, after its send; its shard re-split
     ("notify_ack", "reassign", ["--kill-in", "step"]),
