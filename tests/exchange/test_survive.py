@@ -128,14 +128,17 @@ def test_a_rank_that_raises_is_a_death_the_others_survive(tmp_path):
 
 
 @needs_ulfm
-@pytest.mark.parametrize("what", ["window", "board"])
-def test_a_rank_dying_as_the_survivors_make_their_windows_is_survived_too(tmp_path, what):
+@pytest.mark.parametrize("what, transport", [("window", "put"), ("board", "put"),
+                                             ("message board", "messages")])
+def test_a_rank_dying_as_the_survivors_make_their_windows_is_survived_too(tmp_path, what,
+                                                                          transport):
     # rank 3 dies at step 6; rank 2 as the survivors allocate the new exchange's slot
     # window, or its join board's (where Open MPI 5.0.11's MPI_Win_allocate reports the
-    # death as MPI_ERR_WIN, not as a process failure): 0 and 1 go on, made twice
+    # death as MPI_ERR_WIN, not as a process failure), or, on the messages channel,
+    # makes its board by messages: 0 and 1 go on, made twice
     steps = 20
     proc = launch("survive_steps", 4, out=str(tmp_path), sync="notify_ack", graph="ring",
-                  transport="put", options={}, steps=steps, kill_at=5, victim=3,
+                  transport=transport, options={}, steps=steps, kill_at=5, victim=3,
                   dies_making=[2, what])
     found = results(tmp_path)
     assert sorted(found) == [0, 1], shown(proc)
@@ -342,7 +345,8 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
     (outside MPI) instead of dying; with `raises`, it raises an uncaught RuntimeError
     there instead.  With `dies_making` ([rank, what]), that rank
     SIGKILLs itself in the survivors' re-creation of the exchange, as it makes `what`:
-    "window" (its slot window) or "board" (its join board's window)."""
+    "window" (its slot window), "board" (its join board's window) or "message board"
+    (its join board by messages)."""
     import numpy as np
 
     from asapmpi import Exchange
@@ -381,11 +385,12 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
 
 def _die_on_second_call(what: str) -> None:
     # the first call made the exchange; the second is the survivors' re-creation
-    from asapmpi import board
+    from asapmpi import board, message_board
     from asapmpi.exchange import construction
 
     owner, name = {"window": (construction, "open_window"),
-                   "board": (board.Board, "__init__")}[what]
+                   "board": (board.Board, "__init__"),
+                   "message board": (message_board.MessageBoard, "__init__")}[what]
     made = getattr(owner, name)
     calls = []
 
