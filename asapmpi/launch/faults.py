@@ -76,9 +76,10 @@ def abort_world(code: int = 1) -> None:
         # ends with `code`, which prterun returns once every process ended (under
         # --with-ft ulfm it returns 0 for processes killed by a signal), and the
         # others, which fail as this one did (their exchange does not survive), end
-        # the same way.  An interrupt is the user ending the job, not a death to
-        # survive: it exits with INTERRUPTED_EXIT, as every rank does.
-        if _state["survivable"] and code != INTERRUPTED_EXIT:
+        # the same way.  An interrupt too: Ctrl-C reaches every rank and the launcher
+        # (prterun, asapmpi's own, which returns INTERRUPTED_EXIT), and a SIGINT sent to
+        # one rank alone is then a death the others survive, not one they wait for.
+        if _state["survivable"]:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(code)
     MPI.COMM_WORLD.Abort(code)
@@ -146,7 +147,10 @@ def report_error(exc: BaseException) -> None:
 
     rank = MPI.COMM_WORLD.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
-        text = f"asapmpi: rank {rank}: interrupted {where_interrupted(exc)}; ending the job"
+        # (a rank that can be survived ends alone under ULFM: abort_world)
+        ending = "ending this rank" if _state["survivable"] and ft_enabled_at_run_time() \
+            else "ending the job"
+        text = f"asapmpi: rank {rank}: interrupted {where_interrupted(exc)}; {ending}"
     elif isinstance(exc, AsapError):
         text = f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}"
     else:

@@ -111,17 +111,24 @@ def test_survivors_shrink_and_go_on(tmp_path, sync, graph, transport, options, v
 
 
 @needs_ulfm
-def test_a_rank_that_raises_is_a_death_the_others_survive(tmp_path):
-    # an uncaught error ends its rank by SIGKILL (faults.abort_world), which ULFM reports
-    # as a process failure: a rank that only exited would leave the others waiting
-    # for it in MPI for ever
+@pytest.mark.parametrize("raises, said", [
+    ("error", "RuntimeError: rank 1 raises before step 6"),
+    # a SIGINT sent to this rank alone (Ctrl-C reaches every rank and the launcher)
+    ("interrupt", "asapmpi: rank 1: interrupted at test_survive.py")])
+def test_a_rank_that_raises_is_a_death_the_others_survive(tmp_path, raises, said):
+    # an uncaught error or interrupt ends its rank by SIGKILL (faults.abort_world), which
+    # ULFM reports as a process failure: a rank that only exited would leave the others
+    # waiting for it in MPI for ever
     steps = 20
     proc = launch("survive_steps", 4, timeout=60, out=str(tmp_path), sync="notify_ack",
                   graph="ring", transport="put", options={}, steps=steps, kill_at=5,
-                  victim=1, raises=True)
+                  victim=1, raises=raises)
     found = results(tmp_path)
     assert sorted(found) == [0, 2, 3], shown(proc)
-    assert "RuntimeError: rank 1 raises before step 6" in proc.stderr, shown(proc)
+    assert said in proc.stderr, shown(proc)
+    if raises == "interrupt":
+        assert re.search(r"interrupted at test_survive\.py:\d+ .*; ending this rank\n",
+                         proc.stderr), shown(proc)
     for res in found.values():
         assert res["version"] == steps and res["size"] == 3, res
         assert [r["failed"] for r in res["survivals"]] == [[1]], res
@@ -337,16 +344,16 @@ def _write(out, rank, result) -> None:
 
 def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft=True,
                   victim=2, n=4096, step_sleep=0.0, wait_timeout=30.0, stall=0.0,
-                  dies_making=None, raises=False):
+                  dies_making=None, raises=None):
     """Every rank steps an Exchange on a buffer of its own rank's value; `victim`
     SIGKILLs itself before step kill_at + 1.  Survivors record each step's end
     (CLOCK_MONOTONIC, one clock on one host), the value they held when they re-formed
     the graph, and their final value.  With `stall` seconds, `victim` sleeps that long
-    (outside MPI) instead of dying; with `raises`, it raises an uncaught RuntimeError
-    there instead.  With `dies_making` ([rank, what]), that rank
-    SIGKILLs itself in the survivors' re-creation of the exchange, as it makes `what`:
-    "window" (its slot window), "board" (its join board's window) or "message board"
-    (its join board by messages)."""
+    (outside MPI) instead of dying; with `raises` ("error", "interrupt") it raises an
+    uncaught RuntimeError there instead, or sends itself SIGINT.  With `dies_making`
+    ([rank, what]), that rank SIGKILLs itself in the survivors' re-creation of the
+    exchange, as it makes `what`: "window" (its slot window), "board" (its join board's
+    window) or "message board" (its join board by messages)."""
     import numpy as np
 
     from asapmpi import Exchange
@@ -361,8 +368,11 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
     while ex.version < steps:
         if rank == victim and ex.version == kill_at and stall:
             time.sleep(stall)
-        elif rank == victim and ex.version == kill_at and raises:
+        elif rank == victim and ex.version == kill_at and raises == "error":
             raise RuntimeError(f"rank {rank} raises before step {kill_at + 1}")
+        elif rank == victim and ex.version == kill_at and raises == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)       # (the KeyboardInterrupt comes at once)
         elif rank == victim and ex.version == kill_at:
             with open(os.path.join(out, "died.json"), "w") as f:
                 json.dump({"died": time.monotonic()}, f)
