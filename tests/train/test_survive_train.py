@@ -118,8 +118,14 @@ def test_train_survives_a_killed_rank(tmp_path, sync, lost, where):
         kept = {f.name: sorted(p.name for p in f.iterdir()) for f in folders}
         assert kept["rank00002"] and all(".tmp" in name for name in kept["rank00002"]), kept
         for rank in ("rank00000", "rank00001", "rank00003"):
-            # (the newest two are kept: 320 and the last, 400)
-            assert kept[rank] == ["iter_000000320.h5", "iter_000000400.h5"], kept
+            # the newest two are kept: the last, 400, and the one of the first iteration
+            # at or past 320, which is 321 where the survivor's count jumped over 320 (a
+            # gossip rank far behind the others when it learned of the death goes on
+            # from the most steps any survivor completed: seen in a fresh clone's run
+            # with other work beside it, ranks 1 and 3 at 321)
+            assert len(kept[rank]) == 2 and kept[rank][1] == "iter_000000400.h5", kept
+            first = int(kept[rank][0].removeprefix("iter_").removesuffix(".h5"))
+            assert 320 <= first < 400, kept
 
 
 @needs_ulfm
