@@ -55,6 +55,12 @@ def survivable() -> None:
     _state["survivable"] = True
 
 
+def ends_as_a_death() -> bool:
+    """Whether abort_world() ends this process as a death its survivors go on without
+    (SIGKILL): launched with fault tolerance and survivable()."""
+    return _state["survivable"] and bool(ft_enabled_at_run_time())
+
+
 def abort_world(code: int = 1) -> None:
     """Flush this rank's output, give the launcher time to forward it, then MPI_Abort;
     in a job launched with fault tolerance (Open MPI 5, `mpiexec --with-ft ulfm`), end
@@ -79,7 +85,7 @@ def abort_world(code: int = 1) -> None:
         # the same way.  An interrupt too: Ctrl-C reaches every rank and the launcher
         # (prterun, asapmpi's own, which returns INTERRUPTED_EXIT), and a SIGINT sent to
         # one rank alone is then a death the others survive, not one they wait for.
-        if _state["survivable"]:
+        if ends_as_a_death():
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(code)
     MPI.COMM_WORLD.Abort(code)
@@ -147,9 +153,7 @@ def report_error(exc: BaseException) -> None:
 
     rank = MPI.COMM_WORLD.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
-        # (a rank that can be survived ends alone under ULFM: abort_world)
-        ending = "ending this rank" if _state["survivable"] and ft_enabled_at_run_time() \
-            else "ending the job"
+        ending = "ending this rank" if ends_as_a_death() else "ending the job"
         text = f"asapmpi: rank {rank}: interrupted {where_interrupted(exc)}; {ending}"
     elif isinstance(exc, AsapError):
         text = f"asapmpi: rank {rank}: {type(exc).__name__}: {exc}"
