@@ -68,8 +68,8 @@ cdef class MailboxWindow(SlotWindow):
 
     def __cinit__(self):
         self.transport = "mailbox"
-        self.rma = False          # messages only: no MPI window
-        self.pump_progresses = True
+        self.mem = MessageMemory()    # messages only: no MPI window
+        self.waits.pump_progresses = True
         self.msg_comm = MPI_COMM_NULL
 
     def __init__(self, *args, int retain=0, **kwargs):
@@ -348,11 +348,6 @@ cdef class MailboxWindow(SlotWindow):
         # nothing reaches this window one-sidedly: the messages are the progress
         return self._pump()
 
-    cdef int64_t _own_word(self, MPI_Aint disp) except? -1 nogil:
-        # only this thread writes the words (the pump): a plain atomic load, after the
-        # waits' pump
-        return asap_load_i64(self.base + disp)
-
     # ------------------------------------------------------------------ words
 
     def write_words(self, int target, Py_ssize_t disp, values):
@@ -381,7 +376,7 @@ cdef class MailboxWindow(SlotWindow):
         cdef long polls = 0
         cdef double t0 = asap_now()
         while not self.msg_words.word_send_free():
-            if self._idle(&polls, t0, timeout):
+            if self.waits.idle(&polls, t0, timeout):
                 return 1
         return 0
 
@@ -406,8 +401,7 @@ cdef class MailboxWindow(SlotWindow):
         cdef double limit = timeout if timeout < 1.0 else 1.0
         self._pump()
         while self.msg_words.tokens_waiting() and asap_now() - t0 < limit:
-            asap_backoff(polls, self.poll_yields, self.poll_max_sleep_us,
-                         self.poll_slack_ns)
+            self.waits.backoff(polls)
             polls += 1
             self._pump()
         return 0
@@ -547,7 +541,7 @@ cdef class MailboxWindow(SlotWindow):
                     self.mb_status, "MPI_Testsome")
             if count == MPI_UNDEFINED:
                 return 0
-            if self._idle(&polls, t0, timeout):
+            if self.waits.idle(&polls, t0, timeout):
                 return 1
 
 

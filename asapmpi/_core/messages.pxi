@@ -42,7 +42,7 @@ cdef class MessageWindow(SlotWindow):
 
     def __cinit__(self):
         self.transport = "messages"
-        self.rma = False          # messages only: no MPI window
+        self.mem = MessageMemory()    # messages only: no MPI window
         self.msg_comm = MPI_COMM_NULL
 
     def __dealloc__(self):
@@ -139,7 +139,7 @@ cdef class MessageWindow(SlotWindow):
     cdef int _post_receives(self, int64_t version, bint checksum) except -1:
         cdef int i
         cdef char *hdr
-        self._check_version(version)
+        _check_version(version)
         if self._posted:
             raise ConfigError(f"the receives of version {self._posted} are still posted")
         with nogil:
@@ -171,7 +171,7 @@ cdef class MessageWindow(SlotWindow):
         cdef const char *src = self.stage
         cdef int64_t *cksum = <int64_t *>(self.stage + (self.nbytes + 7) // 8 * 8)
         self._check_alive()
-        self._check_version(version)
+        _check_version(version)
         if skip_released:
             raise ConfigError("the message channel sends every version to every reader "
                               "(each waits for it): skip_released must be 0")
@@ -246,7 +246,7 @@ cdef class MessageWindow(SlotWindow):
                 if got_in and got_out:
                     break
                 # the tests above were this poll's progress
-                if self._idle(&polls, t0, timeout, True):
+                if self.waits.idle(&polls, t0, timeout, True):
                     break
             asap_watchdog_waiting(NULL, 0, NULL)
         if not (got_in and got_out):

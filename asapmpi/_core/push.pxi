@@ -86,7 +86,7 @@ cdef class PushWindow(SlotWindow):
 
     def __cinit__(self):
         self.transport = "push"
-        self.rma = False          # messages only: no MPI window
+        self.mem = MessageMemory()    # messages only: no MPI window
         self.pushes = True
         self.msg_comm = MPI_COMM_NULL
         self.wait_stage = -1
@@ -433,7 +433,7 @@ cdef class PushWindow(SlotWindow):
         cdef char *stage
         cdef int64_t t[MB_TRAILER]
         self._check_alive()
-        self._check_version(version)
+        _check_version(version)
         if not 0 <= peer < self.size:
             raise ConfigError(f"push gossip sends to a rank of 0..{self.size - 1}, not "
                               f"{peer}")

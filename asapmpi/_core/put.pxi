@@ -12,9 +12,13 @@ cdef class PutWindow(SlotWindow):
     cdef long long _published       # publishes so far
     cdef char *_pull_buf            # a pull's copy of a target's published slots
     cdef MPI_Request _late_get      # the MPI_Rget a timed-out pull left into _pull_buf
+    cdef int64_t hdr[8]             # a put's header and footer, complete at the flush
+    cdef int64_t ftr[8]
+    cdef WindowMemory wmem          # its memory (mem), typed: the puts name its window
 
     def __cinit__(self):
         self.transport = "put"
+        self.wmem = self.mem            # SlotChannel.__cinit__ made a WindowMemory
         self._late_get = MPI_REQUEST_NULL
 
     def __dealloc__(self):
@@ -99,24 +103,28 @@ cdef class PutWindow(SlotWindow):
                 continue
             d = self.out_slot_disp[j] + slot * self.slot_stride
             CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self._out[j], d, 4, MPI_INT64_T,
-                           self.win), "MPI_Put")
+                           self.wmem.win), "MPI_Put")
         if seqlock:
-            self._flush_all(b"MPI_Win_flush_all after the header put", version, self.out_desc)
+            self.wmem.flush_all(self.words, b"MPI_Win_flush_all after the header put",
+                                version, self.out_desc, self.nbr_desc)
         for j in range(self.n_out):
             if self.skip[j]:
                 continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES
-            self._transfer(<char *>src, self.nbytes, self._out[j], d, False)
+            self.wmem.transfer(<char *>src, self.nbytes, self._out[j], d, False,
+                               self._max_transfer)
             self.bytes_put += self.nbytes
         if seqlock:
-            self._flush_all(b"MPI_Win_flush_all after the payload put", version, self.out_desc)
+            self.wmem.flush_all(self.words, b"MPI_Win_flush_all after the payload put",
+                                version, self.out_desc, self.nbr_desc)
         for j in range(self.n_out):
             if self.skip[j]:
                 continue
             d = self.out_slot_disp[j] + slot * self.slot_stride + HEADER_BYTES + self.payload_stride
             CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self._out[j], d, 2, MPI_INT64_T,
-                           self.win), "MPI_Put")
-        self._flush_all(b"MPI_Win_flush_all after the put", version, self.out_desc)
+                           self.wmem.win), "MPI_Put")
+        self.wmem.flush_all(self.words, b"MPI_Win_flush_all after the put", version,
+                            self.out_desc, self.nbr_desc)
         if notify:
             self.words.notify(version, slot)
         return 0
@@ -137,12 +145,12 @@ cdef class PutWindow(SlotWindow):
         while done < n:
             chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
             CHKERR(MPI_Rget(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
-                            MPI_BYTE, self.win, &req), "MPI_Rget")
+                            MPI_BYTE, self.wmem.win, &req), "MPI_Rget")
             while True:
                 CHKERR(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test")
                 if flag:
                     break
-                if self._idle(&polls, t0, timeout):
+                if self.waits.idle(&polls, t0, timeout):
                     self._late_get = req
                     return 1
             done += chunk
@@ -161,7 +169,7 @@ cdef class PutWindow(SlotWindow):
         self._check_alive()
         if self._n_pub == 0:
             raise ConfigError("this window has no published slot (Layout.n_publish = 0)")
-        self._check_version(version)
+        _check_version(version)
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
@@ -176,15 +184,15 @@ cdef class PutWindow(SlotWindow):
                 self.ftr[0] = version
                 self.ftr[1] = <int64_t>asap_checksum(view.buf, self.nbytes)
                 CHKERR(MPI_Put(self.hdr, 4, MPI_INT64_T, self.rank, d, 4, MPI_INT64_T,
-                               self.win), "MPI_Put")
-                self._flush(self.rank, b"MPI_Win_flush after the published header")
-                self._transfer(<char *>view.buf, self.nbytes, self.rank, d + HEADER_BYTES,
-                               False)
-                self._flush(self.rank, b"MPI_Win_flush after the published payload")
+                               self.wmem.win), "MPI_Put")
+                self.wmem.flush(self.rank, b"MPI_Win_flush after the published header")
+                self.wmem.transfer(<char *>view.buf, self.nbytes, self.rank,
+                                   d + HEADER_BYTES, False, self._max_transfer)
+                self.wmem.flush(self.rank, b"MPI_Win_flush after the published payload")
                 CHKERR(MPI_Put(self.ftr, 2, MPI_INT64_T, self.rank,
                                d + HEADER_BYTES + self.payload_stride, 2, MPI_INT64_T,
-                               self.win), "MPI_Put")
-                self._flush(self.rank, b"MPI_Win_flush after the published footer")
+                               self.wmem.win), "MPI_Put")
+                self.wmem.flush(self.rank, b"MPI_Win_flush after the published footer")
             self._published += 1
         finally:
             PyBuffer_Release(&view)

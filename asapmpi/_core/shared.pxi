@@ -64,7 +64,7 @@ cdef class SharedWindow(SlotWindow):
         wait until every out-neighbour released version - 1."""
         self._check_alive()
         if self.waits_for_release and not self.double_buffered:
-            self._await_acks(version - 1, timeout, False)
+            self.waits.acks(version - 1, timeout, False)
         self._put_buffer(buf, version, version, True, checksum, self.notifies,
                          skip_released)
 
@@ -75,9 +75,9 @@ cdef class SharedWindow(SlotWindow):
         if mode != AWAIT_EXACT:
             return SlotWindow.await_(self, version, timeout, mode, count)
         self._check_alive()
-        self._await_notifies(version, timeout, False)
+        self.waits.notifies(version, timeout, False)
         if self.double_buffered:
-            self._await_acks(version - 1, timeout, True)
+            self.waits.acks(version - 1, timeout, True)
             self._begin_rewrite(version + 1)
 
     cdef int _begin_rewrite(self, int64_t version) except -1:
@@ -89,7 +89,7 @@ cdef class SharedWindow(SlotWindow):
         # deliver of `version` then writes header, payload and footer in the seqlock
         # order.
         cdef char *hdr
-        self._check_version(version)
+        _check_version(version)
         hdr = self.out_slots + (version % self.depth) * self.slot_stride
         with nogil:
             asap_store_i64(hdr, -version)

@@ -426,6 +426,10 @@ cdef int _watch_finalize() except -1 nogil:
 
 include "slotstore.pxi"
 include "words.pxi"
+include "memory.pxi"
+include "waits.pxi"
+include "collectives.pxi"
+include "reads.pxi"
 
 
 # Interrupts (Ctrl-C, or a signal the launcher forwards).  CPython's handler only notes a
@@ -462,28 +466,32 @@ cdef int _check_signals(double now) except -1 nogil:
     return 0
 
 
-cdef class SlotWindow:
-    """One rank's slot window: the slot layout and the waits on its words, shared by
-    every transport; its words (`words`, words.pxi) carry the notifies, acks, tokens
-    and user words the transport's way, and its slot store (`store`, slotstore.pxi)
-    verifies and reduces what the transport brought.
+cdef class SlotChannel:
+    """One rank's channel, built from its parts: its memory (`mem`, memory.pxi: an MPI
+    window or message memory) holds the slots and words; its words (`words`,
+    words.pxi) carry the notifies, acks, tokens and user words the transport's way; its
+    waits (`waits`, waits.pxi) poll them with the channel's progress and a deadline;
+    its collectives (`coll`, collectives.pxi) are the barrier and allgather on its
+    communicator; its slot store (`store`, slotstore.pxi) verifies and reduces what the
+    transport brought, pointed at the slots by its reader (`reader`, reads.pxi).  This
+    class makes and binds them, and frees them (collective over `comm` on creation and
+    on free()); SlotWindow adds the calls a policy makes.
 
-    A transport is a subclass (one file each, included below): PutWindow (put.pxi),
-    SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow
-    (mailbox.pxi), NewestWindow (newest.pxi) and PushWindow (push.pxi).  It moves updates into the slots
-    (_send, or its own calls), says where a slot is (_slot), makes its words
-    (_make_words), drives its progress (_pump, _progress) and drains what is in flight
-    before the window is freed (_drain); the base calls these hooks and nothing else
-    of it.  Collective over
-    `comm` on creation and on free().  A PutWindow's put() returns once its bytes
-    are complete at every target (one MPI_Win_flush_all), but notifies and acks (put,
-    shared) are issued lazily (OneSidedWords._lazy) and complete only by the next
-    MPI_Win_flush_all of the window (the next put, or a word issued while LAZY_WORDS
-    are pending), by any wait of this process once it has lasted poll_yields polls
-    (_settle_pending), before asapmpi's collectives (settle_all) and at free().
+    A transport is a subclass of SlotWindow (one file each, included below): PutWindow
+    (put.pxi), SharedWindow (shared.pxi), MessageWindow (messages.pxi), MailboxWindow
+    (mailbox.pxi), NewestWindow (newest.pxi) and PushWindow (push.pxi).  It chooses its
+    memory (in __cinit__) and words (_make_words), moves updates into the slots (_send,
+    or its own calls), says where a slot is (_slot, _point), drives its progress
+    (_pump, _progress) and drains what is in flight before the window is freed
+    (_drain); the parts call these hooks and nothing else of it.  A PutWindow's put()
+    returns once its bytes are complete at every target (one MPI_Win_flush_all), but
+    notifies and acks (put, shared) are issued lazily (OneSidedWords._lazy) and
+    complete only by the next MPI_Win_flush_all of the window (the next put, or a word
+    issued while LAZY_WORDS are pending), by any wait of this process once it has
+    lasted poll_yields polls (Waits.settle_pending), before asapmpi's collectives
+    (settle_all) and at free().
     """
 
-    cdef MPI_Win win
     cdef MPI_Comm comm
     cdef readonly str transport     # the subclass's name: "put", "shared", ...
     cdef readonly int rank, size, n_in, n_out, depth, itemsize
@@ -491,46 +499,29 @@ cdef class SlotWindow:
     cdef readonly Py_ssize_t nbytes, payload_stride, slot_stride, total_bytes
     cdef Py_ssize_t off_notify, off_ack, off_user, off_slots, off_publish
     cdef int n_user                 # user words in this rank's window
-    cdef char *base
-    cdef char *alloc_base           # rma False: what MPI_Alloc_mem returned (base aligned)
+    cdef char *base                 # the memory's (mem.base), for the slots' addresses
     cdef bint _freed
     cdef bint _left                 # its requests and their memory went to _leftovers
     cdef bint _counted              # counted in _n_open
-    cdef bint _locked
     cdef Py_ssize_t _exports
     cdef readonly double flush_timeout
-    cdef readonly str memory_model
     cdef char out_desc[256]
     cdef char in_desc[256]
     # in- and out-neighbours: whom a flush_all waits for while acks are pending
     cdef char nbr_desc[256]
-    cdef char what[512]
     cdef MPI_Aint *sizes
     cdef int *_in
     cdef int *_out
     cdef MPI_Aint *out_slot_disp
     cdef MPI_Aint *out_notify_disp
     cdef MPI_Aint *in_ack_disp
-    cdef MPI_Aint *wait_offs
-    cdef int64_t *wait_expected
-    # the smallest word the last successful at-least wait read (await_'s RELEASED)
-    cdef int64_t wait_least
-    cdef int64_t hdr[8]
-    cdef int64_t ftr[8]
-    # the notify, ack, token and user words: how they reach other ranks and how this
-    # rank reads its own (words.pxi; the channel's kind, made by _make_words)
+    # the parts (the class's docstring)
+    cdef Memory mem
     cdef Words words
-    cdef long poll_yields, poll_max_sleep_us
-    cdef readonly long poll_slack_ns  # timer slack of the waits' sleeps (0: the thread's)
-    # _pump() is this transport's progress (a mailbox): a wait that pumped this poll
-    # needs no _progress() from _idle
-    cdef bint pump_progresses
-    # The transport reaches other ranks' memory one-sidedly (put, shared): the memory
-    # is an MPI window.  The message transports (rma False) never do: their memory is
-    # MPI_Alloc_mem'd and every word in it is written by this process, so that no
-    # window exists whose progress every MPI call of the process would also drive
-    # (Open MPI's osc ucx polls a UCX worker of its own per call while a window lives).
-    cdef readonly bint rma
+    cdef Waits waits
+    cdef Collectives coll
+    cdef SlotReader reader
+    cdef readonly SlotStore store
     # The channel moves gossip's models by the sender's push (push, take, release:
     # PushWindow) rather than by the reader's pull of what the sender published
     # (publish, pull: PutWindow).  A capability, read by the gossip policy
@@ -551,45 +542,33 @@ cdef class SlotWindow:
     # never await it: async, BSP, whose reduce reads what the slots hold)
     cdef readonly bint notifies
     cdef Py_ssize_t _max_transfer
-    # reduce scratch
-    cdef readonly SlotStore store   # the inputs and the verified reduce (slotstore.pxi)
-    cdef int *skip
+    cdef int *skip                  # per out-neighbour: left out of this deliver
     cdef readonly long long suppressed
-    # traffic and idle time, for training reports: payload bytes put (headers, footers
-    # and control words excluded) and seconds spent backing off in waits and barriers
+    # traffic, for training reports: payload bytes put (headers, footers and control
+    # words excluded)
     cdef readonly long long bytes_put, bytes_got
-    cdef readonly double wait_seconds
-    # a nonblocking collective that timed out, and the buffers it may still write: MPI
-    # allows neither cancelling nor freeing it, so it is completed before the next
-    # collective (every rank issues them in the same order) or at free()
-    cdef MPI_Request _late
-    cdef object _late_buffers
-    # fault tolerance (watch()): a communicator whose failure or revocation every wait
-    # of this window notices between its polls; MPI_COMM_NULL: none
-    cdef MPI_Comm watched
-    cdef object _watched_ref
     cdef readonly bint abandoned
 
     def __cinit__(self):
-        self.win = MPI_WIN_NULL
-        self.rma = True
         self.comm = MPI_COMM_NULL
         self._freed = True
-        self._late = MPI_REQUEST_NULL
         self.transport = "none"
-        self.watched = MPI_COMM_NULL
+        self.mem = WindowMemory()       # a message channel's __cinit__ replaces it
+        self.waits = Waits()
+        self.waits.channel = <void *>self
+        self.coll = Collectives()
+        self.coll.waits = self.waits
+        self.reader = SlotReader()
+        self.reader.channel = <void *>self
 
     def __init__(self, MPI.Comm comm not None, layout, in_ranks, out_ranks, out_slot_disp,
                  out_notify_disp, in_ack_disp, dtype, int poll_yields=32,
                  int poll_max_sleep_us=100, double flush_timeout=60.0, long poll_slack_ns=0,
                  bint waits_for_release=False, bint notifies=True, bint releases=False,
                  bint ordered=False):
-        cdef MPI_Info info = MPI_INFO_NULL
-        cdef int flag = 0
-        cdef int *model = NULL
         cdef int i
         cdef MPI_Aint my_size
-        if type(self) is SlotWindow:
+        if type(self) is SlotWindow or type(self) is SlotChannel:
             raise TypeError("SlotWindow is the transports' common base: create a "
                             "PutWindow, SharedWindow, MessageWindow, MailboxWindow, "
                             "NewestWindow or PushWindow")
@@ -614,12 +593,12 @@ cdef class SlotWindow:
         self.n_user = layout.n_user
         self.off_slots = layout.off_slots
         self.off_publish = layout.off_publish
-        self.poll_yields = poll_yields
-        self.poll_max_sleep_us = poll_max_sleep_us
         if poll_slack_ns < 0:
             raise ConfigError(f"poll_slack_ns must be >= 0 (0: the thread's own), got "
                               f"{poll_slack_ns}")
-        self.poll_slack_ns = poll_slack_ns
+        self.waits.yields = poll_yields
+        self.waits.max_sleep_us = poll_max_sleep_us
+        self.waits.slack_ns = poll_slack_ns
         self._max_transfer = MAX_PUT_CHUNK
         if not flush_timeout > 0:
             raise ConfigError(f"flush_timeout must be positive, got {flush_timeout}")
@@ -658,36 +637,15 @@ cdef class SlotWindow:
                    "MPI_Comm_set_errhandler")
             CHKERR(MPI_Comm_rank(self.comm, &self.rank), "MPI_Comm_rank")
             CHKERR(MPI_Comm_size(self.comm, &self.size), "MPI_Comm_size")
-            if self.rma:
-                CHKERR(MPI_Info_create(&info), "MPI_Info_create")
-                CHKERR(MPI_Info_set(info, b"same_disp_unit", b"true"), "MPI_Info_set")
-                CHKERR(MPI_Win_allocate(self.total_bytes, 1, info, self.comm, &self.base,
-                                        &self.win), "MPI_Win_allocate")
-                CHKERR(MPI_Info_free(&info), "MPI_Info_free")
-            else:
-                # 64 bytes more, so that base starts a cache line as the layout assumes
-                # (MPI_Alloc_mem promises no alignment; malloc's is 16)
-                CHKERR(MPI_Alloc_mem(self.total_bytes + CACHE_LINE, MPI_INFO_NULL,
-                                     &self.alloc_base), "MPI_Alloc_mem")
-                self.base = <char *>((<uintptr_t>self.alloc_base + CACHE_LINE - 1)
-                                     & ~(<uintptr_t>CACHE_LINE - 1))
+            self.mem.allocate(self.comm, self.total_bytes)
+        self.base = self.mem.base
         self._freed = False
         self._opened()
-        if self.rma:
-            with nogil:
-                CHKERR(MPI_Win_set_errhandler(self.win, MPI_ERRORS_RETURN),
-                       "MPI_Win_set_errhandler")
-                CHKERR(MPI_Win_get_attr(self.win, MPI_WIN_MODEL, &model, &flag),
-                       "MPI_Win_get_attr")
-            if not flag or model == NULL or model[0] != MPI_WIN_UNIFIED:
-                self.free()  # not locked yet: free() skips the unlock
-                raise ConfigError("this MPI gives a separate (not unified) memory model "
-                                  "for RMA windows; asapmpi needs MPI_WIN_UNIFIED")
-            self.memory_model = "MPI_WIN_UNIFIED"
-            self.store.sync = _sync_window
-            self.store.sync_ctx = &self.win
-        else:
-            self.memory_model = "none (messages only: no MPI window)"
+        try:
+            self.mem.check(self.store)
+        except ConfigError:
+            self.free()         # not opened yet: free() skips what open() does
+            raise
         # Version 0 everywhere means "never written".  No rank can leave the allgather
         # below before every rank entered it, so no remote write precedes these stores.
         memset(self.base, 0, self.total_bytes)
@@ -697,12 +655,9 @@ cdef class SlotWindow:
         (<int64_t *>self.base)[3] = self.n_out
         (<int64_t *>self.base)[4] = self.depth
         (<int64_t *>self.base)[5] = self.nbytes
-        self._bind_words()
-        if self.rma:
-            with nogil:
-                CHKERR(MPI_Win_lock_all(MPI_MODE_NOCHECK, self.win), "MPI_Win_lock_all")
-            self._locked = True
+        self._bind_parts()
         with nogil:
+            self.mem.open()
             self._sync()
             # every rank's window size, to bounds-check remote word offsets
             my_size = self.total_bytes
@@ -722,14 +677,15 @@ cdef class SlotWindow:
         return 0
 
     cdef Words _make_words(self):
-        """The transport's words (before any communication): one-sided atomics where
-        there is a window, else local words only (a message transport whose messages
-        are its notifies and acks)."""
-        return OneSidedWords() if self.rma else Words()
+        """The transport's words (before any communication): its memory's (one-sided
+        atomics in a window, else local words only: a message transport whose
+        messages are its notifies and acks)."""
+        return self.mem.make_words()
 
-    cdef int _bind_words(self) except -1:
+    cdef int _bind_parts(self) except -1:
         # once the memory exists: where the words are, whom they go to
         cdef Words w = self.words
+        cdef Waits waits = self.waits
         w.base = self.base
         w.rank, w.size = self.rank, self.size
         w.n_in, w.n_out, w.depth, w.n_user = self.n_in, self.n_out, self.depth, self.n_user
@@ -739,8 +695,18 @@ cdef class SlotWindow:
         w.out_notify_disp, w.in_ack_disp = self.out_notify_disp, self.in_ack_disp
         w.skip = self.skip
         w.nbr_desc = self.nbr_desc
-        if self.rma:
-            (<OneSidedWords>w).bound(self.win, self.transport)
+        self.mem.bind(w, self.transport)
+        waits.words, waits.base, waits.rank = w, self.base, self.rank
+        waits.n_in, waits.n_out, waits.depth = self.n_in, self.n_out, self.depth
+        waits.n_user = self.n_user
+        waits.off_notify, waits.off_ack = self.off_notify, self.off_ack
+        waits._in, waits._out = self._in, self._out
+        waits.in_desc, waits.out_desc = self.in_desc, self.out_desc
+        waits.settle_timeout = self.flush_timeout
+        self.coll.comm, self.coll.rank, self.coll.size = self.comm, self.rank, self.size
+        self.coll.timeout = self.flush_timeout
+        self.reader.store, self.reader.rank, self.reader.n_in = self.store, self.rank, self.n_in
+        self.reader.nbytes, self.reader._in = self.nbytes, self._in
         return 0
 
     cdef int _open(self) except -1:
@@ -762,6 +728,35 @@ cdef class SlotWindow:
         """Complete what arrived for this window (messages into slots and words)."""
         return 0
 
+    cdef int _progress(self) except -1 nogil:
+        """One poll of progress in a wait: the memory's poke, and a probe of the
+        communicator (a mailbox, which nothing reaches one-sidedly, pumps instead)."""
+        cdef int flag = 0
+        self.mem.progress(self.rank)
+        return CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag,
+                                 MPI_STATUS_IGNORE), "MPI_Iprobe")
+
+    cdef int _sync(self) except -1 nogil:
+        """Order this process's loads and stores of its memory with what MPI and other
+        processes wrote there (the store's barrier, _sync_window or _fence_only)."""
+        return self.store.sync(self.store.sync_ctx)
+
+    cdef int _point(self, bint only_notified) except -1 nogil:
+        # make the slots' memory visible, then point the store at each in-neighbour's
+        # slot of version exp_v[i] (NULL with only_notified when its notify word is not
+        # that version: its sender may be writing it)
+        cdef int i
+        cdef Py_ssize_t slot
+        self._sync()
+        for i in range(self.n_in):
+            slot = self.store.exp_v[i] % self.depth
+            if only_notified and asap_load_i64(
+                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != self.store.exp_v[i]:
+                self.store.hdr[i] = NULL
+            else:
+                self.store.hdr[i] = self._slot(i, slot)
+        return 0
+
     cdef int _drain(self) except -1:
         """At free() (collective, every rank came): complete or cancel what the
         transport has in flight, and free its communicators."""
@@ -777,9 +772,9 @@ cdef class SlotWindow:
         and forget both (a subclass adds its own, then calls its base's).  The one-sided
         words' notifies and acks in flight have no request: their memory is kept by the
         words themselves (OneSidedWords.__dealloc__, kept_words())."""
-        if not self.rma and self.alloc_base != NULL:
-            lo.mpi_mem = self.alloc_base    # the slots a posted receive may target
-            self.alloc_base = self.base = NULL
+        if self.mem is not None:    # a cycle's clearing may have dropped it: then leaked
+            self.mem.leave(lo)
+        self.base = NULL
         return 0
 
     cdef int _leave_behind(self, bint after_failure=False) except -1:
@@ -824,23 +819,20 @@ cdef class SlotWindow:
                       "MPI_Comm_set_errhandler")
 
     cdef _alloc_arrays(self):
-        cdef int n = max(self.n_in, 1)
         cdef int m = max(self.n_out, 1)
-        cdef int w = max(n, m, self.n_user)    # words one wait watches
-        self._in = <int *>calloc(n, sizeof(int))
+        self._in = <int *>calloc(max(self.n_in, 1), sizeof(int))
         self._out = <int *>calloc(m, sizeof(int))
         self.out_slot_disp = <MPI_Aint *>calloc(m, sizeof(MPI_Aint))
         self.out_notify_disp = <MPI_Aint *>calloc(m, sizeof(MPI_Aint))
-        self.in_ack_disp = <MPI_Aint *>calloc(n, sizeof(MPI_Aint))
-        self.wait_offs = <MPI_Aint *>calloc(w, sizeof(MPI_Aint))
-        self.wait_expected = <int64_t *>calloc(w, sizeof(int64_t))
+        self.in_ack_disp = <MPI_Aint *>calloc(max(self.n_in, 1), sizeof(MPI_Aint))
         self.skip = <int *>calloc(m, sizeof(int))
         self.sizes = <MPI_Aint *>calloc(max(self.size, 1), sizeof(MPI_Aint))
         if (self.sizes == NULL or self.skip == NULL
                 or self._in == NULL or self._out == NULL or self.out_slot_disp == NULL
-                or self.out_notify_disp == NULL or self.in_ack_disp == NULL
-                or self.wait_offs == NULL or self.wait_expected == NULL):
+                or self.out_notify_disp == NULL or self.in_ack_disp == NULL):
             raise MemoryError()
+        # the most words one wait watches
+        self.waits.allocate(max(self.n_in, self.n_out, self.n_user))
 
     cdef void _free_arrays(self) noexcept:
         free(self._in); self._in = NULL
@@ -848,8 +840,6 @@ cdef class SlotWindow:
         free(self.out_slot_disp); self.out_slot_disp = NULL
         free(self.out_notify_disp); self.out_notify_disp = NULL
         free(self.in_ack_disp); self.in_ack_disp = NULL
-        free(self.wait_offs); self.wait_offs = NULL
-        free(self.wait_expected); self.wait_expected = NULL
         free(self.skip); self.skip = NULL
         free(self.sizes); self.sizes = NULL
 
@@ -896,7 +886,7 @@ cdef class SlotWindow:
             _settle_all(self.flush_timeout)
         _reap_leftovers()
         # a collective that once timed out completes once its late ranks reach free()
-        self._finish_late(self.flush_timeout)
+        self.coll.finish_late(self.flush_timeout)
         # agree first, so that all ranks raise together instead of some entering
         # MPI_Win_free while one refuses; a rank that never comes ends the job (the
         # watchdog names the call) instead of hanging the others here
@@ -928,21 +918,14 @@ cdef class SlotWindow:
                                   b"the window frees it)", -1, b"every rank of the window")
                 try:
                     self.words.forget()     # unlock_all completes its words
-                    if self._locked:
-                        CHKERR(MPI_Win_unlock_all(self.win), "MPI_Win_unlock_all")
-                    if self.rma:
-                        CHKERR(MPI_Win_free(&self.win), "MPI_Win_free")
-                        self.words.flushed()    # completed: its words' memory may go
-                    elif self.alloc_base != NULL:
-                        CHKERR(MPI_Free_mem(self.alloc_base), "MPI_Free_mem")
-                    self.base = self.alloc_base = NULL
+                    self.mem.close(self.words)
+                    self.base = NULL
                     CHKERR(MPI_Comm_free(&self.comm), "MPI_Comm_free")
                 finally:
                     asap_watchdog_disarm()
         finally:
             self._freed = True
             self._closed()
-            self._locked = False
             self._release()
 
     def watch(self, MPI.Comm comm):
@@ -952,12 +935,7 @@ cdef class SlotWindow:
         revocation of `comm` ends the wait with a ProcessFailedError instead of a
         timeout.  None stops it.  A wait that ends within its yields makes no call
         more."""
-        if comm is None or comm.ob_mpi == MPI_COMM_NULL:
-            self.watched = MPI_COMM_NULL
-            self._watched_ref = None
-            return
-        self.watched = comm.ob_mpi
-        self._watched_ref = comm
+        self.waits.watch(comm)
 
     def abandon(self):
         """Stop using this window after a process of its communicator failed (fault
@@ -970,13 +948,11 @@ cdef class SlotWindow:
         the window counts as freed (FreedError on use).  Local; safe twice."""
         if self._freed:
             return
-        self.watched = MPI_COMM_NULL
-        self._watched_ref = None
+        self.waits.watch(None)
         self.words.forget()
         self._leave_behind(True)
         self.abandoned = True
         self._freed = True
-        self._locked = False
         self._closed()
 
     @property
@@ -994,7 +970,7 @@ cdef class SlotWindow:
     @property
     def late_collective(self):
         """True while a barrier or allgather that timed out waits for its late ranks."""
-        return self._late != MPI_REQUEST_NULL
+        return self.coll.late != MPI_REQUEST_NULL
 
     @property
     def freed(self):
@@ -1002,11 +978,33 @@ cdef class SlotWindow:
         return self._freed
 
     @property
+    def rma(self):
+        """True where other ranks reach this channel's memory one-sidedly (an MPI
+        window: put, shared); False for the message channels."""
+        return isinstance(self.mem, WindowMemory)
+
+    @property
+    def memory_model(self):
+        """The MPI memory model of the channel's memory ("MPI_WIN_UNIFIED"), or what
+        stands for it where there is no window."""
+        return self.mem.model
+
+    @property
     def words_kind(self):
         """How this window's words travel (words.pxi): "OneSidedWords" (MPI atomics in
         the neighbours' windows), "MessageWords" (tokens and word messages) or "Words"
         (local only: the transport's messages are its notifies and acks)."""
         return type(self.words).__name__
+
+    @property
+    def poll_slack_ns(self):
+        """Timer slack of the waits' sleeps in ns (0: the thread's own)."""
+        return self.waits.slack_ns
+
+    @property
+    def wait_seconds(self):
+        """Seconds spent backing off in waits and barriers, for training reports."""
+        return self.waits.seconds
 
     def __enter__(self):
         return self
@@ -1018,6 +1016,12 @@ cdef class SlotWindow:
         if self._freed:
             raise FreedError("this slot window was freed; create a new Exchange")
         return 0
+
+
+cdef class SlotWindow(SlotChannel):
+    """The calls a policy makes on a channel: the channel verbs (deliver, await_,
+    release, progress, drain), the words' calls, the waits', the collectives' and the
+    reader's, each checked here and handed to the part that does it (SlotChannel)."""
 
     # ------------------------------------------------------------------ writing
 
@@ -1040,8 +1044,7 @@ cdef class SlotWindow:
                          bint checksum, bint notify, int64_t suppress_if_acked) except -1:
         # put()'s checks and transfer, also deliver()'s
         cdef Py_buffer view
-        if version <= 0:
-            raise ConfigError(f"versions start at 1, got {version}")
+        _check_version(version)
         PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS)
         try:
             if view.len != self.nbytes:
@@ -1059,68 +1062,10 @@ cdef class SlotWindow:
         for j in range(self.n_out):
             self.skip[j] = 0
             if threshold > 0:
-                if self._own_word(self.off_ack + 8 * j) >= threshold:
+                if self.words.own(self.off_ack + 8 * j) >= threshold:
                     self.skip[j] = 1
                     self.suppressed += 1
         return 0
-
-    cdef int _flush_all(self, const char *what, int64_t version, const char *ranks) except -1 nogil:
-        # A flush cannot time out; the watchdog ends the job if it outlives the timeout.
-        cdef int ierr
-        if self.words.lazy():
-            ranks = self.nbr_desc       # it also completes the lazy notifies and acks
-        asap_watchdog_arm(self.flush_timeout, what, version, ranks)
-        ierr = MPI_Win_flush_all(self.win)
-        asap_watchdog_disarm()
-        CHKERR(ierr, "MPI_Win_flush_all")
-        self.words.flushed()
-        return 0
-
-    cdef int _flush(self, int target, const char *what) except -1 nogil:
-        # `what` names the operation; the target is described in self.what
-        cdef int ierr
-        snprintf(self.what, sizeof(self.what), "%d", target)
-        asap_watchdog_arm(self.flush_timeout, what, -1, self.what)
-        ierr = MPI_Win_flush(target, self.win)
-        asap_watchdog_disarm()
-        return CHKERR(ierr, "MPI_Win_flush")
-
-    cdef int _transfer(self, char *local, Py_ssize_t n, int target, MPI_Aint disp,
-                       bint get) except -1 nogil:
-        # MPI counts are int, and MPICH's active-message RMA crashes on large pieces:
-        # payloads go in pieces of at most max_transfer bytes.
-        cdef Py_ssize_t done = 0
-        cdef int chunk
-        while done < n:
-            chunk = <int>(n - done if n - done < self._max_transfer else self._max_transfer)
-            if get:
-                CHKERR(MPI_Get(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
-                               MPI_BYTE, self.win), "MPI_Get")
-            else:
-                CHKERR(MPI_Put(local + done, chunk, MPI_BYTE, target, disp + done, chunk,
-                               MPI_BYTE, self.win), "MPI_Put")
-            done += chunk
-        return 0
-
-    # ------------------------------------------------------------------ words
-
-    def notify(self, int64_t version):
-        """Publish `version` in every out-neighbour's notify word for slot version % depth
-        (issued lazily: see OneSidedWords._lazy)."""
-        self._check_alive()
-        self._check_rma("notify()", -1)
-        self._check_version(version)
-        with nogil:
-            self._mark_suppressed(0)
-            self.words.notify(version, version % self.depth)
-
-    def ack(self, int64_t version):
-        """Tell every in-neighbour that its `version` was consumed (its slot is free);
-        issued lazily, not flushed before this returns (see OneSidedWords._lazy)."""
-        self._check_alive()
-        self._check_rma("ack()", -1)
-        with nogil:
-            self.words.ack(version)
 
     # ------------------------------------------------------------------ the channel verbs
     #
@@ -1147,7 +1092,7 @@ cdef class SlotWindow:
         it: none of the one-sided ones)."""
         self._check_alive()
         if self.waits_for_release:
-            self._await_acks(version - 1, timeout, False)
+            self.waits.acks(version - 1, timeout, False)
         self._put_buffer(buf, version, version, not self.ordered, checksum,
                          self.notifies, skip_released)
 
@@ -1168,16 +1113,16 @@ cdef class SlotWindow:
         `timeout` seconds."""
         self._check_alive()
         if mode == AWAIT_EXACT or mode == AWAIT_AT_LEAST:
-            self._await_notifies(version, timeout, mode == AWAIT_AT_LEAST)
+            self.waits.notifies(version, timeout, mode == AWAIT_AT_LEAST)
             return None
         if mode == AWAIT_COUNT:
             return self.wait_notifies_count(version, count, timeout)
         if mode == AWAIT_NEWEST:
             return self.wait_newest(version, count, timeout)
         if mode == AWAIT_RELEASED:
-            return self._await_released(version, timeout)
+            return self.waits.released(version, timeout)
         if mode == AWAIT_BARRIER:
-            self.barrier(timeout, version)
+            self.coll.barrier(timeout, version)
             self.wait_delivered(version, timeout)
             return None
         raise ConfigError(f"await mode must be one of {', '.join(AWAIT_MODES)} (0 to "
@@ -1192,7 +1137,7 @@ cdef class SlotWindow:
         the slots' receives, the message channel posts the receives of version + 1."""
         self._check_alive()
         if self.releases and version > 0:
-            self._check_rma("release()", -1)
+            self.words.check_remote("release()", -1, self.transport)
             with nogil:
                 self.words.ack(version)
 
@@ -1223,6 +1168,29 @@ cdef class SlotWindow:
         in-neighbour's notify of `version` (NeighbourTimeoutError naming the late)."""
         self._check_alive()
 
+    # ------------------------------------------------------------------ words
+    #
+    # The words' calls: each checks its arguments and hands the call to the channel's
+    # words (words.pxi), which refuse what their kind cannot do (check_remote).
+
+    def notify(self, int64_t version):
+        """Publish `version` in every out-neighbour's notify word for slot version % depth
+        (issued lazily: see OneSidedWords._lazy)."""
+        self._check_alive()
+        self.words.check_remote("notify()", -1, self.transport)
+        _check_version(version)
+        with nogil:
+            self._mark_suppressed(0)
+            self.words.notify(version, version % self.depth)
+
+    def ack(self, int64_t version):
+        """Tell every in-neighbour that its `version` was consumed (its slot is free);
+        issued lazily, not flushed before this returns (see OneSidedWords._lazy)."""
+        self._check_alive()
+        self.words.check_remote("ack()", -1, self.transport)
+        with nogil:
+            self.words.ack(version)
+
     def accumulate_word(self, int target, Py_ssize_t disp, int64_t value, op="replace"):
         """Atomically replace, add to or raise to at least `value` ("replace", "sum",
         "max") the int64 word at `disp` in `target`'s window; returns the word's old
@@ -1231,7 +1199,7 @@ cdef class SlotWindow:
         cdef int64_t old = 0
         self._check_alive()
         self._check_target(target, disp)
-        self._check_rma("accumulate_word()", -1)
+        self.words.check_remote("accumulate_word()", -1, self.transport)
         if op == "replace":
             mop = MPI_REPLACE
         elif op == "sum":
@@ -1241,7 +1209,7 @@ cdef class SlotWindow:
         else:
             raise ConfigError(f"op must be 'replace', 'sum' or 'max', got {op!r}")
         with nogil:
-            old = (<OneSidedWords>self.words).accumulate(target, disp, value, mop)
+            old = self.words.accumulate(target, disp, value, mop)
         return old
 
     def write_words(self, int target, Py_ssize_t disp, values):
@@ -1249,7 +1217,7 @@ cdef class SlotWindow:
         from `disp`, in order, each atomically (MPI_Fetch_and_op REPLACE, flushed): a
         reader that waits for the last one (wait_word) sees the others.  A mailbox
         sends them as one message instead."""
-        self._check_rma("write_words()", -1)
+        self.words.check_remote("write_words()", -1, self.transport)
         vals = self._words(values)
         for k in range(len(vals)):
             self.accumulate_word(target, disp + 8 * k, int(vals[k]))
@@ -1262,66 +1230,6 @@ cdef class SlotWindow:
                               f"{len(vals)}")
         return vals
 
-    def allgather_doubles(self, values, double timeout=-1.0):
-        """Collective over the window's communicator: every rank's `values` (the same
-        count on every rank), as an array (size, count).  An MPI_Iallgather polled with
-        backoff: a rank that never arrives is a NeighbourTimeoutError after `timeout`
-        seconds (< 0: flush_timeout), not a hang."""
-        mine_array = np.ascontiguousarray(values, dtype=np.float64)
-        cdef double[::1] mine = mine_array
-        cdef int n = <int>mine.shape[0]
-        cdef MPI_Request req
-        cdef int r = 0
-        cdef double t0
-        self._check_alive()
-        if timeout < 0:
-            timeout = self.flush_timeout
-        out = np.empty((self.size, max(n, 1)), dtype=np.float64)
-        cdef double[:, ::1] o = out
-        if n == 0:
-            return out[:, :0]
-        self._finish_late(timeout)
-        with nogil:
-            t0 = asap_now()
-            CHKERR(MPI_Iallgather(&mine[0], n, MPI_DOUBLE, &o[0, 0], n, MPI_DOUBLE,
-                                  self.comm, &req), "MPI_Iallgather")
-            r = self._complete(&req, t0, timeout)
-        if r:
-            self._late, self._late_buffers = req, (mine_array, out)
-            self._collective_timeout("an allgather", 0, timeout)
-        return out
-
-    cdef _finish_late(self, double timeout):
-        """Complete a collective that timed out earlier (its late ranks have had the
-        time since), or raise NeighbourTimeoutError again."""
-        cdef int r = 0
-        cdef double t0
-        if self._late == MPI_REQUEST_NULL:
-            return
-        with nogil:
-            t0 = asap_now()
-            r = self._complete(&self._late, t0, timeout)
-        if r:
-            self._collective_timeout("a collective that timed out before", 0, timeout)
-        self._late_buffers = None
-
-    cdef int _complete(self, MPI_Request *req, double t0, double timeout) except -1 nogil:
-        """Poll a nonblocking collective with backoff: 0 when done, 1 after `timeout`."""
-        cdef int done = 0
-        cdef long polls = 0
-        while True:
-            CHKERR(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test")
-            if done:
-                return 0
-            if self._idle(&polls, t0, timeout):
-                return 1
-
-    cdef _collective_timeout(self, str what, int64_t version, double timeout):
-        # a collective cannot tell who is missing: every other rank is a suspect
-        others = [i for i in range(self.size) if i != self.rank]
-        raise NeighbourTimeoutError(self.rank, f"{what} (some rank never arrived)", others,
-                                    [version] * len(others), [-1] * len(others), timeout)
-
     def compare_and_swap_word(self, int target, Py_ssize_t disp, int64_t compare,
                               int64_t value):
         """Atomically set the int64 word at `disp` in `target`'s window to `value` if it
@@ -1332,9 +1240,9 @@ cdef class SlotWindow:
         cdef int64_t old = 0
         self._check_alive()
         self._check_target(target, disp)
-        self._check_rma("compare_and_swap_word()", -1)
+        self.words.check_remote("compare_and_swap_word()", -1, self.transport)
         with nogil:
-            old = (<OneSidedWords>self.words).compare_and_swap(target, disp, compare, value)
+            old = self.words.compare_and_swap(target, disp, compare, value)
         return old
 
     def fetch_word(self, int target, Py_ssize_t disp):
@@ -1343,14 +1251,13 @@ cdef class SlotWindow:
         cdef int64_t value = 0
         self._check_alive()
         self._check_target(target, disp)
-        self._check_rma("fetch_word() of another rank", target)
+        self.words.check_remote("fetch_word() of another rank", target, self.transport)
         with nogil:
             if target == self.rank:
                 self._pump()        # the words messages feed: as fresh as they can be
                 value = self.words.own(disp)
             else:
-                (<OneSidedWords>self.words).fetch(target, disp)
-                value = (<OneSidedWords>self.words).word_in
+                value = self.words.fetch_one(target, disp)
         return value
 
     def fetch_words(self, int target, Py_ssize_t disp, Py_ssize_t count):
@@ -1362,33 +1269,18 @@ cdef class SlotWindow:
             raise ConfigError(f"count must be at least 1, got {count}")
         self._check_target(target, disp)
         self._check_target(target, disp + 8 * (count - 1))
-        self._check_rma("fetch_words()", -1)
+        self.words.check_remote("fetch_words()", -1, self.transport)
         out = np.empty(count, dtype=np.int64)
         cdef int64_t[::1] o = out
         with nogil:
-            (<OneSidedWords>self.words).fetch_many(target, disp, &o[0], <int>count)
+            self.words.fetch_many(target, disp, &o[0], <int>count)
         return out
 
-    cdef int64_t _own_word(self, MPI_Aint disp) except? -1 nogil:
-        # a word of this rank's window, read atomically (how: the words' kind)
-        return self.words.own(disp)
-
-    cdef int _check_rma(self, str what, int target) except -1:
-        # a one-sided word operation (on `target`; -1: on any rank, its own included)
-        # needs a window, which the message transports do not have (fetch_word of a
-        # word of its own does not)
-        if not self.rma and target != self.rank:
-            raise ConfigError(f"{what} needs an MPI window, and the {self.transport} "
-                              f"transport moves everything by message (a mailbox writes "
-                              f"words with write_words and reads them with wait_word or "
-                              f"local_word): for one-sided words create the Exchange "
-                              f"with transport='put'")
-        return 0
-
-    cdef int _check_version(self, int64_t version) except -1:
-        if version < 1:
-            raise ConfigError(f"versions start at 1, got {version}")
-        return 0
+    def local_word(self, Py_ssize_t disp):
+        """Atomic load of the int64 word at `disp` in this rank's own window."""
+        self._check_alive()
+        self._check_local_word(disp)
+        return asap_load_i64(self.base + disp)
 
     cdef int _check_target(self, int target, Py_ssize_t disp) except -1:
         if not 0 <= target < self.size:
@@ -1397,231 +1289,62 @@ cdef class SlotWindow:
             raise ConfigError(f"offset {disp} is not an int64 word of rank {target}'s window")
         return 0
 
+    cdef int _check_local_word(self, Py_ssize_t disp) except -1:
+        if not 0 <= disp <= self.total_bytes - 8 or disp % 8:
+            raise ConfigError(f"offset {disp} is not an int64 word of this window")
+        return 0
+
     # ------------------------------------------------------------------ waiting
-
-    cdef int _sync(self) except -1 nogil:
-        """Order this process's loads and stores of its memory with what MPI and other
-        processes wrote there (the store's barrier, _sync_window or _fence_only)."""
-        return self.store.sync(self.store.sync_ctx)
-
-    cdef int _progress(self) except -1 nogil:
-        # On network paths a put into this window may only complete when this rank calls
-        # into MPI; MPI_Win_sync is just a memory barrier on MPICH, so poke the engine.
-        # (A mailbox, which nothing reaches one-sidedly, pumps its messages instead.)
-        cdef int flag = 0
-        if self.rma:
-            CHKERR(MPI_Win_flush(self.rank, self.win), "MPI_Win_flush")
-        CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.comm, &flag, MPI_STATUS_IGNORE),
-               "MPI_Iprobe")
-        return 0
-
-    cdef int _settle_pending(self, long polls) except -1 nogil:
-        """In a wait that has lasted poll_yields polls: complete this rank's pending
-        notifies and acks, this window's and every other window's of the process, so
-        that no rank waits while a neighbour waits for one of its words."""
-        if polls < self.poll_yields:
-            return 0
-        self.words.settle(self.flush_timeout)
-        if _n_pending or _n_mailbox:
-            # this window pumps in its own wait (its loop or _idle's _progress)
-            _settle_all(self.flush_timeout, False, <PyObject *>self)
-        return 0
-
-    cdef int _idle(self, long *polls, double t0, double timeout,
-                   bint pumped=False) except -1 nogil:
-        """Between two unsuccessful polls: drive progress (unless the caller's poll
-        did: `pumped`), then back off.  Returns 1 once `timeout` seconds have passed
-        since t0; raises what a signal's handler raises (KeyboardInterrupt) once the
-        wait has lasted SIGNAL_CHECK_S."""
-        cdef double t = asap_now()
-        cdef int flag = 0
-        self._settle_pending(polls[0])
-        if not pumped:
-            self._progress()
-        if self.watched != MPI_COMM_NULL and polls[0] >= self.poll_yields:
-            # fault tolerance: a failure or revocation anywhere ends the wait; probed
-            # once the wait sleeps between polls (past its poll_yields yields), so that
-            # the short waits of a healthy run make no MPI call more
-            CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, self.watched, &flag,
-                              MPI_STATUS_IGNORE), "MPI_Iprobe")
-        if t - t0 > timeout:
-            return 1
-        asap_backoff(polls[0], self.poll_yields, self.poll_max_sleep_us,
-                     self.poll_slack_ns)
-        polls[0] += 1
-        self.wait_seconds += asap_now() - t
-        if t - t0 > SIGNAL_CHECK_S and t - _signals_checked > SIGNAL_CHECK_S:
-            _check_signals(t)
-        return 0
-
-    cdef int _wait_local(self, int n, bint at_least, double timeout) except -1 nogil:
-        """Wait until each local word wait_offs[i] equals (or, atomically read, is at
-        least) wait_expected[i].  Returns 0, or 1 on timeout."""
-        cdef long polls = 0
-        cdef double t0 = asap_now()
-        cdef int i
-        cdef int64_t value
-        cdef bint done
-        while True:
-            self._pump()        # a message stamped now is seen before any back-off
-            self._sync()
-            done = True
-            self.wait_least = INT64_MAX
-            for i in range(n):
-                if at_least:
-                    value = self._own_word(self.wait_offs[i])
-                    if value < self.wait_expected[i]:
-                        done = False
-                        break
-                    if value < self.wait_least:
-                        self.wait_least = value
-                elif asap_load_i64(self.base + self.wait_offs[i]) != self.wait_expected[i]:
-                    done = False
-                    break
-            if done:
-                self._sync()
-                return 0
-            if self._idle(&polls, t0, timeout, self.pump_progresses):
-                return 1
-
-    cdef _raise_timeout(self, str what, int n, const int *ranks, double timeout,
-                        bint at_least=False):
-        cdef Py_ssize_t rel, sender
-        waiting, expected, observed = [], [], []
-        for i in range(n):
-            value = asap_load_i64(self.base + self.wait_offs[i])
-            if (value < self.wait_expected[i]) if at_least else (value != self.wait_expected[i]):
-                waiting.append(ranks[i])
-                expected.append(self.wait_expected[i])
-                # a notify word of rotating slots (depth > 1) holds the version that slot
-                # had before: the sender's last version is the newest of its slots, or
-                # the newest this rank reduced (a message engine stamps the slots, not
-                # these words)
-                rel = self.wait_offs[i] - self.off_notify
-                if 0 <= rel < 8 * self.n_in * self.depth:
-                    sender = (rel // 8) // self.depth
-                    value = max([value, self.store._last_version[sender]]
-                                + [self._own_word(self.off_notify + 8 * (sender * self.depth + s))
-                                   for s in range(self.depth)])
-                observed.append(value)
-        if not waiting:
-            return  # everything arrived just as the time ran out: not a timeout
-        raise NeighbourTimeoutError(self.rank, what, waiting, expected, observed, timeout)
+    #
+    # The waits' and collectives' calls (waits.pxi, collectives.pxi), checked here.
 
     def wait_notifies(self, int64_t version, double timeout, bint at_least=False):
         """Wait until every in-neighbour published `version` in its notify word (or, with
         at_least, any version >= it, read atomically: for writers that may run ahead)."""
         self._check_alive()
-        self._await_notifies(version, timeout, at_least)
-
-    cdef int _await_notifies(self, int64_t version, double timeout,
-                             bint at_least) except -1:
-        # wait_notifies(), also await_()'s
-        cdef int i
-        cdef int r
-        cdef Py_ssize_t slot
-        self._check_version(version)
-        slot = version % self.depth
-        for i in range(self.n_in):
-            self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
-            self.wait_expected[i] = version
-        with nogil:
-            asap_watchdog_waiting(b"the notify", version, self.in_desc)
-            r = self._wait_local(self.n_in, at_least, timeout)
-            asap_watchdog_waiting(NULL, 0, NULL)
-        if r:
-            self._raise_timeout(f"the notify of version {version}", self.n_in,
-                                self._in, timeout, at_least)
-        return 0
+        self.waits.notifies(version, timeout, at_least)
 
     def wait_acks(self, int64_t version, double timeout, bint at_least=False):
         """Wait until every out-neighbour acknowledged `version` (0: nothing to wait for),
         or, with at_least, wrote any value >= it (read atomically: Hop's tokens)."""
         self._check_alive()
-        self._await_acks(version, timeout, at_least)
-
-    cdef int _await_acks(self, int64_t version, double timeout, bint at_least) except -1:
-        # wait_acks(), also deliver()'s
-        cdef int j
-        cdef int r
-        if version <= 0:
-            return 0
-        for j in range(self.n_out):
-            self.wait_offs[j] = self.off_ack + 8 * j
-            self.wait_expected[j] = version
-        with nogil:
-            asap_watchdog_waiting(b"the ack", version, self.out_desc)
-            r = self._wait_local(self.n_out, at_least, timeout)
-            asap_watchdog_waiting(NULL, 0, NULL)
-        if r:
-            self._raise_timeout(f"the ack of version {version}", self.n_out, self._out,
-                                timeout, at_least)
-            if at_least:
-                # everything arrived just as the time ran out: the words read again
-                with nogil:
-                    self._read_least_ack()
-        return 0
-
-    cdef int _read_least_ack(self) except -1 nogil:
-        # wait_least: the smallest of this rank's ack words, each read atomically
-        cdef int j
-        self.wait_least = INT64_MAX
-        for j in range(self.n_out):
-            self.wait_least = min(self.wait_least, self._own_word(self.off_ack + 8 * j))
-        return 0
-
-    cdef int64_t _await_released(self, int64_t version, double timeout) except? -1:
-        # await_'s RELEASED: the token wait, then the smallest release its last poll
-        # read (the same atomic reads: nothing more per step)
-        if self.n_out == 0:
-            return 1 << 62
-        if version > 0:
-            self._await_acks(version, timeout, True)
-            return self.wait_least
-        with nogil:
-            self._pump()        # the words messages feed: as fresh as they can be
-            self._read_least_ack()
-        return self.wait_least
+        self.waits.acks(version, timeout, at_least)
 
     def wait_notifies_count(self, int64_t version, int min_count, double timeout):
         """Wait until at least `min_count` in-neighbours published exactly `version`
         (backup workers); return how many had when the wait ended."""
-        cdef int r = 0
-        cdef int got = 0
-        cdef Py_ssize_t slot
         self._check_alive()
-        self._check_version(version)
-        if not 0 <= min_count <= self.n_in:
-            raise ConfigError(f"min_count {min_count} outside 0..{self.n_in}")
-        slot = version % self.depth
-        with nogil:
-            asap_watchdog_waiting(b"the notify", version, self.in_desc)
-            r = self._wait_count(version, slot, min_count, timeout, &got)
-            asap_watchdog_waiting(NULL, 0, NULL)
-        if r:
-            self._raise_timeout(f"the notify of version {version} (at least {min_count} of "
-                                f"{self.n_in})", self.n_in, self._in, timeout)
-        return got
+        return self.waits.count(version, min_count, timeout)
 
-    cdef int _wait_count(self, int64_t version, Py_ssize_t slot, int min_count,
-                         double timeout, int *got) except -1 nogil:
-        cdef long polls = 0
-        cdef double t0 = asap_now()
-        cdef int i
-        for i in range(self.n_in):
-            self.wait_offs[i] = self.off_notify + 8 * (i * self.depth + slot)
-            self.wait_expected[i] = version
-        while True:
-            self._pump()
-            self._sync()
-            got[0] = 0
-            for i in range(self.n_in):
-                if asap_load_i64(self.base + self.wait_offs[i]) == version:
-                    got[0] += 1
-            if got[0] >= min_count:
-                return 0
-            if self._idle(&polls, t0, timeout, self.pump_progresses):
-                return 1
+    def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
+        """Wait until the local word at `disp`, read atomically, is >= `at_least`
+        (NeighbourTimeoutError naming `from_rank`, who writes it)."""
+        self._check_alive()
+        self._check_local_word(disp)
+        self.waits.user_words([disp], at_least, timeout, [from_rank])
+
+    def wait_words(self, disps, int64_t at_least, double timeout, from_ranks):
+        """wait_word for several local words at once (one pump per poll for all): until
+        the word at each of `disps`, read atomically, is >= `at_least`.  At most
+        max(n_in, n_out, user words) words; NeighbourTimeoutError names the
+        `from_ranks` (one per word: who writes it) whose words lag."""
+        self._check_alive()
+        for disp in disps:
+            self._check_local_word(disp)
+        self.waits.user_words(disps, at_least, timeout, from_ranks)
+
+    def wait_newest(self, int64_t at_most, int64_t at_least, double timeout):
+        """Wait until every in-neighbour has a completed version in [at_least, at_most]
+        (Hop's bounded staleness: block only on neighbours with nothing recent enough);
+        return the newest such version per in-neighbour."""
+        self._check_alive()
+        return self.waits.newest(at_most, at_least, timeout)
+
+    def newest_versions(self, int64_t at_most):
+        """Per in-neighbour, the newest version <= at_most whose write completed (its
+        notify word, read atomically over all `depth` slots); 0 if none."""
+        self._check_alive()
+        return self.waits.newest_versions(at_most)
 
     def barrier(self, double timeout=-1.0, int64_t version=0):
         """The BSP baseline's global barrier on the window's communicator: MPI_Ibarrier
@@ -1629,64 +1352,18 @@ cdef class SlotWindow:
         (NeighbourTimeoutError after `timeout` seconds; < 0: flush_timeout), not a hang.
         A barrier that timed out is completed by the next barrier or allgather, or by
         free(), once the late ranks reach it."""
-        cdef MPI_Request req
-        cdef int r = 0
-        cdef double t0
         self._check_alive()
-        if timeout < 0:
-            timeout = self.flush_timeout
-        self._finish_late(timeout)
-        with nogil:
-            t0 = asap_now()
-            CHKERR(MPI_Ibarrier(self.comm, &req), "MPI_Ibarrier")
-            r = self._complete(&req, t0, timeout)
-        if r:
-            self._late = req
-            self._collective_timeout(f"the barrier of version {version}", version, timeout)
+        self.coll.barrier(timeout, version)
 
-    def wait_word(self, Py_ssize_t disp, int64_t at_least, double timeout, int from_rank=-1):
-        """Wait until the local word at `disp`, read atomically, is >= `at_least`."""
-        cdef int r
-        cdef int who = from_rank
+    def allgather_doubles(self, values, double timeout=-1.0):
+        """Collective over the window's communicator: every rank's `values` (the same
+        count on every rank), as an array (size, count).  An MPI_Iallgather polled with
+        backoff: a rank that never arrives is a NeighbourTimeoutError after `timeout`
+        seconds (< 0: flush_timeout), not a hang."""
         self._check_alive()
-        self._check_local_word(disp)
-        self.wait_offs[0] = disp
-        self.wait_expected[0] = at_least
-        with nogil:
-            r = self._wait_local(1, True, timeout)
-        if r:
-            raise NeighbourTimeoutError(self.rank, f"word at offset {disp} to reach {at_least}",
-                                        [who], [at_least], [self.local_word(disp)], timeout)
+        return self.coll.allgather_doubles(values, timeout)
 
-    def wait_words(self, disps, int64_t at_least, double timeout, from_ranks):
-        """wait_word for several local words at once (one pump per poll for all): until
-        the word at each of `disps`, read atomically, is >= `at_least`.  At most
-        max(n_in, n_out, user words) words; NeighbourTimeoutError names the
-        `from_ranks` (one per word: who writes it) whose words lag."""
-        cdef int n = len(disps)
-        cdef int most = max(self.n_in, self.n_out, self.n_user, 1)
-        cdef int i, r
-        cdef int *who
-        self._check_alive()
-        if len(from_ranks) != n or not 1 <= n <= most:
-            raise ConfigError(f"wait_words takes 1 to {most} words, one writer rank "
-                              f"each; got {n} words and {len(from_ranks)} ranks")
-        for i in range(n):
-            self._check_local_word(disps[i])
-            self.wait_offs[i] = disps[i]
-            self.wait_expected[i] = at_least
-        with nogil:
-            r = self._wait_local(n, True, timeout)
-        if r:
-            who = <int *>calloc(n, sizeof(int))
-            if who == NULL:
-                raise MemoryError()
-            try:
-                for i in range(n):
-                    who[i] = from_ranks[i]
-                self._raise_timeout(f"words to reach {at_least}", n, who, timeout, True)
-            finally:
-                free(who)
+    # ------------------------------------------------------------------ slots
 
     def ack_offset(self, int out_index):
         """Offset of the word out-neighbour `out_index` writes (acks, Hop's progress)."""
@@ -1694,24 +1371,13 @@ cdef class SlotWindow:
             raise ConfigError(f"out-neighbour index {out_index} outside 0..{self.n_out - 1}")
         return self.off_ack + 8 * out_index
 
-    def local_word(self, Py_ssize_t disp):
-        """Atomic load of the int64 word at `disp` in this rank's own window."""
-        self._check_alive()
-        self._check_local_word(disp)
-        return asap_load_i64(self.base + disp)
-
-    cdef int _check_local_word(self, Py_ssize_t disp) except -1:
-        if not 0 <= disp <= self.total_bytes - 8 or disp % 8:
-            raise ConfigError(f"offset {disp} is not an int64 word of this window")
-        return 0
-
     def slot_offset(self, int in_index, int64_t version):
         """Offset of the header of in-neighbour `in_index`'s slot for `version` (the
         shared and newest-version transports, whose slots are not at a fixed place in
         this window, refuse)."""
         if not 0 <= in_index < self.n_in:
             raise ConfigError(f"in-neighbour index {in_index} outside 0..{self.n_in - 1}")
-        self._check_version(version)
+        _check_version(version)
         return self.off_slots + (in_index * self.depth + version % self.depth) * self.slot_stride
 
     def payload(self, int in_index, int64_t version):
@@ -1722,227 +1388,42 @@ cdef class SlotWindow:
         return memoryview(_SlotPayload(self, self.slot_offset(in_index, version) + HEADER_BYTES))
 
     # ------------------------------------------------------------------ reducing
+    #
+    # The reader's calls (reads.pxi, where each is described), checked here.
 
     def reduce(self, buf, double w_self, double[::1] weights not None, int64_t expected,
                int64_t min_version, int64_t max_version, bint seqlock=False,
                bint checksum=False, bint renormalize=False, bint require_all=False,
                bint only_notified=False, own=None):
-        """buf = w_self*buf + sum_i weights[i]*slot_i, over the usable inputs, in one pass.
-
-        Reads slot `expected % depth` of every in-neighbour.  An input is usable when its
-        header and footer agree (and the checksum, if asked), with a version in
-        [min_version, max_version]; status CONSISTENT/TORN/STALE/AHEAD is counted per
-        sender against `expected`.  With `renormalize` the weights of usable inputs are
-        scaled to keep their sum.  seqlock: the slots may be written during the read.
-        With seqlock or checksum, an input that changed during the read or fails its
-        checksum is dropped and the reduce recomputed from a copy of buf; otherwise a
-        slot whose header moved during the read raises ProtocolError (buf then holds
-        that input's contribution: in ordered mode that check is best effort; a checksum
-        finds a payload torn under an unchanged header, up to 64-bit collisions).
-        require_all: if any input is not usable, before the pass or (seqlock, checksum)
-        after it, raise ProtocolError with buf as it was (restored from the copy when
-        the failure was found after the pass).  only_notified: inputs whose notify word
-        for this slot is not `expected` are not read at all (counted stale): their
-        sender may be writing them.
-        own: this rank's own input, when it is not buf (buf = w_self*own + ...: a
-        double-buffered Exchange reduces its current slot into the other one).
-        Returns the number of inputs reduced.
-        """
-        cdef Py_buffer view
-        cdef Py_buffer own_view
-        cdef const char *own_ptr
-        cdef bint own_held = False
-        cdef int r, i
+        """buf = w_self*buf (or own) + sum_i weights[i]*slot_i over the usable inputs,
+        verified, in one pass (SlotReader.reduce); the number of inputs reduced."""
         self._check_alive()
-        self._check_version(expected)
-        if weights.shape[0] != self.n_in:
-            raise ConfigError(f"{weights.shape[0]} weights for {self.n_in} in-neighbours")
-        with nogil:
-            self._pump()        # a reduce that never waits (async's) sees what arrived
-        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
-        try:
-            if view.len != self.nbytes:
-                raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
-                                  f"{self.nbytes}")
-            own_ptr = <const char *>view.buf
-            if own is not None:
-                PyObject_GetBuffer(own, &own_view, PyBUF_ANY_CONTIGUOUS)
-                own_held = True
-                if own_view.len != self.nbytes:
-                    raise ConfigError(f"own has {own_view.len} bytes but the window's slots "
-                                      f"hold {self.nbytes}")
-                own_ptr = <const char *>own_view.buf
-            if (seqlock or checksum) and own_ptr == <const char *>view.buf:
-                self.store.keep_copies()
-            for i in range(self.n_in):
-                self.store.exp_v[i] = expected
-            with nogil:
-                r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
-                                 min_version, max_version, False, seqlock, checksum,
-                                 renormalize, require_all, only_notified, own_ptr)
-        finally:
-            PyBuffer_Release(&view)
-            if own_held:
-                PyBuffer_Release(&own_view)
-        if r == -1:
-            torn = [self._in[i] for i in range(self.n_in) if self.store.status[i] == TORN]
-            raise ProtocolError(f"rank {self.rank}: the slot(s) of rank(s) {torn} changed while "
-                                f"version {expected} was read; a writer did not wait for its "
-                                f"ack (the reduced buffer is not valid)")
-        if r == -3:
-            bad = {self._in[i]: STATUS_NAMES[self.store.status[i]] for i in range(self.n_in)
-                   if not self.store.used[i]}
-            raise ProtocolError(f"rank {self.rank}: version {expected} from rank(s) "
-                                f"{sorted(bad)} was not usable ({bad}); nothing was reduced, "
-                                f"the buffer is unchanged (a peer broke the protocol)")
-        return r
+        return self.reader.reduce(buf, w_self, weights, expected, min_version,
+                                  max_version, seqlock, checksum, renormalize,
+                                  require_all, only_notified, own)
 
     def reduce_versions(self, buf, double w_self, double[::1] weights not None,
                         int64_t[::1] versions not None, bint checksum=False,
                         bint renormalize=True):
         """buf = w_self*buf + sum_i weights[i]*(version versions[i] of in-neighbour i),
-        each input verified (header == footer == its version); versions[i] <= 0 skips
-        input i.  Inputs that fail are dropped and the reduce recomputed (a copy of buf is
-        kept), with the weights of the rest renormalized unless renormalize is false.
-        Returns the number of inputs reduced."""
-        cdef Py_buffer view
-        cdef int r, i
+        each verified (SlotReader.reduce_versions); the number of inputs reduced."""
         self._check_alive()
-        if weights.shape[0] != self.n_in or versions.shape[0] != self.n_in:
-            raise ConfigError(f"need {self.n_in} weights and versions, got "
-                              f"{weights.shape[0]} and {versions.shape[0]}")
-        with nogil:
-            self._pump()        # a reduce that never waits (async's) sees what arrived
-        PyObject_GetBuffer(buf, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
-        try:
-            if view.len != self.nbytes:
-                raise ConfigError(f"buffer has {view.len} bytes but the window's slots hold "
-                                  f"{self.nbytes}")
-            self.store.keep_copies()
-            for i in range(self.n_in):
-                self.store.exp_v[i] = versions[i]
-            with nogil:
-                r = self._reduce(<char *>view.buf, w_self, &weights[0] if self.n_in else NULL,
-                                 0, 0, True, True, checksum, renormalize, False, False,
-                                 <const char *>view.buf)
-        finally:
-            PyBuffer_Release(&view)
-        return r
-
-    def wait_newest(self, int64_t at_most, int64_t at_least, double timeout):
-        """Wait until every in-neighbour has a completed version in [at_least, at_most]
-        (Hop's bounded staleness: block only on neighbours with nothing recent enough);
-        return the newest such version per in-neighbour."""
-        cdef long polls = 0
-        cdef double t0
-        cdef bint done
-        cdef int i
-        self._check_alive()
-        t0 = asap_now()
-        while True:
-            versions = self.newest_versions(at_most)
-            if self.n_in == 0 or versions.min() >= at_least:
-                return versions
-            with nogil:
-                done = self._idle(&polls, t0, timeout)
-            if done:
-                late = [i for i in range(self.n_in) if versions[i] < at_least]
-                raise NeighbourTimeoutError(
-                    self.rank, f"an update of version >= {at_least}",
-                    [self._in[i] for i in late], [at_least] * len(late),
-                    [int(versions[i]) for i in late], timeout)
-
-    def newest_versions(self, int64_t at_most):
-        """Per in-neighbour, the newest version <= at_most whose write completed (its
-        notify word, read atomically over all `depth` slots); 0 if none."""
-        cdef int i, s
-        cdef int64_t best
-        self._check_alive()
-        out = np.zeros(self.n_in, dtype=np.int64)
-        cdef int64_t[::1] o = out
-        cdef int64_t word
-        with nogil:
-            self._pump()
-            for i in range(self.n_in):
-                best = 0
-                for s in range(self.depth):
-                    word = self._own_word(self.off_notify + 8 * (i * self.depth + s))
-                    if best < word <= at_most:
-                        best = word
-                o[i] = best
-        return out
-
-    cdef int _reduce(self, char *out, double w_self, const double *weights,
-                     int64_t min_version, int64_t max_version, bint exact_each, bint seqlock,
-                     bint checksum, bint renormalize, bint require_all,
-                     bint only_notified, const char *own_in) except -2 nogil:
-        # The channel's part of a reduce: make the slots' memory visible, then point the
-        # store at the slot of version store.exp_v[i] of each in-neighbour (NULL with
-        # only_notified when its notify word is not that version: its sender may be
-        # writing it); the store verifies and reduces (slotstore.pxi).
-        self._point(only_notified)
-        return self.store.reduce(out, w_self, weights, min_version, max_version, exact_each,
-                            seqlock, checksum, renormalize, require_all, own_in)
-
-    cdef int _point(self, bint only_notified) except -1 nogil:
-        # make the slots' memory visible, then point the store at each in-neighbour's
-        # slot of version exp_v[i] (NULL with only_notified when its notify word is not
-        # that version: its sender may be writing it)
-        cdef int i
-        cdef Py_ssize_t slot
-        self._sync()
-        for i in range(self.n_in):
-            slot = self.store.exp_v[i] % self.depth
-            if only_notified and asap_load_i64(
-                    self.base + self.off_notify + 8 * (i * self.depth + slot)) != self.store.exp_v[i]:
-                self.store.hdr[i] = NULL
-            else:
-                self.store.hdr[i] = self._slot(i, slot)
-        return 0
+        return self.reader.reduce_versions(buf, w_self, weights, versions, checksum,
+                                           renormalize)
 
     def read_begin(self, int64_t[::1] versions not None, int64_t min_version,
                    int64_t max_version, bint exact_each=False, bint require_all=False,
                    bint only_notified=False):
-        """The first half of a reduce made elsewhere (on a device: asapmpi.device):
-        the checks a reduce makes before it reads any payload, on the slot of
-        version versions[i] of each in-neighbour (usable as in reduce(), or exactly
-        versions[i] > 0 with exact_each).  Returns each input's payload address to
-        read (uint64; 0: not to be read); ProtocolError with require_all when an input
-        is not usable.  Copy the payloads out, then call read_end() before using them."""
-        cdef int i, r
+        """The first half of a reduce made elsewhere (SlotReader.read_begin): each
+        input's payload address to copy out (0: not to be read)."""
         self._check_alive()
-        if versions.shape[0] != self.n_in:
-            raise ConfigError(f"need {self.n_in} versions, got {versions.shape[0]}")
-        with nogil:
-            self._pump()        # a reduce that never waits (async's) sees what arrived
-        for i in range(self.n_in):
-            self.store.exp_v[i] = versions[i]
-        with nogil:
-            self._point(only_notified)
-            r = self.store.check(min_version, max_version, exact_each, require_all)
-        if r == -3:
-            bad = {self._in[i]: STATUS_NAMES[self.store.status[i]] for i in range(self.n_in)
-                   if not self.store.used[i]}
-            raise ProtocolError(f"rank {self.rank}: version(s) {list(versions)} from rank(s) "
-                                f"{sorted(bad)} were not usable ({bad}); nothing was "
-                                f"reduced, the buffer is unchanged (a peer broke the "
-                                f"protocol)")
-        addresses = np.zeros(self.n_in, dtype=np.uint64)
-        for i in range(self.n_in):
-            if self.store.used[i]:
-                addresses[i] = <uint64_t>(<uintptr_t>(self.store.hdr[i] + HEADER_BYTES))
-        return addresses
+        return self.reader.read_begin(versions, min_version, max_version, exact_each,
+                                      require_all, only_notified)
 
     def read_end(self):
-        """The second half of a reduce made elsewhere, once the payloads read_begin
-        named were copied out: the barrier, then each read slot's header again.
-        Returns the indices of the inputs whose slot changed during the copy (dropped,
-        counted torn: their copies must not be used); the statuses are counted."""
-        cdef int i
-        before = [i for i in range(self.n_in) if self.store.used[i]]
-        with nogil:
-            self.store.recheck()
-        return [i for i in before if not self.store.used[i]]
+        """The second half (SlotReader.read_end): the indices of the inputs whose slot
+        changed during the copy."""
+        return self.reader.read_end()
 
     # ------------------------------------------------------------------ introspection
 

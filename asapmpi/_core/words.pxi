@@ -20,7 +20,7 @@
 # Words never poll (a one-sided flush blocks in MPI under the watchdog): a write that
 # needs a free request says so (word_send_free), and the channel's waits, which drive
 # progress and back off, do the waiting.  A channel owns
-# its words (SlotWindow.words, made by _make_words, filled in by _bind_words) and lends
+# its words (SlotWindow.words, made by _make_words, bound by SlotChannel._bind_parts) and lends
 # them its arrays for its life; nothing else holds them.
 
 
@@ -69,6 +69,51 @@ cdef class Words:
     cdef int forget(self) noexcept nogil:
         """Out of the process's list of words to settle (the window goes)."""
         return 0
+
+    # The words of another rank's window, read or written one-sidedly: only
+    # OneSidedWords can; a channel calls check_remote first, which refuses the rest
+    # with the line that says what to change.
+
+    cdef int check_remote(self, str what, int target, str transport) except -1:
+        """ConfigError unless `what` (on `target`; -1: on any rank, this one included)
+        can be done with these words: a word of this rank's own needs no window."""
+        if target != self.rank:
+            raise ConfigError(f"{what} needs an MPI window, and the {transport} "
+                              f"transport moves everything by message (a mailbox writes "
+                              f"words with write_words and reads them with wait_word or "
+                              f"local_word): for one-sided words create the Exchange "
+                              f"with transport='put'")
+        return 0
+
+    cdef int64_t accumulate(self, int target, MPI_Aint disp, int64_t value,
+                            MPI_Op op) except? -1 nogil:
+        """Atomically combine `value` into `target`'s word at `disp` (flushed); the
+        word's old value."""
+        with gil:
+            self.check_remote("an accumulate", -1, "")
+        return -1
+
+    cdef int64_t compare_and_swap(self, int target, MPI_Aint disp, int64_t compare,
+                                  int64_t value) except? -1 nogil:
+        """`target`'s word at `disp` set to `value` if it equals `compare` (flushed);
+        its old value."""
+        with gil:
+            self.check_remote("a compare-and-swap", -1, "")
+        return -1
+
+    cdef int64_t fetch_one(self, int target, MPI_Aint disp) except? -1 nogil:
+        """`target`'s word at `disp`, read atomically."""
+        with gil:
+            self.check_remote("an atomic read", -1, "")
+        return -1
+
+    cdef int fetch_many(self, int target, MPI_Aint disp, int64_t *out,
+                        int count) except -1 nogil:
+        """`count` words of `target` from `disp`, each read atomically, in one round
+        trip."""
+        with gil:
+            self.check_remote("an atomic read", -1, "")
+        return -1
 
 
 cdef class OneSidedWords(Words):
@@ -121,7 +166,7 @@ cdef class OneSidedWords(Words):
         return LAZY_WORDS * (1 + max(self.n_in, self.n_out, 1))
 
     cdef int bound(self, MPI_Win win, str transport) except -1:
-        """The window exists (SlotWindow._bind_words set the rest): its handle, its
+        """The window exists (SlotChannel._bind_parts set the rest): its handle, its
         channel's name, and the lazy words' origin and result buffers."""
         self.win = win
         self.transport = transport
@@ -166,7 +211,7 @@ cdef class OneSidedWords(Words):
         # protocol needs.  Each word gets its own origin buffer, untouched until
         # completion; completion comes with the window's next flush_all (the next put,
         # or a word issued while LAZY_WORDS are pending, below), with any wait of this
-        # process once it has lasted poll_yields polls (SlotWindow._settle_pending),
+        # process once it has lasted poll_yields polls (Waits.settle_pending),
         # before asapmpi's collectives (settle_all) or at free(): a rank that waits on
         # a neighbour for longer than poll_yields polls holds no incomplete word of its
         # own.
@@ -243,6 +288,13 @@ cdef class OneSidedWords(Words):
                                     disp, self.win), "MPI_Compare_and_swap")
         self._flush(target, b"MPI_Win_flush after a compare-and-swap")
         return old
+
+    cdef int check_remote(self, str what, int target, str transport) except -1:
+        return 0
+
+    cdef int64_t fetch_one(self, int target, MPI_Aint disp) except? -1 nogil:
+        self.fetch(target, disp)
+        return self.word_in
 
     cdef int fetch(self, int target, MPI_Aint disp) except -1 nogil:
         """`target`'s word at `disp`, read atomically, into word_in."""

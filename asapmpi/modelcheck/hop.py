@@ -26,7 +26,7 @@ Rank r in iteration k (entered at creation for k = 1):
          iteration T is entered
   DONE   once r completed the run's iterations: free() settles its words
 
-A waiting rank may settle its words in flight (_settle_pending) unless the variant is
+A waiting rank may settle its words in flight (Waits.settle_pending) unless the variant is
 "no-settle".  Broken variants: "skip-uncapped" (the jump without its cap max_gap + 1,
 the deadlock found in review) and "shallow" (one slot too few: depth = max_gap + s).
 """

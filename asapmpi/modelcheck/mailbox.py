@@ -14,7 +14,7 @@ Writer s, put(k) (_send):
 Reader r:
   _open  per in-neighbour and slot d: _post_slot (notify, header, footer := 0, then
          MPI_Irecv(slot, tag d)); per out-neighbour a token receive
-  pump   (every wait: _wait_local, _wait_count, newest_versions, the reduce's first
+  pump   (every wait: Waits.local, Waits._count, newest_versions, the reduce's first
          statement, _wait_stage and the barrier's polls): every receive MPI completed
          is stamped (_arrived: footer, header and notify := the trailer's version);
          every token that arrived raises the ack word (max) and its receive is

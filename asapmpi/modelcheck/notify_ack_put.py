@@ -13,7 +13,7 @@ Step k of rank r, as the code runs it:
          header checked again; then ack k to every in-neighbour, lazily
   DONE   after the last step: free() settles the words still in flight
 
-While a wait is unsatisfied the rank may settle its words in flight (_settle_pending
+While a wait is unsatisfied the rank may settle its words in flight (Waits.settle_pending
 after poll_yields polls), unless the variant is "no-settle" (the defect of a wait that
 never flushes them).  "ignore-acks" is NotifyAckIgnoringAcks: no ack wait, a seqlock
 write (header, flush, payload, flush, footer, flush: SEQ_H, SEQ_P), notifies waited for

@@ -47,7 +47,7 @@ class OneSidedModel(Model):
             raise ValueError(f"landings {landings!r} not in {LANDINGS}")
         super().__init__(graph, iterations, properties, symmetry)
         self.landings = landings
-        #: whether a wait settles its words in flight (_settle_pending); False is the
+        #: whether a wait settles its words in flight (Waits.settle_pending); False is the
         #: defect of a wait that never flushes them
         self.settles = settle
 
@@ -84,7 +84,7 @@ class OneSidedModel(Model):
         return out
 
     def _settle(self, state: tuple, r: int) -> List[tuple]:
-        # _settle_pending: a wait that has lasted poll_yields polls flushes r's words
+        # Waits.settle_pending: a wait that has lasted poll_yields polls flushes r's words
         what = self.waiting_for(state, r)
         if what is None or not self.settles or not self.words.pending(state, r):
             return []

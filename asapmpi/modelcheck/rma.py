@@ -3,7 +3,7 @@
 Words (notify, ack, Hop's token counters) are written with MPI_Fetch_and_op(REPLACE)
 and not flushed on their own (words.pxi, OneSidedWords._lazy): a word becomes visible at its
 target at some point MPI chooses, at the latest when its origin flushes (its next
-put's MPI_Win_flush_all, or _settle_pending in a wait that has lasted poll_yields
+put's MPI_Win_flush_all, or Waits.settle_pending in a wait that has lasted poll_yields
 polls, or free()).  Words from one origin to one word land in the order issued
 (accumulate_ordering), words to different places in any order.  So every pending word
 is a cell holding the values still in flight, landed one at a time, oldest first.

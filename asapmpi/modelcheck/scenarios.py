@@ -216,7 +216,7 @@ SCENARIOS: List[Scenario] = [
     _s("hop", "complete:2", 2, "no-settle", quick=True, max_gap=1, prop="deadlock",
        **BROKEN),
     _s("hop", "complete:2", 2, "no-settle", quick=True, max_gap=1, staleness=0,
-       prop="deadlock", note="wait_newest without _settle_pending (fixed in 5bde6b8)",
+       prop="deadlock", note="wait_newest without Waits.settle_pending (fixed in 5bde6b8)",
        **BROKEN),
     _s("hop", "ring:3", 3, "shallow", quick=True, max_gap=1, staleness=1, prop="overlap",
        note="depth max_gap + s: the writer reaches the slot of v - s", **BROKEN),

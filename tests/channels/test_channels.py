@@ -146,6 +146,51 @@ def test_every_window_class_has_the_channel_verbs():
             assert callable(getattr(cls, verb)), (channel.window, verb)
 
 
+#: the most lines one class of asapmpi/_core may have (mpi4py's Win is about 800)
+MOST_LINES_PER_CLASS = 800
+
+
+def _core_classes(text: str):
+    """(name, lines) of every `cdef class` in a Cython source: from its line to the
+    next line that starts at column 0 and is not blank or a comment."""
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        found = re.match(r"cdef class (\w+)", line)
+        if not found:
+            continue
+        end = i + 1
+        while end < len(lines) and (not lines[end] or lines[end][0] in " #"):
+            end += 1
+        while end > i + 1 and not lines[end - 1].strip():
+            end -= 1
+        out.append((found.group(1), end - i))
+    return out
+
+
+def test_no_class_of_the_core_is_over_800_lines_and_none_tests_its_memory_kind():
+    core = ROOT / "asapmpi" / "_core"
+    sizes = {}
+    for path in sorted(core.glob("*.pyx")) + sorted(core.glob("*.pxi")):
+        for name, n in _core_classes(path.read_text()):
+            sizes[name] = n
+    assert {"SlotChannel", "SlotWindow", "Waits", "WindowMemory"} <= set(sizes)
+    big = {name: n for name, n in sizes.items() if n > MOST_LINES_PER_CLASS}
+    assert not big, f"classes over {MOST_LINES_PER_CLASS} lines: {big}"
+    # the channels' base and the parts never branch on which memory a channel has:
+    # the memory's own methods do what differs (memory.pxi); the one isinstance is the
+    # `rma` property that reports it
+    for name in ("slotwin.pyx", "waits.pxi", "collectives.pxi", "reads.pxi"):
+        text = (core / name).read_text()
+        assert "self.rma" not in text, name
+        assert text.count("isinstance(self.mem") == (name == "slotwin.pyx"), name
+
+
+def test_the_class_size_check_counts_a_class_to_its_end():
+    text = "cdef class A:\n    x\n\n    # c\n    y\n\n\ncdef f():\n    pass\n"
+    assert _core_classes(text) == [("A", 5)]
+
+
 def test_the_static_check_catches_a_transport_flag(tmp_path):
     # the check above, on a policy written the old way
     bad = tmp_path / "bad.py"
