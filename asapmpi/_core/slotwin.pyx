@@ -705,8 +705,8 @@ cdef class SlotChannel:
         waits.settle_timeout = self.flush_timeout
         self.coll.comm, self.coll.rank, self.coll.size = self.comm, self.rank, self.size
         self.coll.timeout = self.flush_timeout
-        self.reader.store, self.reader.rank, self.reader.n_in = self.store, self.rank, self.n_in
-        self.reader.nbytes, self.reader._in = self.nbytes, self._in
+        self.reader.store, self.reader.rank = self.store, self.rank
+        self.reader.n_in, self.reader.nbytes, self.reader._in = self.n_in, self.nbytes, self._in
         return 0
 
     cdef int _open(self) except -1:

@@ -123,7 +123,8 @@ cdef class Waits:
         cdef int64_t value
         cdef bint done
         while True:
-            (<SlotChannel>self.channel)._pump()          # a message stamped now is seen before any back-off
+            # a message stamped now is seen before any back-off
+            (<SlotChannel>self.channel)._pump()
             (<SlotChannel>self.channel)._sync()
             done = True
             self.least = INT64_MAX

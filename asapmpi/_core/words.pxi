@@ -19,9 +19,9 @@
 #
 # Words never poll (a one-sided flush blocks in MPI under the watchdog): a write that
 # needs a free request says so (word_send_free), and the channel's waits, which drive
-# progress and back off, do the waiting.  A channel owns
-# its words (SlotWindow.words, made by _make_words, bound by SlotChannel._bind_parts) and lends
-# them its arrays for its life; nothing else holds them.
+# progress and back off, do the waiting.  A channel owns its words (SlotWindow.words,
+# made by _make_words, bound by SlotChannel._bind_parts) and lends them its arrays for
+# its life; nothing else holds them.
 
 
 cdef class Words:
