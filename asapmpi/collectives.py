@@ -38,12 +38,12 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from .errors import NeighbourTimeoutError, mpi_error
+from .errors import NeighbourTimeoutError
 
 # below 32767, the smallest MPI_TAG_UB the standard allows
 ARRIVE_TAG = 32701
@@ -113,30 +113,9 @@ def leftovers() -> int:
     return len(_leftovers)
 
 
-def testsome(requests: List[MPI.Request], call: str) -> List[int]:
-    """MPI_Testsome over `requests`: the indices of those completed.  A request that
-    completed in error raises its own error, as the core's CHKSOME does (a process
-    failure under fault tolerance: the ProcessFailedError a survivor handles), not
-    mpi4py's exception of class MPI_ERR_IN_STATUS, which says only that some request
-    failed."""
-    statuses = [MPI.Status() for _ in requests]
-    try:
-        return list(MPI.Request.Testsome(requests, statuses) or ())
-    except MPI.Exception as exc:
-        if exc.Get_error_class() != MPI.ERR_IN_STATUS:
-            raise mpi_error(exc.Get_error_code(), call, exc.Get_error_string()) from None
-        for status in statuses:
-            code = status.Get_error()
-            if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                raise mpi_error(code, call, MPI.Get_error_string(code)) from None
-        raise mpi_error(exc.Get_error_code(), call, exc.Get_error_string()) from None
-
-
-def wait_polled(requests: List[MPI.Request], deadline: float,
-                between: Optional[Callable[[], None]] = None) -> List[int]:
+def wait_polled(requests: List[MPI.Request], deadline: float) -> List[int]:
     """Poll until every request completed or the deadline (time.monotonic()) passed,
-    yielding, then sleeping up to a millisecond between polls (calling `between`
-    before each: what the caller must keep serving meanwhile); returns the indices
+    yielding, then sleeping up to a millisecond between polls; returns the indices
     still pending (each request tested on its own, so that one late peer is told apart
     from the rest)."""
     pending = list(range(len(requests)))
@@ -144,8 +123,6 @@ def wait_polled(requests: List[MPI.Request], deadline: float,
     leftovers()
     while pending:
         _release_held()
-        if between is not None:
-            between()
         pending = [i for i in pending if not requests[i].Test()]
         if not pending or time.monotonic() > deadline:
             break
@@ -237,17 +214,6 @@ def allreduce(comm: MPI.Comm, sendbuf: Any, recvbuf: Any, op: MPI.Op, timeout: f
     the leftovers and NeighbourTimeoutError says what waited."""
     request = comm.Iallreduce(sendbuf, recvbuf, op=op)
     wait_or_leave([request], [sendbuf, recvbuf], timeout, comm.Get_rank(), what)
-
-
-def flush(win: MPI.Win, target: int, timeout: float, what: str) -> None:
-    """MPI_Win_flush(target) under the watchdog (asapmpi._core, watchdog.h): a flush
-    cannot time out (on network paths it returns only once the target entered MPI), so
-    one that outlives `timeout` seconds ends the job with a line naming `what` and the
-    target rank, instead of a hang."""
-    from ._core import slotwin
-
-    with slotwin.Watched(timeout, what, str(target)):
-        win.Flush(target)
 
 
 def waitall_watched(requests: Sequence[MPI.Request], timeout: float, what: str,

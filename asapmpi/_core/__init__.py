@@ -14,6 +14,7 @@ from .slotwin import (  # noqa: E402
     AHEAD,
     AWAIT_MODES,
     CONSISTENT,
+    ROW_WORDS_MAX,
     STALE,
     STATUS_NAMES,
     TORN,
@@ -25,11 +26,12 @@ from .slotwin import (  # noqa: E402
     SharedWindow,
     SlotStore,
     SlotWindow,
+    WordPeek,
 )
 
 __all__ = [
-    "AHEAD", "AWAIT_MODES", "CONSISTENT", "STALE", "STATUS_NAMES", "TORN", "Layout",
-    "MailboxWindow", "MessageWindow", "NewestWindow", "PushWindow", "PutWindow",
-    "SharedWindow", "SlotStore", "SlotWindow",
+    "AHEAD", "AWAIT_MODES", "CONSISTENT", "ROW_WORDS_MAX", "STALE", "STATUS_NAMES", "TORN",
+    "Layout", "MailboxWindow", "MessageWindow", "NewestWindow", "PushWindow", "PutWindow",
+    "SharedWindow", "SlotStore", "SlotWindow", "WordPeek",
     "check_mpi_abi", "kernels",
 ]

@@ -123,55 +123,6 @@ def checksum(buf):
         PyBuffer_Release(&view)
 
 
-cdef class WordPeek:
-    """Every `stride`-th int64 word of `words` from `offset`, peeked on every exchange
-    step (the join board's joined-at words): seen() is one fence and an 8-byte atomic
-    load per word, about 0.1 us, where NumPy's reductions take microseconds.  The
-    caller keeps the memory alive (a board peeks only while its window exists)."""
-    cdef object owner
-    cdef const int64_t *words
-    cdef Py_ssize_t count, stride
-    #: what seen() compares the largest word with
-    cdef public int64_t threshold
-
-    def __cinit__(self, const int64_t[::1] words, Py_ssize_t stride, Py_ssize_t offset):
-        if stride < 1 or offset < 0 or offset >= max(words.shape[0], 1):
-            raise ConfigError(f"WordPeek needs stride >= 1 and 0 <= offset < "
-                              f"{words.shape[0]}, got {stride}, {offset}")
-        self.owner = words
-        self.words = &words[offset] if words.shape[0] else NULL
-        self.count = (words.shape[0] - offset + stride - 1) // stride
-        self.stride = stride
-        self.threshold = 0
-
-    cdef int64_t _max(self):
-        cdef int64_t best = -0x7FFFFFFFFFFFFFFF - 1, v
-        cdef Py_ssize_t i
-        asap_fence()
-        for i in range(self.count):
-            v = asap_load_i64(self.words + i * self.stride)
-            if v > best:
-                best = v
-        return best
-
-    def seen(self):
-        """Whether some word is at least `threshold`: the step's whole cost while no
-        rank has joined."""
-        return self._max() >= self.threshold
-
-
-def load_words(const int64_t[::1] words, int64_t[::1] out):
-    """out[i] = words[i], each by one 8-byte atomic load after a full fence: a copy of
-    window words that other ranks' accumulates write (asapmpi.board's peek)."""
-    cdef Py_ssize_t i, n = words.shape[0]
-    if out.shape[0] != n:
-        raise ConfigError(f"load_words needs out of {n} words, got {out.shape[0]}")
-    with nogil:
-        asap_fence()
-        for i in range(n):
-            out[i] = asap_load_i64(&words[i])
-
-
 def _format(obj):
     fmt = memoryview(obj).format
     return fmt.lstrip("@=<")

@@ -341,7 +341,9 @@ cdef class MailboxWindow(SlotWindow):
         return 0
 
     cdef int _pumped(self) except -1 nogil:
-        # after a pump: the tokens that waited for an earlier one to leave
+        # after a pump: the tokens and a board's row that waited for an earlier
+        # message to leave
+        self.msg_words.send_rows()
         return self.msg_words.send_tokens()
 
     cdef int _progress(self) except -1 nogil:

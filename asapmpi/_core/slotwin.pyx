@@ -73,6 +73,9 @@ cdef enum:
     # write_words: the most words one call writes (a mailbox sends them as one message)
     WRITE_WORDS_MAX = 6
 
+#: the most words of a board's row (SlotWindow.set_row: one word message carries it)
+ROW_WORDS_MAX = WRITE_WORDS_MAX
+
 # The windows of this process holding lazy notifies or acks (OneSidedWords._lazy).  A rank
 # waiting on one window completes the pending words of every other first: an MPI may
 # defer even issuing them until a synchronization call (Open MPI's osc pt2pt does), and
@@ -1023,6 +1026,8 @@ cdef class SlotWindow(SlotChannel):
     release, progress, drain), the words' calls, the waits', the collectives' and the
     reader's, each checked here and handed to the part that does it (SlotChannel)."""
 
+    cdef str row_what               # a board's name, once set_row made its row
+
     # ------------------------------------------------------------------ writing
 
     def put(self, buf, int64_t version, int64_t iteration=0, bint seqlock=False,
@@ -1269,10 +1274,12 @@ cdef class SlotWindow(SlotChannel):
             raise ConfigError(f"count must be at least 1, got {count}")
         self._check_target(target, disp)
         self._check_target(target, disp + 8 * (count - 1))
-        self.words.check_remote("fetch_words()", -1, self.transport)
+        self.words.check_remote("fetch_words() of another rank", target, self.transport)
         out = np.empty(count, dtype=np.int64)
         cdef int64_t[::1] o = out
         with nogil:
+            if target == self.rank:
+                self._pump()        # the words messages feed: as fresh as they can be
             self.words.fetch_many(target, disp, &o[0], <int>count)
         return out
 
@@ -1281,6 +1288,78 @@ cdef class SlotWindow(SlotChannel):
         self._check_alive()
         self._check_local_word(disp)
         return asap_load_i64(self.base + disp)
+
+    # ------------------------------------------------------------------ a board's row
+    #
+    # A board (asapmpi.board) is a channel with user words only: a row of each rank's
+    # few words, which it writes into every reader's copy and every reader reads in its
+    # own memory (the words deliver it: accumulates, or messages).
+
+    def set_row(self, Py_ssize_t disp, int count, readers, str what):
+        """Make this rank's `count` (1 to 6) user words from `disp` its row: publish_word
+        writes them into the same words of every rank in `readers`.  `what` names the
+        board in errors."""
+        self._check_alive()
+        if not 1 <= count <= WRITE_WORDS_MAX:
+            raise ConfigError(f"a board's row has 1 to {WRITE_WORDS_MAX} words, got {count}")
+        self._check_local_word(disp)
+        self._check_local_word(disp + 8 * (count - 1))
+        if disp < self.off_user or disp + 8 * count > self.off_user + 8 * self.n_user:
+            raise ConfigError(f"a board's row is in the user words (offsets {self.off_user}"
+                              f" to {self.off_user + 8 * self.n_user}), not at {disp}")
+        for r in readers:
+            if not 0 <= r < self.size:
+                raise ConfigError(f"reader {r} is outside the communicator (size "
+                                  f"{self.size})")
+        self.words.set_row(disp, count, readers, what)
+        self.row_what = what
+
+    def publish_word(self, int index, int64_t value, bint wait=True):
+        """Word `index` of this rank's row (set_row) becomes `value` in every reader's
+        copy: complete at every reader when this returns with `wait` (else at a later
+        pump: a one-sided write is always complete).  A reader that does not take it
+        within flush_timeout is a NeighbourTimeoutError naming it."""
+        self._check_alive()
+        if self.row_what is None:
+            raise ConfigError("publish_word() needs a row: call set_row() first")
+        if not 0 <= index < self.words.row_count:
+            raise ConfigError(f"word {index} is outside the row's "
+                              f"{self.words.row_count} words")
+        with nogil:
+            self.words.publish(index, value)
+        if wait:
+            self.waits.published(f"the {self.row_what}'s word {index} to be received",
+                                 self.flush_timeout)
+
+    def local_words(self, Py_ssize_t disp, Py_ssize_t count):
+        """`count` int64 words from `disp` of this rank's own memory, each by an atomic
+        load after a fence (what arrived by message pumped in first): for words whose
+        writes completed before the caller looks (docs/PROTOCOL.md A12)."""
+        self._check_alive()
+        if count < 1:
+            raise ConfigError(f"count must be at least 1, got {count}")
+        self._check_local_word(disp)
+        self._check_local_word(disp + 8 * (count - 1))
+        out = np.empty(count, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        cdef Py_ssize_t k
+        with nogil:
+            self._pump()
+            asap_fence()
+            for k in range(count):
+                o[k] = asap_load_i64(self.base + disp + 8 * k)
+        return out
+
+    def word_peek(self, Py_ssize_t disp, Py_ssize_t stride, Py_ssize_t count):
+        """A WordPeek of `count` words of this rank's memory, every `stride`-th from
+        `disp` (a board's word of every rank)."""
+        self._check_alive()
+        if count < 1 or stride < 1:
+            raise ConfigError(f"word_peek needs count >= 1 and stride >= 1, got {count}, "
+                              f"{stride}")
+        self._check_local_word(disp)
+        self._check_local_word(disp + 8 * stride * (count - 1))
+        return WordPeek(self, disp, stride, count)
 
     cdef int _check_target(self, int target, Py_ssize_t disp) except -1:
         if not 0 <= target < self.size:
@@ -1469,6 +1548,40 @@ cdef int _sync_window(void *win) except -1 nogil:
     CHKERR(MPI_Win_sync((<MPI_Win *>win)[0]), "MPI_Win_sync")
     asap_fence()
     return 0
+
+
+cdef class WordPeek:
+    """Every `stride`-th int64 word of a channel's memory from `disp`, peeked on every
+    exchange step (the join board's joined-at words): seen() pumps what arrived by
+    message, then one fence and an 8-byte atomic load per word, about 0.1 us on a
+    window; False once the channel is freed."""
+
+    cdef SlotWindow win
+    cdef Py_ssize_t disp, stride, count
+    #: what seen() compares the largest word with
+    cdef public int64_t threshold
+
+    def __cinit__(self, SlotWindow win, Py_ssize_t disp, Py_ssize_t stride,
+                  Py_ssize_t count):
+        self.win, self.disp, self.stride, self.count = win, disp, stride, count
+        self.threshold = 0
+
+    def seen(self):
+        """Whether some word is at least `threshold`: the step's whole cost while no
+        rank has joined."""
+        cdef int64_t best = -0x7FFFFFFFFFFFFFFF - 1, v
+        cdef Py_ssize_t i
+        cdef const char *at
+        if self.win._freed:
+            return False
+        self.win._pump()
+        asap_fence()
+        at = self.win.base + self.disp
+        for i in range(self.count):
+            v = asap_load_i64(at + 8 * i * self.stride)
+            if v > best:
+                best = v
+        return best >= self.threshold
 
 
 cdef class _SlotPayload:

@@ -306,6 +306,27 @@ cdef class Waits:
                 free(who)
         return 0
 
+    cdef int published(self, str what, double timeout) except -1:
+        """Until every reader of this rank's board row has it as last published (the
+        row's words by message); NeighbourTimeoutError names the readers that have not
+        taken it (`what`: the word, for the error)."""
+        cdef long polls = 0
+        cdef double t0 = asap_now()
+        cdef int r = 0
+        with nogil:
+            while True:
+                (<SlotChannel>self.channel)._pump()
+                if self.words.published():
+                    break
+                if self.idle(&polls, t0, timeout, self.pump_progresses):
+                    r = 1
+                    break
+        if r:
+            late = self.words.unpublished()
+            if late:
+                raise NeighbourTimeoutError(self.rank, what, late, [], [], timeout)
+        return 0
+
     cdef object newest_versions(self, int64_t at_most):
         """Per in-neighbour, the newest version <= at_most whose write completed (its
         notify word, read atomically over all `depth` slots); 0 if none."""

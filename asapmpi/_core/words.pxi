@@ -39,6 +39,17 @@ cdef class Words:
     cdef MPI_Aint *in_ack_disp
     cdef int *skip
     cdef const char *nbr_desc
+    # a board's row (set_row): this rank's row_count words from row_disp, which
+    # publish() writes into the same words of every rank in row_readers
+    cdef Py_ssize_t row_disp
+    cdef int row_count
+    cdef int *row_readers
+    cdef int n_row_readers
+    cdef char row_what[160]         # the watchdog's line of a one-sided row write
+
+    def __dealloc__(self):
+        free(self.row_readers)
+        self.row_readers = NULL
 
     cdef int64_t own(self, MPI_Aint disp) except? -1 nogil:
         """This rank's word at `disp`, read atomically (only this process writes it)."""
@@ -110,10 +121,53 @@ cdef class Words:
     cdef int fetch_many(self, int target, MPI_Aint disp, int64_t *out,
                         int count) except -1 nogil:
         """`count` words of `target` from `disp`, each read atomically, in one round
-        trip."""
+        trip (here this rank's own: atomic loads, only this process writes them)."""
+        cdef int k
+        if target != self.rank:
+            with gil:
+                self.check_remote("an atomic read", target, "")
+        for k in range(count):
+            out[k] = asap_load_i64(self.base + disp + 8 * k)
+        return 0
+
+    # A board's row (asapmpi.board): each rank writes its own few words into every
+    # reader's copy of them, and reads its own copy of every rank's.  The channel
+    # checks the row once (SlotWindow.set_row); each kind of words delivers it its way.
+
+    cdef int set_row(self, Py_ssize_t disp, int count, readers, str what) except -1:
+        """This rank's `count` words from `disp` are its row, written by publish() to
+        every rank of `readers` (this one included or not: its own copy is always
+        written); `what` names the board in a watchdog's line."""
+        cdef int k
+        readers = [int(r) for r in readers]
+        free(self.row_readers)
+        self.row_readers = <int *>calloc(max(len(readers), 1), sizeof(int))
+        if self.row_readers == NULL:
+            raise MemoryError()
+        for k in range(len(readers)):
+            self.row_readers[k] = readers[k]
+        self.n_row_readers = len(readers)
+        self.row_disp, self.row_count = disp, count
+        line = f"MPI_Win_flush of a word of the {what}".encode()[:159]
+        memcpy(self.row_what, <const char *>line, len(line))
+        self.row_what[len(line)] = 0
+        return 0
+
+    cdef int publish(self, int index, int64_t value) except -1 nogil:
+        """Word `index` of this rank's row becomes `value` in every reader's copy (at
+        each once published() says so)."""
         with gil:
-            self.check_remote("an atomic read", -1, "")
+            self.check_remote("a board's word", -1, "")
         return -1
+
+    cdef int published(self) except -1 nogil:
+        """1 once every reader has this rank's row as last published (sending what
+        waited for a reader to take the one before)."""
+        return 1
+
+    cdef list unpublished(self):
+        """The readers that do not have this rank's row as last published yet."""
+        return []
 
 
 cdef class OneSidedWords(Words):
@@ -271,12 +325,31 @@ cdef class OneSidedWords(Words):
                             MPI_Op op) except? -1 nogil:
         """Atomically combine `value` into `target`'s word at `disp` (flushed); the
         word's old value."""
+        return self._accumulate(target, disp, value, op,
+                                b"MPI_Win_flush after an accumulate")
+
+    cdef int64_t _accumulate(self, int target, MPI_Aint disp, int64_t value, MPI_Op op,
+                             const char *what) except? -1 nogil:
         self.word_out = value
         # Fetch_and_op rather than Accumulate: see _lazy (MPICH's leak)
         CHKERR(MPI_Fetch_and_op(&self.word_out, &self.word_sink, MPI_INT64_T, target,
                                 disp, op, self.win), "MPI_Fetch_and_op")
-        self._flush(target, b"MPI_Win_flush after an accumulate")
+        self._flush(target, what)
         return self.word_sink
+
+    cdef int publish(self, int index, int64_t value) except -1 nogil:
+        """An atomic REPLACE into each reader's copy, flushed before the next (a flush
+        to a rank that stopped ends the job naming it: the watchdog): complete at every
+        reader when this returns.  This rank's own copy too, if it is not a reader."""
+        cdef int k
+        cdef bint mine = False
+        cdef MPI_Aint disp = self.row_disp + 8 * index
+        for k in range(self.n_row_readers):
+            mine = mine or self.row_readers[k] == self.rank
+            self._accumulate(self.row_readers[k], disp, value, MPI_REPLACE, self.row_what)
+        if not mine:
+            self._accumulate(self.rank, disp, value, MPI_REPLACE, self.row_what)
+        return 0
 
     cdef int64_t compare_and_swap(self, int target, MPI_Aint disp, int64_t compare,
                                   int64_t value) except? -1 nogil:
@@ -347,6 +420,15 @@ cdef class MessageWords(Words):
     # tokens then word messages
     cdef int64_t *sent
     cdef int64_t *got
+    # a board's row (set_row): per reader, the one message of the row in flight (a
+    # synchronous send: complete once the reader's receive took it) and its cells, the
+    # row's publish it carries and the one the reader has (the last send completed)
+    cdef MPI_Request *rw_req
+    cdef int64_t *rw_out
+    cdef int64_t *rw_sent
+    cdef int64_t *rw_done
+    cdef int64_t rw_version         # this rank's publishes so far
+    cdef bint rw_pending            # some reader lacks the last
 
     def __cinit__(self):
         self.msg_comm = MPI_COMM_NULL
@@ -363,6 +445,10 @@ cdef class MessageWords(Words):
         free(self.wd_peer); self.wd_peer = NULL
         free(self.sent); self.sent = NULL
         free(self.got); self.got = NULL
+        free(self.rw_req); self.rw_req = NULL
+        free(self.rw_out); self.rw_out = NULL
+        free(self.rw_sent); self.rw_sent = NULL
+        free(self.rw_done); self.rw_done = NULL
 
     cdef int allocate(self, int n_in, int n_out, int size) except -1:
         """Before any communication: the buffers (the channel binds the rest later)."""
@@ -413,10 +499,13 @@ cdef class MessageWords(Words):
         with nogil:
             lo.add_all(self.tok_send, self.n_in, False)
             lo.add_all(self.wd_send, MB_WORD_SENDS, False)
+            if self.rw_req != NULL:
+                lo.add_all(self.rw_req, self.n_row_readers, False)
         lo.own(self.tok_in); self.tok_in = NULL
         lo.own(self.tok_out); self.tok_out = NULL
         lo.own(self.wd_in); self.wd_in = NULL
         lo.own(self.wd_out); self.wd_out = NULL
+        lo.own(self.rw_out); self.rw_out = NULL
         return 0
 
     # ------------------------------------------------------------------ tokens
@@ -528,6 +617,78 @@ cdef class MessageWords(Words):
         self.wd_next = (slot + 1) % MB_WORD_SENDS
         return 0
 
+    # ------------------------------------------------------------------ a board's row
+    #
+    # Each publish changes this rank's own copy and sends the whole row (its few words,
+    # as one word message) to every reader, by a synchronous send: one in flight per
+    # reader; a publish meanwhile waits in the row (a row says everything an older one
+    # did: the words only grow), and goes when that send completed.  So at most one of
+    # this rank's row messages waits unreceived at a reader: on MPICH's network path
+    # (libfabric's tcp provider) the 65th unexpected message from one sender stops every
+    # later message from it until the reader receives them (docs/PROTOCOL.md).  A
+    # completed synchronous send was matched by the reader's posted word receive, which
+    # its next pump completes into its words (A13).
+
+    cdef int set_row(self, Py_ssize_t disp, int count, readers, str what) except -1:
+        """Words.set_row without this rank among the readers (its copy is its own)."""
+        cdef int k, n
+        Words.set_row(self, disp, count, [r for r in readers if r != self.rank], what)
+        free(self.rw_req); free(self.rw_out); free(self.rw_sent); free(self.rw_done)
+        n = max(self.n_row_readers, 1)
+        self.rw_req = <MPI_Request *>calloc(n, sizeof(MPI_Request))
+        self.rw_out = <int64_t *>calloc(n * MB_WORD_CELLS, sizeof(int64_t))
+        self.rw_sent = <int64_t *>calloc(n, sizeof(int64_t))
+        self.rw_done = <int64_t *>calloc(n, sizeof(int64_t))
+        if (self.rw_req == NULL or self.rw_out == NULL or self.rw_sent == NULL
+                or self.rw_done == NULL):
+            raise MemoryError()
+        for k in range(n):
+            self.rw_req[k] = MPI_REQUEST_NULL
+        return 0
+
+    cdef int publish(self, int index, int64_t value) except -1 nogil:
+        asap_store_i64(self.base + self.row_disp + 8 * index, value)
+        self.rw_version += 1
+        self.rw_pending = self.n_row_readers > 0
+        return self.send_rows()
+
+    cdef int send_rows(self) except -1 nogil:
+        """The row to every reader whose last row message completed and lacks the last
+        publish (no wait: what cannot go now goes at a later pump)."""
+        cdef int i, k, flag
+        cdef int64_t *cells
+        if not self.rw_pending:
+            return 0
+        self.rw_pending = False
+        for i in range(self.n_row_readers):
+            if self.rw_req[i] != MPI_REQUEST_NULL:
+                CHKERR(MPI_Test(&self.rw_req[i], &flag, MPI_STATUS_IGNORE), "MPI_Test")
+                if not flag:
+                    self.rw_pending = True
+                    continue
+                self.rw_done[i] = self.rw_sent[i]
+            if self.rw_sent[i] < self.rw_version:
+                cells = self.rw_out + i * MB_WORD_CELLS
+                cells[0] = self.row_disp
+                cells[1] = self.row_count
+                for k in range(self.row_count):
+                    cells[2 + k] = asap_load_i64(self.base + self.row_disp + 8 * k)
+                CHKERR(MPI_Issend(cells, 2 + self.row_count, MPI_INT64_T,
+                                  self.row_readers[i], MB_WORD_TAG, self.msg_comm,
+                                  &self.rw_req[i]), "MPI_Issend")
+                self.rw_sent[i] = self.rw_version
+                self.sent[2 * self.row_readers[i] + 1] += 1
+                self.rw_pending = True
+        return 0
+
+    cdef int published(self) except -1 nogil:
+        self.send_rows()
+        return not self.rw_pending
+
+    cdef list unpublished(self):
+        return [self.row_readers[i] for i in range(self.n_row_readers)
+                if self.rw_done[i] < self.rw_version]
+
     # ------------------------------------------------------------------ drain
 
     cdef int drain_post(self, const int64_t *to_me, list extra) except -1:
@@ -568,4 +729,6 @@ cdef class MessageWords(Words):
         CHKERR(MPI_Wait(self.wd_recv, MPI_STATUS_IGNORE), "MPI_Wait")
         for r in range(MB_WORD_SENDS):
             CHKERR(MPI_Wait(&self.wd_send[r], MPI_STATUS_IGNORE), "MPI_Wait")
+        for r in range(self.n_row_readers):
+            CHKERR(MPI_Wait(&self.rw_req[r], MPI_STATUS_IGNORE), "MPI_Wait")
         return 0

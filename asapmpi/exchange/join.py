@@ -65,7 +65,6 @@ import numpy as np
 
 from ..board import Board
 from ..errors import NeighbourTimeoutError
-from ..message_board import MessageBoard
 
 #: the longest sleep of an idle joined rank's poll (seconds)
 MAX_IDLE_SLEEP_S = 0.002
@@ -84,10 +83,9 @@ NOBODY = frozenset()
 
 class JoinBoard:
     """The ranks' join counts (module docstring) and the communicator their final
-    agreement runs on.  Collective to create and to free.  `messages`: the words go
-    by messages (asapmpi.message_board), for an exchange with no MPI window (the
-    messages channel, the allreduce policy), else in a window of their own
-    (asapmpi.board)."""
+    agreement runs on.  Collective to create and to free.  `messages`: the board's
+    words go by messages (asapmpi.board), for an exchange with no MPI window (the
+    messages channel, the allreduce policy), else by accumulates into its window."""
 
     def __init__(self, comm, timeout: float, messages: bool = False):
         #: joins completed (the same on every rank: each join is collective)
@@ -108,9 +106,8 @@ class JoinBoard:
             # the joined-at words order the averages (the lag rule): complete at every
             # reader before the writer's next step; the entered counts only drive
             # catch-ups and the agreement, which poll for them
-            self.board = MessageBoard(self.comm, 3, timeout, "join board",
-                                      synchronous=JOINED_AT) if messages else \
-                Board(self.comm, 3, timeout, "join board")
+            self.board = Board(self.comm, 3, timeout, "join board", messages=messages,
+                               synchronous=JOINED_AT)
         except BaseException:
             self.comm.Free()
             raise
@@ -123,11 +120,9 @@ class JoinBoard:
         self.joining_at = None
         # this round's joined-at words: a word of this round (the slot of its parity
         # holds no later one: a rank is at most one round ahead of any other, since a
-        # round's agreement needs every rank); without the unified model every word is
-        # "seen" and absent() reads the board
+        # round's agreement needs every rank)
         self._joined_at = self._peekers[round_ % 2]
-        self._joined_at.threshold = ((round_ + 1) << COUNT_BITS) if self.board.unified \
-            else -(1 << 62)
+        self._joined_at.threshold = (round_ + 1) << COUNT_BITS
 
     def joined_seen(self) -> bool:
         """Whether a rank may have joined this round (Exchange's test on every step:
@@ -154,11 +149,7 @@ class JoinBoard:
         first = (self.round + 1) << COUNT_BITS
         if not self.joined_seen():
             return NOBODY           # nobody joined this round: every training step
-        column = JOINED_AT[self.round % 2]
-        if self.board.unified:
-            words = self.board.peek()[:, column]
-        else:
-            words = self.board.read()[:, column]        # no MPI here has this model
+        words = self.board.peek()[:, JOINED_AT[self.round % 2]]
         at = (words & ((1 << COUNT_BITS) - 1)) - 1
         return frozenset(np.flatnonzero((words >= first) & (at + 1 < version)).tolist())
 
@@ -270,8 +261,14 @@ class JoinBoard:
         # eager sends of 8 bytes: complete once buffered; a dead receiver's is cancelled
         cancel([self._sends[i] for i in wait_polled(self._sends, deadline)])
         self._sends = []
-        self.board.free(meet=False)
+        self.board.free()
         self.comm.Free()
+
+    def abandon(self) -> None:
+        """After a process failure: leave the board without an MPI call that could wait
+        on the dead rank (its communicators stay, unused, for the life of the
+        process)."""
+        self.board.abandon()
 
 
 def join(board: JoinBoard, entered: Callable[[], int], step: Callable[[], None],

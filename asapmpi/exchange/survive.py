@@ -264,6 +264,9 @@ def abandon(ex) -> None:
     win = getattr(ex, "_win", None)
     if win is not None:
         win.abandon()
+    joiner = getattr(ex, "_joiner", None)
+    if joiner is not None:
+        joiner.abandon()
     _ABANDONED.append((win, getattr(ex, "_segments", None), getattr(ex, "_joiner", None),
                        getattr(ex, "_comm", None), getattr(ex, "_ft_comm", None),
                        getattr(ex, "comm", None)))

@@ -75,13 +75,14 @@ rounds of the reduction's exchanges (on 2 ranks an MPI may complete it at the su
 if the dead rank's contribution had left; the scenarios use 3 and 4).
 
 Boards (`board`):
-  window        the board in an MPI window (asapmpi.board): a word written is complete
-                at every reader when the action ends
-  messages      the board by messages (asapmpi.message_board), for the messages channel
-                and the allreduce policy: JOINED_AT as above (an MPI_Issend matched by
-                every reader's posted receive before mark_joined returns, docs/PROTOCOL.md
-                A13), ENTERED eventually: each reader keeps its own view of every other
-                rank's ENTERED word, and a delivery action (enabled whenever the view is
+  window        the board on a window (asapmpi.board, one-sided words): a word written
+                is complete at every reader when the action ends
+  messages      the board by messages (asapmpi.board on a mailbox's words), for the
+                messages channel and the allreduce policy: JOINED_AT as above (the row
+                that carries it, an MPI_Issend, matched by every reader's posted
+                receive before mark_joined returns, docs/PROTOCOL.md A13), ENTERED
+                eventually: each reader keeps its own view of every other rank's
+                ENTERED word, and a delivery action (enabled whenever the view is
                 behind, taken in any order with the rest) sets it to the writer's word
                 (messages from one writer arrive in order, and a reader taking them in
                 one pass sees any later word: a delivery right after each write covers
@@ -89,10 +90,12 @@ Boards (`board`):
                 last messages may never arrive.  Abstracted: a delivery is taken only
                 while the reader is in join()'s loop, where counts are read (a view the
                 writer held only while the reader trained or stepped to J is not
-                explored), and the writer's bound on untaken messages (MAX_UNTAKEN): a
-                scenario's few steps stay under it.  The views multiply the states
-                (ring:3, one join: 515 on the window board, 88,262 here; two joins in a
-                row pass 3,000,000): the scenarios join once; two rounds in a row are
+                explored), and that a writer's row carries all its words (a row in
+                flight while the writer publishes again is followed by the newer one:
+                a delivery of the older row is a view behind, which the model has).
+                The views multiply the states (ring:3, one join: 515 on the window
+                board, 88,262 here; two joins in a row pass 3,000,000): the scenarios
+                join once; two rounds in a row are
                 the window board's scenarios (JOINED_AT is the same on both boards).
 
 Either way a rank has joined once its JOINED_AT word of the round is on the board, its

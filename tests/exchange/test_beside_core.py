@@ -340,26 +340,3 @@ def test_a_leftover_that_completes_with_an_error_is_let_go_not_raised_later(monk
                                    collectives.time.monotonic() + 10) == []
     assert got[0] == 1.0
     assert collectives.leftovers() == 0 and collectives._leftovers == []
-
-
-def test_a_request_that_failed_in_a_testsome_raises_its_own_error():
-    # mpi4py's Testsome says only MPI_ERR_IN_STATUS when a request failed; the helper
-    # raises the failed request's own error, as the core's CHKSOME does, so that a
-    # process failure under fault tolerance is the ProcessFailedError a survivor
-    # handles (a join board's posted receive from a rank that died: the message board)
-    from mpi4py import MPI
-
-    from asapmpi import collectives
-    from asapmpi.errors import MPIError
-
-    room = np.zeros(1)
-    quiet = MPI.COMM_SELF.Irecv([np.zeros(1), MPI.DOUBLE], source=0, tag=9)
-    failed = MPI.COMM_SELF.Irecv([room, MPI.DOUBLE], source=0, tag=7)
-    assert collectives.testsome([quiet, failed], "MPI_Testsome (a test)") == []
-    MPI.COMM_SELF.Send([np.ones(4), MPI.DOUBLE], dest=0, tag=7)     # 4 values, room for 1
-    with pytest.raises(MPIError) as caught:
-        collectives.testsome([quiet, failed], "MPI_Testsome (a test)")
-    assert MPI.Get_error_class(caught.value.code) == MPI.ERR_TRUNCATE, caught.value
-    assert "MPI_Testsome (a test)" in str(caught.value)
-    MPI.COMM_SELF.Send([np.ones(1), MPI.DOUBLE], dest=0, tag=9)
-    assert collectives.testsome([quiet], "MPI_Testsome (a test)") == [0]

@@ -394,12 +394,12 @@ def survive_steps(comm, out, sync, graph, transport, options, steps, kill_at, ft
 
 def _die_on_second_call(what: str) -> None:
     # the first call made the exchange; the second is the survivors' re-creation
-    from asapmpi import board, message_board
+    from asapmpi import board
     from asapmpi.exchange import construction
 
     owner, name = {"window": (construction, "open_window"),
                    "board": (board.Board, "__init__"),
-                   "message board": (message_board.MessageBoard, "__init__")}[what]
+                   "message board": (board.Board, "__init__")}[what]
     made = getattr(owner, name)
     calls = []
 

@@ -93,11 +93,11 @@ def test_message_transports_have_no_mpi_window_and_refuse_one_sided_words():
         with win:
             assert not win.rma
             assert "no MPI window" in win.memory_model
-            # a word of its own is read locally
+            # words of its own are read locally
             assert win.fetch_word(0, layout.ack_disp(0)) == 0
+            assert win.fetch_words(0, layout.ack_disp(0), 1).tolist() == [0]
             disp = layout.ack_disp(0)
             for call, args in ((win.accumulate_word, (0, disp, 1)),
-                               (win.fetch_words, (0, disp, 1)),
                                (win.compare_and_swap_word, (0, disp, 0, 1))):
                 with pytest.raises(ConfigError, match=r"needs an MPI window.*transport='put'"):
                     call(*args)
