@@ -126,8 +126,8 @@ class JoinBoard:
 
     def joined_seen(self) -> bool:
         """Whether a rank may have joined this round (Exchange's test on every step:
-        absent() is called only then); False once freed."""
-        return self.board.live and self._joined_at.seen()
+        absent() is called only then); False once freed (the peek says so)."""
+        return self._joined_at.seen()
 
     def _word(self, count: int) -> int:
         return ((self.round + 1) << COUNT_BITS) | (count + 1)
