@@ -1300,6 +1300,8 @@ cdef class SlotWindow(SlotChannel):
         writes them into the same words of every rank in `readers`.  `what` names the
         board in errors."""
         self._check_alive()
+        if self.row_what is not None:
+            raise ConfigError("set_row() makes a channel's row once")
         if not 1 <= count <= WRITE_WORDS_MAX:
             raise ConfigError(f"a board's row has 1 to {WRITE_WORDS_MAX} words, got {count}")
         self._check_local_word(disp)

@@ -155,10 +155,10 @@ cdef class Words:
 
     cdef int publish(self, int index, int64_t value) except -1 nogil:
         """Word `index` of this rank's row becomes `value` in every reader's copy (at
-        each once published() says so)."""
+        each once published() says so).  Here nothing reaches another rank."""
         with gil:
-            self.check_remote("a board's word", -1, "")
-        return -1
+            raise ConfigError("a board's row needs words that reach the other ranks: a "
+                              "put window's or a mailbox's (asapmpi.board makes them)")
 
     cdef int published(self) except -1 nogil:
         """1 once every reader has this rank's row as last published (sending what

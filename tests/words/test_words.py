@@ -140,3 +140,43 @@ def test_wait_words_waits_for_every_word_and_names_the_writers_that_lag(name):
         assert caught.value.ranks == [0]
         with pytest.raises(ConfigError, match="1 to 2 words"):
             win.wait_words(disps + disps, 1, 1.0, [0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("name", ["PutWindow", "MailboxWindow", "MessageWindow"])
+def test_a_board_row_is_published_into_the_own_copy_and_checked_before_any_write(name):
+    # a window of one rank is its own only reader: publish_word writes its own copy
+    # (one-sided: an accumulate to itself; by messages: a store), local_words and the
+    # peek read it; every misuse is refused before anything is written
+    from asapmpi import _core
+    from asapmpi.errors import ConfigError
+
+    layout, win = window(getattr(_core, name), n_user=4)
+    row = layout.user_disp(1)
+    with win:
+        with pytest.raises(ConfigError, match="needs a row: call set_row"):
+            win.publish_word(0, 1)
+        with pytest.raises(ConfigError, match="1 to 6 words"):
+            win.set_row(row, 7, [0], "test board")
+        with pytest.raises(ConfigError, match="in the user words"):
+            win.set_row(layout.user_disp(2), 3, [0], "test board")
+        with pytest.raises(ConfigError, match="reader 1 is outside"):
+            win.set_row(row, 2, [0, 1], "test board")
+        win.set_row(row, 2, [0], "test board")
+        with pytest.raises(ConfigError, match="once"):
+            win.set_row(row, 2, [0], "test board")
+        with pytest.raises(ConfigError, match="word 2 is outside the row's 2 words"):
+            win.publish_word(2, 1)
+        peek = win.word_peek(row + 8, 1, 1)
+        peek.threshold = 9
+        if name == "MessageWindow":
+            # NOTIFY-ACK's message engine has no words that reach another rank
+            with pytest.raises(ConfigError, match="put window's or a mailbox's"):
+                win.publish_word(1, 9)
+            return
+        assert not peek.seen()
+        win.publish_word(1, 9)
+        win.publish_word(0, 4, wait=False)
+        assert win.local_words(row, 2).tolist() == [4, 9]
+        assert win.fetch_words(0, row, 2).tolist() == [4, 9]
+        assert peek.seen()
+    assert not peek.seen()          # freed: nothing to read
