@@ -16,9 +16,9 @@ which channel decides how a word travels (`messages`):
   messages waits unreceived at a reader: MPICH's network path stalls a sender past
   64).  A `synchronous` word's publish returns once every reader took it (a deadline
   names those that did not), and the reader's next look completes it into its copy
-  (A13); any other word arrives eventually.  Every wait of this process pumps the
-  board's mailbox too (asapmpi._core: _settle_all), so a rank waiting elsewhere still
-  takes the rows sent to it.
+  (A13); any other word arrives eventually.  Every wait of this process that lasts
+  past its first polls pumps the board's mailbox too (asapmpi._core: _settle_all), so
+  a rank waiting elsewhere still takes the rows sent to it.
 
 Reads: read() is this rank's copy, each word read atomically (an MPI atomic on a
 window, atomic loads after a pump by messages); peek() and peeker() are atomic loads

@@ -24,7 +24,7 @@ from ..extras import check as check_extras
 from ..launch.restart import check_restarts, lost_from_environment, restart_attempt
 from ..launch.slowdown import add_arguments as slowdown_arguments
 from ..outer import METHODS as OUTER_METHODS
-from ..outputs import file_problem, output_file, output_folder
+from ..outputs import file_problem, folder_problem, output_file, output_folder
 from ..reduce.graphs import GRAPHS
 from .config import (
     DEFAULTS,
@@ -268,6 +268,13 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         problem = None if given or not os.path.isdir(args.out) else file_problem(default)
         if problem:
             raise ConfigError(f"{flag} (default {default}): {problem}")
+    # every run writes checkpoints there (at least its last): a file in the way would
+    # end the run after its training, on every rank
+    checkpoints = os.path.join(args.out, "checkpoints")
+    problem = folder_problem(checkpoints) if os.path.isdir(args.out) else None
+    if problem:
+        raise ConfigError(f"--out {args.out}: the checkpoints' folder {checkpoints}: "
+                          f"{problem}")
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got "
                           f"{args.timeout}")

@@ -227,6 +227,15 @@ def test_train_s_default_outputs_under_out_are_checked_too(tmp_path):
         f"asapmpi: error: --h5 (default {tmp_path}/metrics.h5): is a folder; name a file "
         f"(in it, say)"], proc.stderr
     assert proc.stdout == ""
+    # and the checkpoints' folder, which every run writes (its last checkpoint at least)
+    (tmp_path / "metrics.h5").rmdir()
+    (tmp_path / "checkpoints").write_text("")
+    proc = asapmpi("train", "svm", "-n", "2", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"asapmpi: error: --out {tmp_path}: the checkpoints' folder {tmp_path}/checkpoints: "
+        f"is a file, not a folder; choose another path"], proc.stderr
+    assert proc.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
 
 
 @pytest.mark.mpi
