@@ -268,8 +268,8 @@ def configs(args: argparse.Namespace) -> List[TrainConfig]:
         problem = None if given or not os.path.isdir(args.out) else file_problem(default)
         if problem:
             raise ConfigError(f"{flag} (default {default}): {problem}")
-    # every run writes checkpoints there (at least its last): a file in the way would
-    # end the run after its training, on every rank
+    # every run writes checkpoints there (at least its last): with a file in the way
+    # every rank would die at its start, each with a traceback
     checkpoints = os.path.join(args.out, "checkpoints")
     problem = folder_problem(checkpoints) if os.path.isdir(args.out) else None
     if problem:
