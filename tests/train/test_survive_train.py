@@ -42,12 +42,13 @@ def train(tmp_path, *args, timeout=240) -> subprocess.CompletedProcess:
 
 @needs_ulfm
 def test_a_run_whose_every_rank_ends_by_an_error_is_a_failure(tmp_path):
-    # the checkpoints' folder is a file: every rank raises once its exchange (which
-    # survives failures) is made, and ends by SIGKILL so that the others could survive
-    # it (asapmpi.launch.faults.abort_world); Open MPI 5's prterun returns 0 for ranks
-    # ended by a signal, so the launcher checks that some rank finished
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "checkpoints").touch()
+    # the run's checkpoint folder is a file (a file at runs/checkpoints itself is bad
+    # input, refused before the ranks start): every rank raises once its exchange
+    # (which survives failures) is made, and ends by SIGKILL so that the others could
+    # survive it (asapmpi.launch.faults.abort_world); Open MPI 5's prterun returns 0
+    # for ranks ended by a signal, so the launcher checks that some rank finished
+    (tmp_path / "runs" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "runs" / "checkpoints" / "svm-notify_ack").touch()
     proc = train(tmp_path, "svm", "-n", "3", "--survive", "--iters", "20",
                  "--checkpoint-every", "10", timeout=120)
     assert proc.returncode == 1, shown(proc)
